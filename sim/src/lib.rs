@@ -1,0 +1,12 @@
+//! cancelsim: a deterministic discrete-event simulator of cancellation in batched LLM inference.
+//!
+//! See ARCHITECTURE.md at the repository root for the map. In short: `kernel` is the clock, the
+//! queue, the random streams, the run hash and the limits; `world` wires the models of the
+//! `cancelsim-models` crate through one closed `Event` enum; `scenario` loads RON files;
+//! `report` prints and writes results; `replay` runs op logs through the ownership controller.
+
+pub mod dist;
+pub mod kernel;
+pub mod report;
+pub mod scenario;
+pub mod world;

@@ -1,0 +1,105 @@
+//! The `cancelsim` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use cancelsim::report::{self, Written};
+use cancelsim::scenario::Scenario;
+use cancelsim::world;
+
+#[derive(Parser)]
+#[command(
+    name = "cancelsim",
+    version,
+    about = "Deterministic simulator of cancellation in batched LLM inference",
+    long_about = "Deterministic simulator of cancellation in batched LLM inference.\n\n\
+                  With no command, runs the embedded default scenario."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a scenario file (RON) and print its summary.
+    Run {
+        /// The scenario file. Omit it to run the embedded default.
+        scenario: Option<PathBuf>,
+        #[command(flatten)]
+        opts: RunOpts,
+    },
+}
+
+#[derive(clap::Args, Default)]
+struct RunOpts {
+    /// Override the scenario's seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Root directory for run outputs.
+    #[arg(long, default_value = "output")]
+    out: PathBuf,
+    /// Replace an existing run directory.
+    #[arg(long)]
+    force: bool,
+    /// Print the summary only; write no files.
+    #[arg(long)]
+    no_write: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => run(
+            None,
+            RunOpts {
+                out: "output".into(),
+                ..RunOpts::default()
+            },
+        ),
+        Some(Command::Run { scenario, opts }) => run(scenario, opts),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
+    let scenario = match &path {
+        Some(p) => Scenario::load(p).map_err(|e| e.to_string())?,
+        None => Scenario::default_embedded(),
+    };
+    let seed = opts.seed.unwrap_or(scenario.seed);
+    let summary = world::run(&scenario, seed).map_err(|e| {
+        format!(
+            "scenario {} seed {seed}: {e}",
+            path.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "<embedded default>".into())
+        )
+    })?;
+    let rendered = report::render(&summary);
+    let (body, hash_line) = rendered
+        .trim_end()
+        .rsplit_once('\n')
+        .expect("the summary has several lines");
+    println!("{body}");
+    if !opts.no_write {
+        match report::write_run(&opts.out, &summary, opts.force)? {
+            Written::New(dir) => println!("wrote {}", dir.display()),
+            Written::Replaced(dir) => println!("replaced {}", dir.display()),
+            Written::Kept(dir) => println!(
+                "kept {} (same run_hash already there; --force replaces it)",
+                dir.display()
+            ),
+        }
+    }
+    println!("{hash_line}");
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! The binary as a user runs it: bad input gets one line naming the place, a non-zero exit and
+//! no panic; good input prints a summary ending in `run_hash=`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn cancelsim(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("cancelsim runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cancelsim-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const GOOD: &str = r#"Scenario(
+    name: "tiny",
+    seed: 3,
+    workload: (
+        requests: 500,
+        arrivals: Poisson(rate_per_s: 50.0),
+    ),
+    server: (
+        slots: 2,
+        service_ms: Exponential(mean: 15.0),
+    ),
+)
+"#;
+
+/// Write `text` as a scenario, run it, and return (exit code, stderr).
+fn run_text(name: &str, text: &str) -> (Option<i32>, String, PathBuf) {
+    let dir = scratch(name);
+    let path = dir.join("s.ron");
+    std::fs::write(&path, text).unwrap();
+    let out = cancelsim(&["run", "s.ron", "--out", "out"], &dir);
+    (
+        out.status.code(),
+        String::from_utf8(out.stderr).unwrap(),
+        dir,
+    )
+}
+
+fn assert_one_line_error(name: &str, text: &str, expect: &[&str]) {
+    let (code, stderr, dir) = run_text(name, text);
+    assert_eq!(code, Some(1), "{name}: exit code; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{name}: panicked: {stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "{name}: not one line: {stderr}"
+    );
+    for e in expect {
+        assert!(stderr.contains(e), "{name}: {stderr:?} lacks {e:?}");
+    }
+    assert!(
+        !dir.join("out").exists(),
+        "{name}: wrote output for a bad scenario"
+    );
+}
+
+#[test]
+fn misspelt_field() {
+    let text = GOOD.replace("seed: 3", "sed: 3");
+    assert_one_line_error(
+        "misspelt",
+        &text,
+        &["s.ron:3:5", "Unexpected field named `sed`", "`seed`"],
+    );
+}
+
+#[test]
+fn misspelt_nested_field_names_its_path() {
+    let text = GOOD.replace("slots: 2", "slot: 2");
+    assert_one_line_error("nested", &text, &["s.ron:9:9", "`slot`", "server.slot"]);
+}
+
+#[test]
+fn wrong_type() {
+    let text = GOOD.replace("requests: 500", "requests: \"many\"");
+    assert_one_line_error(
+        "wrongtype",
+        &text,
+        &["s.ron:5:18", "Expected integer", "workload.requests"],
+    );
+}
+
+#[test]
+fn negative_rate() {
+    let text = GOOD.replace("rate_per_s: 50.0", "rate_per_s: -5.0");
+    assert_one_line_error(
+        "negative",
+        &text,
+        &[
+            "s.ron:6:27",
+            "workload.arrivals.Poisson.rate_per_s",
+            "> 0",
+            "-5",
+        ],
+    );
+}
+
+#[test]
+fn nan_parameter() {
+    let text = GOOD.replace("mean: 15.0", "mean: NaN");
+    assert_one_line_error(
+        "nan",
+        &text,
+        &[
+            "s.ron:10:33",
+            "server.service_ms.Exponential.mean",
+            "finite",
+        ],
+    );
+}
+
+#[test]
+fn empty_file() {
+    assert_one_line_error("empty", "", &["s.ron:1:1", "empty scenario file"]);
+    assert_one_line_error("blank", "  \n\n", &["s.ron:1:1", "empty scenario file"]);
+}
+
+#[test]
+fn unknown_variant() {
+    let text = GOOD.replace("Exponential(mean: 15.0)", "Exponentail(mean: 15.0)");
+    assert_one_line_error(
+        "variant",
+        &text,
+        &["s.ron:10:21", "Exponentail", "server.service_ms"],
+    );
+}
+
+#[test]
+fn missing_file() {
+    let dir = scratch("missing");
+    let out = cancelsim(&["run", "nope.ron"], &dir);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("nope.ron: cannot read scenario: no such file"),
+        "{stderr}"
+    );
+}
+
+fn hash_line(out: &Output) -> String {
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    let last = stdout
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(last.starts_with("run_hash="), "last line is {last:?}");
+    assert_eq!(last.len(), "run_hash=".len() + 64);
+    last
+}
+
+#[test]
+fn default_run_is_reproducible_and_seed_sensitive() {
+    let dir = scratch("default");
+    let a = cancelsim(&[], &dir);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let b = cancelsim(&[], &dir);
+    assert!(b.status.success(), "second run of the same command fails");
+    assert_eq!(hash_line(&a), hash_line(&b));
+    let c = cancelsim(&["run", "--seed", "7", "--no-write"], &dir);
+    assert!(c.status.success());
+    assert_ne!(hash_line(&a), hash_line(&c));
+    // The first run wrote summary.json holding the same hash; the second kept it.
+    let stdout = String::from_utf8(b.stdout).unwrap();
+    assert!(stdout.contains("kept output/default/seed42-"), "{stdout}");
+    let summaries: Vec<_> = std::fs::read_dir(dir.join("output/default"))
+        .unwrap()
+        .collect();
+    assert_eq!(summaries.len(), 1, "one run directory, no temporaries left");
+    let run_dir = summaries[0].as_ref().unwrap().path();
+    let json = std::fs::read_to_string(run_dir.join("summary.json")).unwrap();
+    assert!(json.contains(&format!(
+        "\"run_hash\": \"{}\"",
+        &hash_line(&a)["run_hash=".len()..]
+    )));
+}
+
+#[test]
+fn good_scenario_file_runs() {
+    let (code, stderr, dir) = run_text("good", GOOD);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(dir.join("out/tiny").is_dir());
+}
+
+#[test]
+fn limit_is_a_clear_error() {
+    let text = GOOD.replace("seed: 3,", "seed: 3,\n    limits: (max_events: 100),");
+    let (code, stderr, _) = run_text("limit", &text);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("limits.max_events = 100"), "{stderr}");
+    assert!(stderr.contains("seed 3"), "{stderr}");
+}
