@@ -1,1 +1,6 @@
+//! Sans-IO component models of cancelsim.
+//!
+//! Every model takes `now` and an input and returns what follows. None of them touches a clock,
+//! a queue, a file or a thread, so each is tested alone and can be driven without the engine.
 
+pub mod ownership;

@@ -31,6 +31,11 @@ enum Command {
         #[command(flatten)]
         opts: RunOpts,
     },
+    /// Replay a JSON Lines op log through the ownership controller: one JSON result per line.
+    Replay {
+        /// The op log, or `-` for standard input.
+        file: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Default)]
@@ -60,12 +65,38 @@ fn main() -> ExitCode {
             },
         ),
         Some(Command::Run { scenario, opts }) => run(scenario, opts),
+        Some(Command::Replay { file }) => return replay(&file),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             eprintln!("error: {msg}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Exit 0 when every line was processed (a rejected op is a result), 2 when the input cannot be
+/// read.
+fn replay(file: &std::path::Path) -> ExitCode {
+    let stdout = std::io::stdout().lock();
+    let out = std::io::BufWriter::new(stdout);
+    let result = if file.as_os_str() == "-" {
+        cancelsim::replay::replay(std::io::stdin().lock(), out)
+    } else {
+        match std::fs::File::open(file) {
+            Ok(f) => cancelsim::replay::replay(std::io::BufReader::new(f), out),
+            Err(e) => {
+                eprintln!("error: {}: cannot read op log: {e}", file.display());
+                return ExitCode::from(2);
+            }
+        }
+    };
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}: {e}", file.display());
+            ExitCode::from(2)
         }
     }
 }

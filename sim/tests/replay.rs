@@ -1,0 +1,240 @@
+//! `cancelsim replay`: the committed fixture log replays to the reference's answers, and the
+//! op-log rules hold (types before anything else, error lines change nothing, exit codes).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use cancelsim::replay::{replay, Replayer};
+
+fn repo(p: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
+fn replay_str(input: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    replay(input.as_bytes(), &mut out).unwrap();
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// `scenarios/oplogs/reference.jsonl` encodes every fixture of the reference's `tests()`;
+/// `reference.expected.jsonl` holds the reference's answers (checked against the reference
+/// itself by `tools/reference_oracle.py`, which `.ci/run` runs).
+#[test]
+fn committed_fixture_log_replays_to_the_reference_answers() {
+    let input = std::fs::read_to_string(repo("scenarios/oplogs/reference.jsonl")).unwrap();
+    let expected =
+        std::fs::read_to_string(repo("scenarios/oplogs/reference.expected.jsonl")).unwrap();
+    let got = replay_str(&input);
+    let expected: Vec<&str> = expected.lines().collect();
+    assert_eq!(
+        got.len(),
+        input.lines().count(),
+        "one output line per input line"
+    );
+    assert_eq!(got, expected);
+    // And the reference's own assertions, spelled out, so the expected file cannot drift.
+    let words: Vec<serde_json::Value> = got
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let word = |i: usize| {
+        words[i - 1]["result"]
+            .as_str()
+            .unwrap_or("ERROR")
+            .to_string()
+    };
+    assert_eq!(word(3), "accepted");
+    assert_eq!(word(4), "stale");
+    assert_eq!(word(9), "duplicate");
+    assert_eq!(word(11), "cancelled");
+    assert_eq!(words[12]["payload"], "sibling");
+    for i in 16..=19 {
+        assert!(
+            words[i - 1].get("error").is_some(),
+            "line {i} must be rejected"
+        );
+    }
+    assert_eq!(word(22), "stale");
+    assert_eq!(word(25), "cancelled");
+    assert_eq!(word(29), "expired");
+    assert_eq!(word(30), "expired");
+    assert_eq!(word(35), "blocked");
+    assert_eq!(word(37), "blocked");
+    assert_eq!(word(40), "empty");
+    let submitted = words.iter().filter(|w| w["result"] == "submitted").count();
+    assert_eq!(submitted, 1, "len(owners.sent) == 1");
+}
+
+#[test]
+fn types_are_checked_first_and_errors_are_lines() {
+    let mut r = Replayer::default();
+    let mut line = |s: &str| r.line(s);
+    assert_eq!(
+        line(r#"{"op":"start","request":"a","generation":2.0}"#),
+        r#"{"error":"field `generation` must be an integer"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"start","request":"a","generation":true}"#),
+        r#"{"error":"field `generation` must be an integer"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"start","request":"a"}"#),
+        r#"{"error":"missing field `generation`"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"start","request":"a","generation":1,"gen":1}"#),
+        r#"{"error":"unknown field `gen`"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"launch"}"#),
+        r#"{"error":"unknown op \"launch\""}"#
+    );
+    assert_eq!(
+        line(r#"{"request":"a"}"#),
+        r#"{"error":"missing field `op`"}"#
+    );
+    assert_eq!(
+        line(r#"[1,2]"#),
+        r#"{"error":"an op line must be a JSON object"}"#
+    );
+    assert!(line("{oops").starts_with(r#"{"error":"malformed JSON"#));
+    assert!(line("").starts_with(r#"{"error":"malformed JSON"#));
+    // None of that created anything.
+    assert_eq!(
+        line(r#"{"op":"start","request":"a","generation":1}"#),
+        r#"{"result":"started"}"#
+    );
+    // Negative generation: a valid int, rejected by the contract.
+    assert_eq!(
+        line(r#"{"op":"start","request":"n","generation":-1}"#),
+        r#"{"error":"invalid or reused request identity"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"update","request":"a","revision":0,"payload":"x","final":1}"#),
+        r#"{"error":"field `final` must be a boolean"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"update","request":"a","revision":-1,"payload":"x"}"#),
+        r#"{"error":"invalid output evidence"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"update","request":"zz","revision":0,"payload":"x"}"#),
+        r#"{"error":"unknown request"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"finish","request":"a","disposition":"done"}"#),
+        r#"{"error":"invalid terminal disposition"}"#
+    );
+    // A number may be an int or a float; max_age must be >= 0.
+    assert_eq!(
+        line(r#"{"op":"admit","request":"a","generation":1,"born":0.5,"max_age":-1,"now":1}"#),
+        r#"{"error":"invalid age inputs"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"admit","request":"a","generation":1,"born":"0","max_age":1,"now":1}"#),
+        r#"{"error":"field `born` must be a number"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"admit","request":"a","generation":1,"born":0.5,"max_age":1,"now":1}"#),
+        r#"{"result":"empty"}"#
+    );
+}
+
+#[test]
+fn failed_admit_end_keeps_its_ticket_and_a_ticket_is_used_once() {
+    let mut r = Replayer::default();
+    let mut line = |s: &str| r.line(s);
+    // The request does not exist yet at begin: begin looks only at its inputs and the epoch.
+    assert_eq!(
+        line(
+            r#"{"op":"admit_begin","ticket":"t","request":"x","generation":0,"born":10,"max_age":5}"#
+        ),
+        r#"{"result":"waiting"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"admit_end","ticket":"t","now":12}"#),
+        r#"{"error":"unknown request"}"#
+    );
+    line(r#"{"op":"start","request":"x","generation":0}"#);
+    line(r#"{"op":"update","request":"x","revision":0,"payload":"héllo \"q\""}"#);
+    assert_eq!(
+        line(r#"{"op":"admit_end","ticket":"t","now":9}"#),
+        r#"{"error":"invalid local clock"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"admit_end","ticket":"t"}"#),
+        r#"{"error":"missing field `now`"}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"admit_end","ticket":"t","now":15}"#),
+        r#"{"result":"submitted","payload":"héllo \"q\""}"#
+    );
+    assert_eq!(
+        line(r#"{"op":"admit_end","ticket":"t","now":15}"#),
+        r#"{"error":"unknown ticket \"t\""}"#
+    );
+    assert_eq!(
+        line(
+            r#"{"op":"admit_begin","ticket":"t","request":"x","generation":0,"born":10,"max_age":5}"#
+        ),
+        r#"{"error":"ticket \"t\" already used"}"#
+    );
+    // A negative admission generation is legal and never matches: stale.
+    assert_eq!(
+        line(r#"{"op":"admit","request":"x","generation":-3,"born":0,"max_age":1,"now":0}"#),
+        r#"{"result":"stale"}"#
+    );
+}
+
+fn cancelsim(args: &[&str], stdin: &str) -> (Option<i32>, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn exit_status_is_0_for_processed_logs_and_2_for_unreadable_files() {
+    let input =
+        "{\"op\":\"start\",\"request\":\"a\",\"generation\":1}\nnot json\n{\"op\":\"nope\"}\n";
+    let (code, stdout, _) = cancelsim(&["replay", "-"], input);
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout.lines().count(), 3);
+    let (code, stdout, stderr) = cancelsim(&["replay", "/nonexistent/op.log"], "");
+    assert_eq!(code, Some(2));
+    assert!(stdout.is_empty());
+    assert!(
+        stderr.contains("/nonexistent/op.log: cannot read op log"),
+        "{stderr}"
+    );
+    // A directory cannot be read as a log either.
+    let (code, _, _) = cancelsim(&["replay", "/"], "");
+    assert_eq!(code, Some(2));
+    // Not UTF-8: an error line, and processing goes on.
+    let mut out = Vec::new();
+    replay(&b"\xff\xfe\n{\"op\":\"barrier_advance\"}"[..], &mut out).unwrap();
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "{\"error\":\"malformed JSON: line is not UTF-8\"}\n{\"result\":\"ok\"}\n"
+    );
+}
