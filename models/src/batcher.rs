@@ -1,0 +1,228 @@
+//! The dynamic batcher of one replica (Triton-like), as a sans-IO state machine.
+//!
+//! Requests queue until `max_batch_size` are waiting or the oldest has waited
+//! `max_queue_delay`. The batch then runs as **one shared execution** to completion: a prefill
+//! step over every prompt, then decode steps over every member until the longest output is done.
+//! Members that finish early keep their slot as padding, and the batch's KV blocks (reserved for
+//! prompt + output at formation) return to the pool only when the whole batch ends. This is the
+//! contract's "shared execution frame".
+//!
+//! It speaks the same step interface as the continuous engine: `dispatch`, `step_done`,
+//! `Outcome`, `Released`. It runs one step at a time (W = 1).
+
+use std::collections::VecDeque;
+
+use crate::engine::{Dispatch, NewRequest, Outcome, Rejection, Released, StepOutput, StepReport};
+use crate::gpu::{StepCost, StepShape};
+use crate::kv::KvPool;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatcherConfig {
+    pub max_batch_size: u32,
+    pub max_queue_delay_ns: u64,
+    pub block_tokens: u32,
+    pub kv_blocks: u64,
+    pub cost: StepCost,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    req: NewRequest,
+    blocks: u64,
+    /// Output tokens delivered so far.
+    done_out: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Queued {
+    req: NewRequest,
+    enqueued_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatcherStats {
+    pub batches: u64,
+    pub steps: u64,
+    pub busy_ns: u64,
+    pub tokens_delivered: u64,
+    pub padding_token_steps: u64,
+    pub rejected: u64,
+}
+
+pub struct Batcher {
+    cfg: BatcherConfig,
+    kv: KvPool,
+    queue: VecDeque<Queued>,
+    batch: Vec<Member>,
+    batch_started_ns: u64,
+    /// The step in flight: its id, end time and duration.
+    inflight: Option<(u64, u64, u64)>,
+    step_next: u64,
+    stats: BatcherStats,
+}
+
+impl Batcher {
+    pub fn new(cfg: BatcherConfig) -> Self {
+        assert!(cfg.max_batch_size > 0);
+        Batcher {
+            kv: KvPool::new(cfg.kv_blocks, cfg.block_tokens),
+            cfg,
+            queue: VecDeque::new(),
+            batch: Vec::new(),
+            batch_started_ns: 0,
+            inflight: None,
+            step_next: 0,
+            stats: BatcherStats::default(),
+        }
+    }
+
+    pub fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
+        assert!(
+            r.prompt_tokens > 0 && r.output_tokens > 0,
+            "empty request {r:?}"
+        );
+        let total = r.prompt_tokens as u64 + r.output_tokens as u64;
+        if self.kv.blocks_for(total) > self.kv.capacity_blocks() {
+            self.stats.rejected += 1;
+            return Err(Rejection::TooLongForKv);
+        }
+        self.queue.push_back(Queued {
+            req: r,
+            enqueued_ns: now_ns,
+        });
+        Ok(())
+    }
+
+    /// When the batcher wants to be woken to form a batch by timeout, if ever.
+    pub fn timer_ns(&self) -> Option<u64> {
+        if !self.batch.is_empty() || self.queue.len() as u32 >= self.cfg.max_batch_size {
+            return None;
+        }
+        self.queue
+            .front()
+            .map(|q| q.enqueued_ns + self.cfg.max_queue_delay_ns)
+    }
+
+    pub fn dispatch(&mut self, now_ns: u64) -> Option<Dispatch> {
+        if self.inflight.is_some() {
+            return None;
+        }
+        let mut shape = StepShape::default();
+        if self.batch.is_empty() {
+            let full = self.queue.len() as u32 >= self.cfg.max_batch_size;
+            let timed_out = self
+                .queue
+                .front()
+                .is_some_and(|q| now_ns >= q.enqueued_ns + self.cfg.max_queue_delay_ns);
+            if !full && !timed_out {
+                return None;
+            }
+            while (self.batch.len() as u32) < self.cfg.max_batch_size {
+                let Some(q) = self.queue.front() else { break };
+                let total = q.req.prompt_tokens as u64 + q.req.output_tokens as u64;
+                let blocks = self.kv.blocks_for(total);
+                if !self.kv.try_alloc(blocks) {
+                    break;
+                }
+                let q = self.queue.pop_front().expect("front exists");
+                self.batch.push(Member {
+                    req: q.req,
+                    blocks,
+                    done_out: 0,
+                });
+                shape.prefill_tokens += q.req.prompt_tokens as u64;
+            }
+            assert!(
+                !self.batch.is_empty(),
+                "an idle batcher always fits one request"
+            );
+            self.batch_started_ns = now_ns;
+            self.stats.batches += 1;
+        } else {
+            // A decode step over every member, finished ones as padding.
+            for m in &self.batch {
+                shape.decode_seqs += 1;
+                shape.kv_tokens_read +=
+                    (m.req.prompt_tokens + m.done_out.min(m.req.output_tokens)) as u64;
+            }
+        }
+        let duration_ns = self.cfg.cost.step_ns(shape);
+        let step = self.step_next;
+        self.step_next += 1;
+        self.stats.steps += 1;
+        self.stats.busy_ns += duration_ns;
+        let end_ns = now_ns + duration_ns;
+        self.inflight = Some((step, end_ns, duration_ns));
+        Some(Dispatch {
+            step,
+            start_ns: now_ns,
+            end_ns,
+        })
+    }
+
+    pub fn step_done(
+        &mut self,
+        now_ns: u64,
+        step: u64,
+        outputs: &mut Vec<StepOutput>,
+        released: &mut Vec<Released>,
+    ) -> StepReport {
+        let (id, end_ns, duration_ns) = self.inflight.take().expect("a step in flight");
+        assert_eq!((id, end_ns), (step, now_ns));
+        let prefill = self.batch.iter().all(|m| m.done_out == 0);
+        let mut tokens = 0u64;
+        let mut all_done = true;
+        for m in &mut self.batch {
+            let t = if prefill { m.req.prompt_tokens } else { 1 };
+            tokens += t as u64;
+            let outcome = if m.done_out < m.req.output_tokens {
+                m.done_out += 1;
+                self.stats.tokens_delivered += 1;
+                Outcome::Token {
+                    index: m.done_out,
+                    last: m.done_out == m.req.output_tokens,
+                }
+            } else {
+                self.stats.padding_token_steps += 1;
+                Outcome::Padding
+            };
+            all_done &= m.done_out == m.req.output_tokens;
+            outputs.push(StepOutput {
+                id: m.req.id,
+                tokens: t,
+                outcome,
+            });
+        }
+        if all_done {
+            let held_ns = (now_ns - self.batch_started_ns) as u128;
+            for m in self.batch.drain(..) {
+                self.kv.free(m.blocks);
+                released.push(Released {
+                    id: m.req.id,
+                    kv_block_ns: m.blocks as u128 * held_ns,
+                });
+            }
+        }
+        StepReport {
+            step,
+            duration_ns,
+            tokens,
+        }
+    }
+
+    pub fn load(&self) -> u64 {
+        (self.queue.len() + self.batch.len()) as u64
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.batch.is_empty() && self.inflight.is_none()
+    }
+
+    pub fn kv(&self) -> &KvPool {
+        &self.kv
+    }
+
+    pub fn stats(&self) -> BatcherStats {
+        self.stats
+    }
+}

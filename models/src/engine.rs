@@ -1,0 +1,537 @@
+//! The continuous-batching engine of one replica (vLLM-like), as a sans-IO state machine.
+//!
+//! - A waiting queue and a running set bounded by `max_num_seqs`.
+//! - A token budget per step (`max_num_batched_tokens`), with optional chunked prefill.
+//! - A paged KV allocator: a request is admitted only when the blocks for its first chunk are
+//!   free; a running request that cannot grow preempts the newest running request, which is
+//!   recomputed later (preemption by recompute).
+//! - An in-flight window `W`: up to `W` dispatched steps whose outputs are not yet processed.
+//!   A dispatched step runs with exactly the requests it was dispatched with. The scheduler
+//!   advances progress optimistically at dispatch, and learns that a request hit its end of
+//!   sequence only when the step that sampled that token is processed, so with `W` > 1 a finished
+//!   request can still be in the next, already dispatched step: that token-step is discarded.
+//! - Blocks are returned to the pool only when no dispatched step still uses them (fenced).
+//!
+//! The world calls `enqueue`, `dispatch` and `step_done` with the current time; the engine
+//! answers with what to schedule (a step's end time) and what came out (tokens, releases).
+
+use std::collections::VecDeque;
+
+use crate::gpu::{StepCost, StepShape};
+use crate::kv::KvPool;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub max_num_seqs: u32,
+    pub max_num_batched_tokens: u32,
+    pub chunked_prefill: bool,
+    pub block_tokens: u32,
+    pub kv_blocks: u64,
+    /// In-flight window W: 1 for a synchronous loop, 2 for async scheduling, or the pipeline
+    /// depth.
+    pub window: u32,
+    pub cost: StepCost,
+}
+
+/// A request as the engine receives it. `output_tokens` is where the model emits its end of
+/// sequence; the scheduler does not use it to decide, it only discovers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewRequest {
+    pub id: u64,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+}
+
+/// A step was dispatched: the world schedules its end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    pub step: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// What a step did for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A prefill chunk that did not finish the prompt: progress, no token.
+    Prefill,
+    /// Output token number `index` (1-based) was produced; `last` is the end of sequence.
+    Token { index: u32, last: bool },
+    /// Work whose result is thrown away: a token past the end of sequence (in-flight window), or
+    /// the output of an incarnation that was preempted while the step was in flight.
+    Discarded,
+    /// A finished member's slot in a shared (static) batch: computed, never meaningful.
+    Padding,
+}
+
+/// One request's share of a processed step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepOutput {
+    pub id: u64,
+    /// Tokens this request had in the step (prefill chunk length, or 1 for a decode slot).
+    pub tokens: u32,
+    pub outcome: Outcome,
+}
+
+/// A processed step, for accounting: its duration is shared among its outputs by tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepReport {
+    pub step: u64,
+    pub duration_ns: u64,
+    pub tokens: u64,
+}
+
+/// A request left the engine: its blocks are back in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    pub id: u64,
+    /// Integral of the blocks it held over time, in block·ns.
+    pub kv_block_ns: u128,
+}
+
+/// Why a request was refused at enqueue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// Prompt plus output would need more KV blocks than the replica has.
+    TooLongForKv,
+    /// Without chunked prefill, the prompt plus output must fit one step's token budget.
+    TooLongForBudget,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Running,
+    /// End of sequence delivered; waiting for in-flight steps to drain.
+    Finished,
+}
+
+#[derive(Clone, Debug)]
+struct Seq {
+    id: u64,
+    prompt: u32,
+    output: u32,
+    /// Tokens to compute before the next sample: the prompt, or prompt + delivered tokens after a
+    /// preemption (recompute).
+    need: u32,
+    /// Tokens whose KV is computed or scheduled.
+    ctx: u32,
+    /// Output tokens sampled by dispatched steps of this incarnation.
+    sched_out: u32,
+    /// Output tokens delivered.
+    done_out: u32,
+    blocks: u64,
+    /// Blocks of a finished or preempted incarnation, returned once no step in flight uses them.
+    fenced_blocks: u64,
+    inflight: u32,
+    incarnation: u32,
+    phase: Phase,
+    kv_block_ns: u128,
+    blocks_since_ns: u64,
+}
+
+impl Seq {
+    fn touch(&mut self, now_ns: u64) {
+        debug_assert!(now_ns >= self.blocks_since_ns);
+        let held = (self.blocks + self.fenced_blocks) as u128;
+        self.kv_block_ns += held * (now_ns - self.blocks_since_ns) as u128;
+        self.blocks_since_ns = now_ns;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    slot: u32,
+    incarnation: u32,
+    tokens: u32,
+    /// The output index this entry samples, 0 if none (a non-final prefill chunk).
+    sample: u32,
+}
+
+#[derive(Debug)]
+struct Step {
+    id: u64,
+    end_ns: u64,
+    duration_ns: u64,
+    entries: Vec<Entry>,
+}
+
+/// Counters of one engine, for reports and conservation checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub busy_ns: u64,
+    pub preemptions: u64,
+    pub tokens_delivered: u64,
+    pub tokens_discarded: u64,
+    pub prefill_tokens: u64,
+    pub rejected: u64,
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    kv: KvPool,
+    seqs: Vec<Seq>,
+    free_slots: Vec<u32>,
+    waiting: VecDeque<u32>,
+    running: Vec<u32>,
+    inflight: VecDeque<Step>,
+    spare_entries: Vec<Vec<Entry>>,
+    gpu_free_ns: u64,
+    step_next: u64,
+    live: u64,
+    stats: EngineStats,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.window > 0);
+        Engine {
+            kv: KvPool::new(cfg.kv_blocks, cfg.block_tokens),
+            cfg,
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            inflight: VecDeque::new(),
+            spare_entries: Vec::new(),
+            gpu_free_ns: 0,
+            step_next: 0,
+            live: 0,
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Accept a request into the waiting queue, or refuse it if it can never run here.
+    pub fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
+        assert!(
+            r.prompt_tokens > 0 && r.output_tokens > 0,
+            "empty request {r:?}"
+        );
+        let total = r.prompt_tokens as u64 + r.output_tokens as u64;
+        if self.kv.blocks_for(total) > self.kv.capacity_blocks() {
+            self.stats.rejected += 1;
+            return Err(Rejection::TooLongForKv);
+        }
+        if !self.cfg.chunked_prefill && total > self.cfg.max_num_batched_tokens as u64 {
+            self.stats.rejected += 1;
+            return Err(Rejection::TooLongForBudget);
+        }
+        let seq = Seq {
+            id: r.id,
+            prompt: r.prompt_tokens,
+            output: r.output_tokens,
+            need: r.prompt_tokens,
+            ctx: 0,
+            sched_out: 0,
+            done_out: 0,
+            blocks: 0,
+            fenced_blocks: 0,
+            inflight: 0,
+            incarnation: 0,
+            phase: Phase::Waiting,
+            kv_block_ns: 0,
+            blocks_since_ns: now_ns,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.seqs[s as usize] = seq;
+                s
+            }
+            None => {
+                self.seqs.push(seq);
+                (self.seqs.len() - 1) as u32
+            }
+        };
+        self.waiting.push_back(slot);
+        self.live += 1;
+        Ok(())
+    }
+
+    /// Compose and dispatch the next step if the window has room and there is work.
+    pub fn dispatch(&mut self, now_ns: u64) -> Option<Dispatch> {
+        if self.inflight.len() as u32 >= self.cfg.window {
+            return None;
+        }
+        let mut entries = self.spare_entries.pop().unwrap_or_default();
+        debug_assert!(entries.is_empty());
+        let mut shape = StepShape::default();
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut preempted = false;
+
+        // Running requests first, oldest first.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let seq = &self.seqs[slot as usize];
+            let prefill = seq.ctx < seq.need;
+            let tokens = if prefill {
+                let rem = seq.need - seq.ctx;
+                if self.cfg.chunked_prefill {
+                    rem.min(budget)
+                } else if rem <= budget {
+                    rem
+                } else {
+                    i += 1;
+                    continue;
+                }
+            } else {
+                1
+            };
+            let grow = self.kv.blocks_for((seq.ctx + tokens) as u64) - seq.blocks;
+            // Make room by preempting the newest running request, possibly this one.
+            let mut self_preempted = false;
+            while !self.kv.try_alloc(grow) {
+                let victim = *self.running.last().expect("running is not empty");
+                self.preempt(victim, now_ns);
+                preempted = true;
+                if victim == slot {
+                    self_preempted = true;
+                    break;
+                }
+            }
+            if self_preempted {
+                break;
+            }
+            let seq = &mut self.seqs[slot as usize];
+            seq.touch(now_ns);
+            seq.blocks += grow;
+            let sample = Self::advance(seq, tokens);
+            Self::shape_add(&mut shape, seq, prefill, tokens);
+            entries.push(Entry {
+                slot,
+                incarnation: seq.incarnation,
+                tokens,
+                sample,
+            });
+            budget -= tokens;
+            i += 1;
+        }
+
+        // Then waiting requests, in order, while nothing was preempted this step (vLLM's rule),
+        // unless the step would otherwise be empty: a lone request that preempted itself has
+        // freed everything and must be readmitted, or nothing would ever dispatch again.
+        while (!preempted || entries.is_empty())
+            && budget > 0
+            && (self.running.len() as u32) < self.cfg.max_num_seqs
+        {
+            let Some(&slot) = self.waiting.front() else {
+                break;
+            };
+            let seq = &self.seqs[slot as usize];
+            debug_assert_eq!(seq.ctx, 0);
+            let rem = seq.need;
+            let tokens = if self.cfg.chunked_prefill {
+                rem.min(budget)
+            } else if rem <= budget {
+                rem
+            } else {
+                break;
+            };
+            let blocks = self.kv.blocks_for(tokens as u64);
+            if !self.kv.try_alloc(blocks) {
+                break; // admission only when the blocks are there
+            }
+            self.waiting.pop_front();
+            self.running.push(slot);
+            let seq = &mut self.seqs[slot as usize];
+            seq.phase = Phase::Running;
+            seq.touch(now_ns);
+            seq.blocks += blocks;
+            let sample = Self::advance(seq, tokens);
+            Self::shape_add(&mut shape, seq, true, tokens);
+            entries.push(Entry {
+                slot,
+                incarnation: seq.incarnation,
+                tokens,
+                sample,
+            });
+            budget -= tokens;
+        }
+
+        if entries.is_empty() {
+            self.spare_entries.push(entries);
+            return None;
+        }
+        for e in &entries {
+            self.seqs[e.slot as usize].inflight += 1;
+        }
+        let duration_ns = self.cfg.cost.step_ns(shape);
+        let start_ns = now_ns.max(self.gpu_free_ns);
+        let end_ns = start_ns + duration_ns;
+        self.gpu_free_ns = end_ns;
+        let step = self.step_next;
+        self.step_next += 1;
+        self.stats.steps += 1;
+        self.stats.busy_ns += duration_ns;
+        self.stats.prefill_tokens += shape.prefill_tokens;
+        self.inflight.push_back(Step {
+            id: step,
+            end_ns,
+            duration_ns,
+            entries,
+        });
+        Some(Dispatch {
+            step,
+            start_ns,
+            end_ns,
+        })
+    }
+
+    /// Advance a sequence by `tokens` scheduled tokens; returns the output index sampled, or 0.
+    fn advance(seq: &mut Seq, tokens: u32) -> u32 {
+        seq.ctx += tokens;
+        if seq.ctx >= seq.need {
+            seq.sched_out += 1;
+            seq.sched_out
+        } else {
+            0
+        }
+    }
+
+    fn shape_add(shape: &mut StepShape, seq: &Seq, prefill: bool, tokens: u32) {
+        if prefill {
+            shape.prefill_tokens += tokens as u64;
+        } else {
+            shape.decode_seqs += 1;
+            shape.kv_tokens_read += seq.ctx as u64;
+        }
+    }
+
+    fn preempt(&mut self, slot: u32, now_ns: u64) {
+        let last = self.running.pop();
+        debug_assert_eq!(last, Some(slot));
+        let seq = &mut self.seqs[slot as usize];
+        seq.touch(now_ns);
+        seq.fenced_blocks += seq.blocks;
+        seq.blocks = 0;
+        if seq.inflight == 0 {
+            self.kv.free(seq.fenced_blocks);
+            seq.fenced_blocks = 0;
+        }
+        seq.incarnation += 1;
+        seq.need = seq.prompt + seq.done_out;
+        seq.ctx = 0;
+        seq.sched_out = seq.done_out;
+        seq.phase = Phase::Waiting;
+        self.waiting.push_front(slot);
+        self.stats.preemptions += 1;
+    }
+
+    /// Process the oldest dispatched step, which ends now. Pushes one `StepOutput` per entry and
+    /// one `Released` per request that left the engine.
+    pub fn step_done(
+        &mut self,
+        now_ns: u64,
+        step: u64,
+        outputs: &mut Vec<StepOutput>,
+        released: &mut Vec<Released>,
+    ) -> StepReport {
+        let s = self.inflight.pop_front().expect("a step in flight");
+        assert_eq!(s.id, step, "steps complete in dispatch order");
+        assert_eq!(s.end_ns, now_ns, "step processed at its end time");
+        let mut tokens_total = 0u64;
+        let mut finished_any = false;
+        for e in &s.entries {
+            tokens_total += e.tokens as u64;
+            let seq = &mut self.seqs[e.slot as usize];
+            seq.inflight -= 1;
+            let outcome = if e.incarnation != seq.incarnation || seq.phase == Phase::Finished {
+                Outcome::Discarded
+            } else if e.sample == 0 {
+                Outcome::Prefill
+            } else {
+                debug_assert_eq!(e.sample, seq.done_out + 1);
+                debug_assert!(e.sample <= seq.output);
+                seq.done_out += 1;
+                let last = seq.done_out == seq.output;
+                if last {
+                    seq.phase = Phase::Finished;
+                    seq.touch(now_ns);
+                    seq.fenced_blocks += seq.blocks;
+                    seq.blocks = 0;
+                    finished_any = true;
+                }
+                Outcome::Token {
+                    index: e.sample,
+                    last,
+                }
+            };
+            match outcome {
+                Outcome::Token { .. } => self.stats.tokens_delivered += 1,
+                Outcome::Discarded => {
+                    if e.sample > 0 {
+                        self.stats.tokens_discarded += 1;
+                    }
+                }
+                Outcome::Prefill | Outcome::Padding => {}
+            }
+            outputs.push(StepOutput {
+                id: seq.id,
+                tokens: e.tokens,
+                outcome,
+            });
+            if seq.inflight == 0 && seq.fenced_blocks > 0 {
+                seq.touch(now_ns);
+                self.kv.free(seq.fenced_blocks);
+                seq.fenced_blocks = 0;
+            }
+            // A request appears at most once per step, so it is released at most once here.
+            if seq.phase == Phase::Finished && seq.inflight == 0 {
+                debug_assert_eq!(seq.blocks + seq.fenced_blocks, 0);
+                released.push(Released {
+                    id: seq.id,
+                    kv_block_ns: seq.kv_block_ns,
+                });
+                self.free_slots.push(e.slot);
+                self.live -= 1;
+            }
+        }
+        if finished_any {
+            let seqs = &self.seqs;
+            self.running
+                .retain(|&slot| seqs[slot as usize].phase == Phase::Running);
+        }
+        let mut entries = s.entries;
+        entries.clear();
+        self.spare_entries.push(entries);
+        StepReport {
+            step,
+            duration_ns: s.duration_ns,
+            tokens: tokens_total,
+        }
+    }
+
+    /// Requests waiting, running or draining here: what a least-loaded router compares.
+    pub fn load(&self) -> u64 {
+        self.live
+    }
+
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn running_len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn inflight_len(&self) -> usize {
+        self.inflight.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.live == 0 && self.inflight.is_empty()
+    }
+
+    pub fn kv(&self) -> &KvPool {
+        &self.kv
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+}
