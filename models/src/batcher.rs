@@ -189,6 +189,7 @@ impl Batcher {
             all_done &= m.done_out == m.req.output_tokens;
             outputs.push(StepOutput {
                 id: m.req.id,
+                tag: m.req.tag,
                 tokens: t,
                 outcome,
             });
@@ -199,6 +200,7 @@ impl Batcher {
                 self.kv.free(m.blocks);
                 released.push(Released {
                     id: m.req.id,
+                    tag: m.req.tag,
                     kv_block_ns: m.blocks as u128 * held_ns,
                 });
             }

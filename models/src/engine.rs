@@ -38,6 +38,8 @@ pub struct EngineConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NewRequest {
     pub id: u64,
+    /// The caller's handle (a slab index): echoed in every output and release, never read.
+    pub tag: u32,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
 }
@@ -68,6 +70,7 @@ pub enum Outcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepOutput {
     pub id: u64,
+    pub tag: u32,
     /// Tokens this request had in the step (prefill chunk length, or 1 for a decode slot).
     pub tokens: u32,
     pub outcome: Outcome,
@@ -85,6 +88,7 @@ pub struct StepReport {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Released {
     pub id: u64,
+    pub tag: u32,
     /// Integral of the blocks it held over time, in block·ns.
     pub kv_block_ns: u128,
 }
@@ -109,6 +113,7 @@ enum Phase {
 #[derive(Clone, Debug)]
 struct Seq {
     id: u64,
+    tag: u32,
     prompt: u32,
     output: u32,
     /// Tokens to compute before the next sample: the prompt, or prompt + delivered tokens after a
@@ -223,6 +228,7 @@ impl Engine {
         }
         let seq = Seq {
             id: r.id,
+            tag: r.tag,
             prompt: r.prompt_tokens,
             output: r.output_tokens,
             need: r.prompt_tokens,
@@ -472,6 +478,7 @@ impl Engine {
             }
             outputs.push(StepOutput {
                 id: seq.id,
+                tag: seq.tag,
                 tokens: e.tokens,
                 outcome,
             });
@@ -485,6 +492,7 @@ impl Engine {
                 debug_assert_eq!(seq.blocks + seq.fenced_blocks, 0);
                 released.push(Released {
                     id: seq.id,
+                    tag: seq.tag,
                     kv_block_ns: seq.kv_block_ns,
                 });
                 self.free_slots.push(e.slot);

@@ -8,3 +8,4 @@ pub mod engine;
 pub mod gpu;
 pub mod kv;
 pub mod ownership;
+pub mod replica;

@@ -131,6 +131,7 @@ fn drive(rep: &mut impl Replica, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64
 
 fn req(id: u64, prompt: u32, output: u32) -> NewRequest {
     NewRequest {
+        tag: id as u32,
         id,
         prompt_tokens: prompt,
         output_tokens: output,

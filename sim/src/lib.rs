@@ -10,4 +10,6 @@ pub mod kernel;
 pub mod replay;
 pub mod report;
 pub mod scenario;
+pub mod trace;
+pub mod workload;
 pub mod world;

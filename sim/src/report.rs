@@ -17,30 +17,51 @@ pub fn render(s: &Summary) -> String {
         s.seed,
         &s.scenario_hash[..16]
     );
+    let r = &s.requests;
     let _ = writeln!(
         w,
-        "requests: {} scheduled, {} completed in {:.3} s of virtual time ({} events)",
-        s.requests.scheduled, s.requests.completed, s.virtual_time_s, s.events
+        "requests: {} scheduled, {} admitted, {} rejected, {} completed in {:.3} s of virtual time ({} events)",
+        r.scheduled, r.admitted, r.rejected, r.completed, s.virtual_time_s, s.events
     );
     let _ = writeln!(
         w,
-        "throughput {:.2} req/s, utilisation {:.3}",
-        s.throughput_rps, s.utilisation
+        "throughput {:.2} req/s, {:.0} output tokens/s; GPU utilisation {:.3} over {} steps, {} preemptions",
+        s.throughput_rps, s.output_tokens_per_s, s.gpu.utilisation, s.gpu.steps, s.gpu.preemptions
     );
     let _ = writeln!(
         w,
-        "{:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "{:<8} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}",
         "latency", "mean", "±95%", "p50", "p90", "p99", "max"
     );
     let row = |w: &mut String, name: &str, l: &LatencyMs| {
         let _ = writeln!(
             w,
-            "{:<10} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
+            "{:<8} {:>10.3} {:>9.3} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
             name, l.mean, l.mean_ci95, l.p50, l.p90, l.p99, l.max
         );
     };
-    row(w, "wait_ms", &s.wait_ms);
+    row(w, "ttft_ms", &s.ttft_ms);
+    row(w, "tpot_ms", &s.tpot_ms);
     row(w, "e2e_ms", &s.e2e_ms);
+    let g = &s.gpu;
+    let _ = writeln!(
+        w,
+        "gpu: {:.3} s busy, {:.3} s to completed requests, {:.3} s discarded ({} tokens), {:.3} s padding; {} token-steps",
+        g.busy_s, g.gpu_s_completed, g.gpu_s_discarded, g.tokens_discarded, g.gpu_s_padding, g.token_steps
+    );
+    let _ = writeln!(
+        w,
+        "kv: {:.1} block-s held, peak {} blocks on one replica",
+        s.kv.block_s, s.kv.peak_blocks
+    );
+    let wl = &s.workload;
+    if wl.conversations > 0 || wl.deadlines_missed > 0 || wl.disconnects > 0 {
+        let _ = writeln!(
+            w,
+            "workload: {} conversations, {} turns, {} interruptions ({} requests superseded), {} deadlines missed, {} disconnects",
+            wl.conversations, wl.turns, wl.interruptions, wl.superseded_requests, wl.deadlines_missed, wl.disconnects
+        );
+    }
     let l = &s.littles_law;
     let _ = writeln!(
         w,

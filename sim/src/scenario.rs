@@ -30,7 +30,11 @@ pub struct Scenario {
     #[serde(default)]
     pub limits: LimitsConfig,
     pub workload: Workload,
-    pub server: Server,
+    pub cluster: Cluster,
+    /// The directory relative paths (traces) resolve against: the scenario file's directory, or
+    /// the repository's `scenarios/` for the embedded default.
+    #[serde(skip)]
+    pub base_dir: std::path::PathBuf,
 }
 
 fn default_seed() -> u64 {
@@ -56,35 +60,234 @@ impl Default for LimitsConfig {
     }
 }
 
+/// What arrives, and what each request asks for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Workload {
-    /// Number of requests the workload issues.
-    pub requests: u64,
-    pub arrivals: Arrivals,
+    pub source: Source,
+    /// Prompt length in tokens, for synthetic sources (traces carry their own).
+    #[serde(default = "default_prompt")]
+    pub prompt_tokens: Dist,
+    /// Output length in tokens (where the model emits end of sequence), for synthetic sources.
+    #[serde(default = "default_output")]
+    pub output_tokens: Dist,
+    /// Deadline from acceptance, per request. None: no deadline.
+    #[serde(default)]
+    pub deadline_ms: Option<Dist>,
+    /// Time from acceptance until the client disconnects, per request. None: clients stay.
+    #[serde(default)]
+    pub disconnect_ms: Option<Dist>,
+}
+
+fn default_prompt() -> Dist {
+    Dist::LogNormal {
+        median: 1000.0,
+        sigma: 0.8,
+    }
+}
+
+fn default_output() -> Dist {
+    Dist::LogNormal {
+        median: 130.0,
+        sigma: 0.8,
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub enum Arrivals {
+pub enum Source {
     /// Open-loop Poisson arrivals.
-    Poisson { rate_per_s: f64 },
+    Poisson { rate_per_s: f64, requests: u64 },
+    /// Open-loop bursty arrivals: a two-state Markov-modulated Poisson process. The source
+    /// alternates between an on period (rate `rate_on_per_s`) and an off period
+    /// (`rate_off_per_s`, possibly 0), with durations drawn from `on_ms` and `off_ms`.
+    OnOff {
+        rate_on_per_s: f64,
+        rate_off_per_s: f64,
+        on_ms: Dist,
+        off_ms: Dist,
+        requests: u64,
+    },
+    /// Closed-loop conversations. Conversations start as a Poisson process; each issues `turns`
+    /// turns; a turn is one generation of `requests_per_turn` requests; the next turn starts
+    /// `think_ms` after the turn's last request completes. With `barge_in`, the user interrupts
+    /// a turn in progress, which supersedes its generation and starts the next turn at once.
+    Conversations {
+        conversations: u64,
+        start_rate_per_s: f64,
+        turns: Dist,
+        think_ms: Dist,
+        #[serde(default = "one")]
+        requests_per_turn: u32,
+        #[serde(default)]
+        barge_in: Option<BargeIn>,
+    },
+    /// Replay of a real trace. `path` is relative to the scenario file.
+    Trace {
+        path: String,
+        format: TraceFormat,
+        /// Time scaling: 2.0 replays twice as fast.
+        #[serde(default = "one_f64")]
+        speedup: f64,
+        /// First data row to replay (0-based).
+        #[serde(default)]
+        first_row: u64,
+        /// How many rows from `first_row`; None: to the end.
+        #[serde(default)]
+        rows: Option<u64>,
+        /// Keep each row with this probability (an independent draw per row).
+        #[serde(default = "one_f64")]
+        sample_fraction: f64,
+    },
 }
 
-/// The minimal server of the first end-to-end path: `slots` requests in service at once, each
-/// holding its slot for a service time drawn from `service_ms`, FIFO queue in front. With one
-/// slot and a constant service time it is an M/D/1 queue, which the tests check against
-/// Pollaczek–Khinchine. The batched runtime replaces it.
+fn one() -> u32 {
+    1
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Server {
-    pub slots: u32,
-    pub service_ms: Dist,
+pub struct BargeIn {
+    /// Probability that a turn is interrupted.
+    pub probability: f64,
+    /// When, from the turn's start.
+    pub after_ms: Dist,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TraceFormat {
+    /// Azure LLM inference trace 2023: `TIMESTAMP,ContextTokens,GeneratedTokens`.
+    AzureCsv,
+    /// Mooncake JSON Lines: `timestamp` (ms), `input_length`, `output_length`.
+    MooncakeJsonl,
+}
+
+/// The serving side: replicas behind a router, each one engine on one GPU profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    #[serde(default = "one")]
+    pub replicas: u32,
+    #[serde(default)]
+    pub router: Router,
+    pub profile: ProfileRef,
+    pub scheduler: Scheduler,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Router {
+    #[default]
+    RoundRobin,
+    /// Fewest requests waiting, running or draining; ties go to the lowest index.
+    LeastLoaded,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum ProfileRef {
+    /// One of `llama-3.1-8b-h100`, `llama-3.1-70b-tp4-h100`, `llama-2-7b-a100`.
+    Named(String),
+    /// Your own step costs (see ARCHITECTURE.md for the formula).
+    Custom {
+        c0_ms: f64,
+        #[serde(default)]
+        prefill_tokens_per_s: f64,
+        #[serde(default)]
+        per_seq_us: f64,
+        #[serde(default)]
+        per_kv_token_ns: f64,
+        kv_blocks_16: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Scheduler {
+    /// vLLM-like continuous batching. Unset limits take the profile's vLLM defaults.
+    Continuous {
+        #[serde(default)]
+        max_num_seqs: Option<u32>,
+        #[serde(default)]
+        max_num_batched_tokens: Option<u32>,
+        #[serde(default = "yes")]
+        chunked_prefill: bool,
+        #[serde(default = "sixteen")]
+        block_tokens: u32,
+        /// KV capacity in blocks; None: the profile's capacity.
+        #[serde(default)]
+        kv_blocks: Option<u64>,
+        /// In-flight window W.
+        #[serde(default = "one")]
+        window: u32,
+    },
+    /// Triton-like dynamic batching: each batch is one shared execution.
+    Dynamic {
+        max_batch_size: u32,
+        max_queue_delay_ms: f64,
+        #[serde(default = "sixteen")]
+        block_tokens: u32,
+        #[serde(default)]
+        kv_blocks: Option<u64>,
+    },
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn sixteen() -> u32 {
+    16
 }
 
 /// Upper bound on the requests of one scenario, so a typo cannot ask for 10^18.
 pub const REQUESTS_MAX: u64 = 100_000_000;
-pub const SLOTS_MAX: u32 = 1_000_000;
+pub const REPLICAS_MAX: u32 = 1024;
+
+type Invalid = Result<(), (String, String)>;
+
+fn positive(field: &str, x: f64) -> Invalid {
+    if !x.is_finite() || x <= 0.0 {
+        return Err((
+            field.into(),
+            format!("must be a finite number > 0 (got {x})"),
+        ));
+    }
+    Ok(())
+}
+
+fn non_negative(field: &str, x: f64) -> Invalid {
+    if !x.is_finite() || x < 0.0 {
+        return Err((
+            field.into(),
+            format!("must be a finite number >= 0 (got {x})"),
+        ));
+    }
+    Ok(())
+}
+
+fn probability(field: &str, p: f64) -> Invalid {
+    if !(0.0..=1.0).contains(&p) {
+        return Err((
+            field.into(),
+            format!("must be a probability in [0, 1] (got {p})"),
+        ));
+    }
+    Ok(())
+}
+
+fn in_range(field: &str, x: u64, lo: u64, hi: u64) -> Invalid {
+    if x < lo || x > hi {
+        return Err((
+            field.into(),
+            format!("must be between {lo} and {hi} (got {x})"),
+        ));
+    }
+    Ok(())
+}
 
 /// A scenario that failed to load: one line, naming the file and where.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,7 +313,35 @@ impl Scenario {
                 e.utf8_error().valid_up_to()
             ))
         })?;
-        Scenario::parse(&text, &shown)
+        let mut scenario = Scenario::parse(&text, &shown)?;
+        scenario.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        scenario.check_files(&text, &shown)?;
+        Ok(scenario)
+    }
+
+    /// Files the scenario refers to must exist and be readable.
+    fn check_files(&self, text: &str, shown: &str) -> Result<(), LoadError> {
+        if let Source::Trace { path, .. } = &self.workload.source {
+            let full = self.base_dir.join(path);
+            if let Err(e) = std::fs::metadata(&full).and_then(|m| {
+                if m.is_file() {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::other("not a file"))
+                }
+            }) {
+                let field = "workload.source.Trace.path";
+                let at = locate_field(text, field)
+                    .map(|(l, c)| format!(":{l}:{c}"))
+                    .unwrap_or_default();
+                return Err(LoadError(format!(
+                    "{shown}{at}: field `{field}`: cannot read trace {}: {}",
+                    full.display(),
+                    io_reason(&e)
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Parse scenario text; `shown` names its origin in messages.
@@ -118,7 +349,10 @@ impl Scenario {
         if text.trim().is_empty() {
             return Err(LoadError(format!("{shown}:1:1: empty scenario file")));
         }
-        let mut de = ron::Deserializer::from_str(text)
+        // Implicit `Some`: optional fields are written as plain values.
+        let options = ron::Options::default()
+            .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME);
+        let mut de = ron::Deserializer::from_str_with_options(text, &options)
             .map_err(|e| LoadError(format!("{shown}:{}: {}", e.span.start, e.code)))?;
         let parsed: Result<Scenario, _> = serde_path_to_error::deserialize(&mut de);
         let scenario = match parsed {
@@ -193,32 +427,196 @@ impl Scenario {
             );
         }
         let w = &self.workload;
-        if w.requests == 0 || w.requests > REQUESTS_MAX {
-            return err(
-                "workload.requests",
-                format!("must be between 1 and {REQUESTS_MAX} (got {})", w.requests),
-            );
-        }
-        match &w.arrivals {
-            Arrivals::Poisson { rate_per_s } => {
-                if !rate_per_s.is_finite() || *rate_per_s <= 0.0 {
+        let count = |f: &str, n: u64| {
+            if n == 0 || n > REQUESTS_MAX {
+                Err((
+                    f.to_string(),
+                    format!("must be between 1 and {REQUESTS_MAX} (got {n})"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let dist = |f: &str, d: &Dist| d.validate().map_err(|(g, m)| (format!("{f}.{g}"), m));
+        match &w.source {
+            Source::Poisson {
+                rate_per_s,
+                requests,
+            } => {
+                positive("workload.source.Poisson.rate_per_s", *rate_per_s)?;
+                count("workload.source.Poisson.requests", *requests)?;
+            }
+            Source::OnOff {
+                rate_on_per_s,
+                rate_off_per_s,
+                on_ms,
+                off_ms,
+                requests,
+            } => {
+                positive("workload.source.OnOff.rate_on_per_s", *rate_on_per_s)?;
+                non_negative("workload.source.OnOff.rate_off_per_s", *rate_off_per_s)?;
+                dist("workload.source.OnOff.on_ms", on_ms)?;
+                dist("workload.source.OnOff.off_ms", off_ms)?;
+                if on_ms.mean() <= 0.0 {
+                    return err("workload.source.OnOff.on_ms", "must have a mean > 0".into());
+                }
+                count("workload.source.OnOff.requests", *requests)?;
+            }
+            Source::Conversations {
+                conversations,
+                start_rate_per_s,
+                turns,
+                think_ms,
+                requests_per_turn,
+                barge_in,
+            } => {
+                count(
+                    "workload.source.Conversations.conversations",
+                    *conversations,
+                )?;
+                positive(
+                    "workload.source.Conversations.start_rate_per_s",
+                    *start_rate_per_s,
+                )?;
+                dist("workload.source.Conversations.turns", turns)?;
+                dist("workload.source.Conversations.think_ms", think_ms)?;
+                if *requests_per_turn == 0 || *requests_per_turn > 64 {
                     return err(
-                        "workload.arrivals.Poisson.rate_per_s",
-                        format!("must be a finite number > 0 (got {rate_per_s})"),
+                        "workload.source.Conversations.requests_per_turn",
+                        format!("must be between 1 and 64 (got {requests_per_turn})"),
+                    );
+                }
+                if let Some(b) = barge_in {
+                    probability(
+                        "workload.source.Conversations.barge_in.probability",
+                        b.probability,
+                    )?;
+                    dist(
+                        "workload.source.Conversations.barge_in.after_ms",
+                        &b.after_ms,
+                    )?;
+                }
+            }
+            Source::Trace {
+                path,
+                speedup,
+                sample_fraction,
+                ..
+            } => {
+                if path.is_empty() {
+                    return err("workload.source.Trace.path", "must not be empty".into());
+                }
+                positive("workload.source.Trace.speedup", *speedup)?;
+                probability("workload.source.Trace.sample_fraction", *sample_fraction)?;
+                if *sample_fraction == 0.0 {
+                    return err(
+                        "workload.source.Trace.sample_fraction",
+                        "must be > 0".into(),
                     );
                 }
             }
         }
-        let s = &self.server;
-        if s.slots == 0 || s.slots > SLOTS_MAX {
+        dist("workload.prompt_tokens", &w.prompt_tokens)?;
+        dist("workload.output_tokens", &w.output_tokens)?;
+        if let Some(d) = &w.deadline_ms {
+            dist("workload.deadline_ms", d)?;
+        }
+        if let Some(d) = &w.disconnect_ms {
+            dist("workload.disconnect_ms", d)?;
+        }
+        let c = &self.cluster;
+        if c.replicas == 0 || c.replicas > REPLICAS_MAX {
             return err(
-                "server.slots",
-                format!("must be between 1 and {SLOTS_MAX} (got {})", s.slots),
+                "cluster.replicas",
+                format!("must be between 1 and {REPLICAS_MAX} (got {})", c.replicas),
             );
         }
-        s.service_ms
-            .validate()
-            .map_err(|(f, m)| (format!("server.service_ms.{f}"), m))?;
+        match &c.profile {
+            ProfileRef::Named(name) => {
+                if cancelsim_models::gpu::profile(name).is_none() {
+                    let known: Vec<&str> = cancelsim_models::gpu::PROFILES
+                        .iter()
+                        .map(|p| p.name)
+                        .collect();
+                    return err(
+                        "cluster.profile.Named",
+                        format!("unknown profile {name:?}; known: {}", known.join(", ")),
+                    );
+                }
+            }
+            ProfileRef::Custom {
+                c0_ms,
+                prefill_tokens_per_s,
+                per_seq_us,
+                per_kv_token_ns,
+                kv_blocks_16,
+            } => {
+                positive("cluster.profile.Custom.c0_ms", *c0_ms)?;
+                non_negative(
+                    "cluster.profile.Custom.prefill_tokens_per_s",
+                    *prefill_tokens_per_s,
+                )?;
+                non_negative("cluster.profile.Custom.per_seq_us", *per_seq_us)?;
+                non_negative("cluster.profile.Custom.per_kv_token_ns", *per_kv_token_ns)?;
+                if *kv_blocks_16 == 0 {
+                    return err("cluster.profile.Custom.kv_blocks_16", "must be > 0".into());
+                }
+            }
+        }
+        match &c.scheduler {
+            Scheduler::Continuous {
+                max_num_seqs,
+                max_num_batched_tokens,
+                block_tokens,
+                kv_blocks,
+                window,
+                ..
+            } => {
+                let f = "cluster.scheduler.Continuous";
+                in_range(
+                    &format!("{f}.max_num_seqs"),
+                    max_num_seqs.unwrap_or(1) as u64,
+                    1,
+                    1 << 20,
+                )?;
+                in_range(
+                    &format!("{f}.max_num_batched_tokens"),
+                    max_num_batched_tokens.unwrap_or(1) as u64,
+                    1,
+                    1 << 24,
+                )?;
+                in_range(&format!("{f}.block_tokens"), *block_tokens as u64, 1, 4096)?;
+                in_range(
+                    &format!("{f}.kv_blocks"),
+                    kv_blocks.unwrap_or(1),
+                    1,
+                    1 << 32,
+                )?;
+                in_range(&format!("{f}.window"), *window as u64, 1, 64)?;
+            }
+            Scheduler::Dynamic {
+                max_batch_size,
+                max_queue_delay_ms,
+                block_tokens,
+                kv_blocks,
+            } => {
+                let f = "cluster.scheduler.Dynamic";
+                in_range(
+                    &format!("{f}.max_batch_size"),
+                    *max_batch_size as u64,
+                    1,
+                    1 << 16,
+                )?;
+                non_negative(&format!("{f}.max_queue_delay_ms"), *max_queue_delay_ms)?;
+                in_range(&format!("{f}.block_tokens"), *block_tokens as u64, 1, 4096)?;
+                in_range(
+                    &format!("{f}.kv_blocks"),
+                    kv_blocks.unwrap_or(1),
+                    1,
+                    1 << 32,
+                )?;
+            }
+        }
         Ok(())
     }
 
@@ -299,7 +697,7 @@ mod tests {
         let b = Scenario::parse(&reformatted, "b").unwrap();
         assert_eq!(a.hash(), b.hash());
         let mut c = a.clone();
-        c.workload.requests += 1;
+        c.seed += 1;
         assert_ne!(a.hash(), c.hash());
     }
 

@@ -23,12 +23,12 @@ const GOOD: &str = r#"Scenario(
     name: "tiny",
     seed: 3,
     workload: (
-        requests: 500,
-        arrivals: Poisson(rate_per_s: 50.0),
+        source: Poisson(rate_per_s: 50.0, requests: 200),
+        output_tokens: Exponential(mean: 15.0),
     ),
-    server: (
-        slots: 2,
-        service_ms: Exponential(mean: 15.0),
+    cluster: (
+        profile: Named("llama-3.1-8b-h100"),
+        scheduler: Continuous(max_num_seqs: 8),
     ),
 )
 "#;
@@ -76,17 +76,29 @@ fn misspelt_field() {
 
 #[test]
 fn misspelt_nested_field_names_its_path() {
-    let text = GOOD.replace("slots: 2", "slot: 2");
-    assert_one_line_error("nested", &text, &["s.ron:9:9", "`slot`", "server.slot"]);
+    let text = GOOD.replace("max_num_seqs: 8", "max_num_seq: 8");
+    assert_one_line_error(
+        "nested",
+        &text,
+        &[
+            "s.ron:10:31",
+            "`max_num_seqs`",
+            "cluster.scheduler.Continuous.max_num_seq",
+        ],
+    );
 }
 
 #[test]
 fn wrong_type() {
-    let text = GOOD.replace("requests: 500", "requests: \"many\"");
+    let text = GOOD.replace("requests: 200", "requests: \"many\"");
     assert_one_line_error(
         "wrongtype",
         &text,
-        &["s.ron:5:18", "Expected integer", "workload.requests"],
+        &[
+            "s.ron:5:",
+            "Expected integer",
+            "workload.source.Poisson.requests",
+        ],
     );
 }
 
@@ -97,8 +109,8 @@ fn negative_rate() {
         "negative",
         &text,
         &[
-            "s.ron:6:27",
-            "workload.arrivals.Poisson.rate_per_s",
+            "s.ron:5:25",
+            "workload.source.Poisson.rate_per_s",
             "> 0",
             "-5",
         ],
@@ -112,8 +124,8 @@ fn nan_parameter() {
         "nan",
         &text,
         &[
-            "s.ron:10:33",
-            "server.service_ms.Exponential.mean",
+            "s.ron:6:36",
+            "workload.output_tokens.Exponential.mean",
             "finite",
         ],
     );
@@ -127,11 +139,56 @@ fn empty_file() {
 
 #[test]
 fn unknown_variant() {
-    let text = GOOD.replace("Exponential(mean: 15.0)", "Exponentail(mean: 15.0)");
+    let text = GOOD.replace("Exponential(mean", "Exponentail(mean");
     assert_one_line_error(
         "variant",
         &text,
-        &["s.ron:10:21", "Exponentail", "server.service_ms"],
+        &["s.ron:6:24", "Exponentail", "workload.output_tokens"],
+    );
+}
+
+#[test]
+fn unknown_profile_lists_the_known_ones() {
+    let text = GOOD.replace("Named(\"llama-3.1-8b-h100\")", "Named(\"gpt-9\")");
+    assert_one_line_error(
+        "profile",
+        &text,
+        &["s.ron:9:18", "cluster.profile.Named", "llama-2-7b-a100"],
+    );
+}
+
+#[test]
+fn missing_trace_names_the_field() {
+    let text = GOOD.replace(
+        "source: Poisson(rate_per_s: 50.0, requests: 200)",
+        "source: Trace(path: \"nope.csv\", format: AzureCsv)",
+    );
+    assert_one_line_error(
+        "trace",
+        &text,
+        &[
+            "s.ron:5:23",
+            "workload.source.Trace.path",
+            "nope.csv: no such file",
+        ],
+    );
+}
+
+#[test]
+fn probability_out_of_range() {
+    let text = GOOD.replace(
+        "source: Poisson(rate_per_s: 50.0, requests: 200)",
+        "source: Conversations(conversations: 3, start_rate_per_s: 1.0, turns: Constant(2.0), \
+         think_ms: Constant(10.0), barge_in: (probability: 1.5, after_ms: Constant(1.0)))",
+    );
+    assert_one_line_error(
+        "prob",
+        &text,
+        &[
+            "workload.source.Conversations.barge_in.probability",
+            "[0, 1]",
+            "1.5",
+        ],
     );
 }
 

@@ -22,6 +22,12 @@ pub enum Purpose {
     RequestShape = 2,
     /// Kernel benchmarks and tests.
     Bench = 3,
+    /// A request's deadline and disconnect times (entity = request id).
+    RequestTiming = 4,
+    /// Whether a trace row is kept when sampling a fraction (entity = row index).
+    TraceSample = 5,
+    /// A conversation's turn count and per-turn draws (entity = conversation << 20 | turn).
+    Conversation = 6,
 }
 
 /// One keyed random stream.

@@ -1,0 +1,124 @@
+//! One replica: either scheduler kind behind one interface, so the world wires them alike.
+
+use crate::batcher::{Batcher, BatcherConfig};
+use crate::engine::{
+    Dispatch, Engine, EngineConfig, NewRequest, Rejection, Released, StepOutput, StepReport,
+};
+use crate::kv::KvPool;
+
+/// Counters common to both kinds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaStats {
+    pub steps: u64,
+    pub busy_ns: u64,
+    pub preemptions: u64,
+    pub tokens_delivered: u64,
+    /// Tokens sampled and thrown away (in-flight window overshoot, preempted in-flight samples).
+    pub tokens_discarded: u64,
+    /// Finished members' slots computed in a shared batch.
+    pub padding_token_steps: u64,
+    pub rejected: u64,
+    pub batches: u64,
+}
+
+pub enum Replica {
+    Continuous(Engine),
+    Dynamic(Batcher),
+}
+
+impl Replica {
+    pub fn continuous(cfg: EngineConfig) -> Self {
+        Replica::Continuous(Engine::new(cfg))
+    }
+
+    pub fn dynamic(cfg: BatcherConfig) -> Self {
+        Replica::Dynamic(Batcher::new(cfg))
+    }
+
+    pub fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
+        match self {
+            Replica::Continuous(e) => e.enqueue(now_ns, r),
+            Replica::Dynamic(b) => b.enqueue(now_ns, r),
+        }
+    }
+
+    pub fn dispatch(&mut self, now_ns: u64) -> Option<Dispatch> {
+        match self {
+            Replica::Continuous(e) => e.dispatch(now_ns),
+            Replica::Dynamic(b) => b.dispatch(now_ns),
+        }
+    }
+
+    pub fn step_done(
+        &mut self,
+        now_ns: u64,
+        step: u64,
+        outputs: &mut Vec<StepOutput>,
+        released: &mut Vec<Released>,
+    ) -> StepReport {
+        match self {
+            Replica::Continuous(e) => e.step_done(now_ns, step, outputs, released),
+            Replica::Dynamic(b) => b.step_done(now_ns, step, outputs, released),
+        }
+    }
+
+    /// When the replica wants a scheduling pass without any other event (a batch timeout).
+    pub fn timer_ns(&self) -> Option<u64> {
+        match self {
+            Replica::Continuous(_) => None,
+            Replica::Dynamic(b) => b.timer_ns(),
+        }
+    }
+
+    pub fn load(&self) -> u64 {
+        match self {
+            Replica::Continuous(e) => e.load(),
+            Replica::Dynamic(b) => b.load(),
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        match self {
+            Replica::Continuous(e) => e.is_idle(),
+            Replica::Dynamic(b) => b.is_idle(),
+        }
+    }
+
+    pub fn kv(&self) -> &KvPool {
+        match self {
+            Replica::Continuous(e) => e.kv(),
+            Replica::Dynamic(b) => b.kv(),
+        }
+    }
+
+    pub fn stats(&self) -> ReplicaStats {
+        match self {
+            Replica::Continuous(e) => {
+                let s = e.stats();
+                ReplicaStats {
+                    steps: s.steps,
+                    busy_ns: s.busy_ns,
+                    preemptions: s.preemptions,
+                    tokens_delivered: s.tokens_delivered,
+                    tokens_discarded: s.tokens_discarded,
+                    padding_token_steps: 0,
+                    rejected: s.rejected,
+                    batches: 0,
+                }
+            }
+            Replica::Dynamic(b) => {
+                let s = b.stats();
+                ReplicaStats {
+                    steps: s.steps,
+                    busy_ns: s.busy_ns,
+                    preemptions: 0,
+                    tokens_delivered: s.tokens_delivered,
+                    tokens_discarded: 0,
+                    padding_token_steps: s.padding_token_steps,
+                    rejected: s.rejected,
+                    batches: s.batches,
+                }
+            }
+        }
+    }
+}

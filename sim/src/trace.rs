@@ -1,0 +1,248 @@
+//! Streaming readers of real request traces: one row at a time, never the whole file.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use crate::scenario::TraceFormat;
+
+/// One request of a trace: arrival offset from the first row, and its token counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceRow {
+    /// Index of the data row in the file (0-based, header excluded).
+    pub row: u64,
+    pub offset_ns: u64,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+}
+
+pub struct TraceReader {
+    path: PathBuf,
+    format: TraceFormat,
+    lines: std::io::Lines<BufReader<File>>,
+    line_no: u64,
+    row: u64,
+    first_ns: Option<i128>,
+}
+
+impl TraceReader {
+    pub fn open(path: &Path, format: TraceFormat) -> Result<TraceReader, String> {
+        let f =
+            File::open(path).map_err(|e| format!("{}: cannot read trace: {e}", path.display()))?;
+        let mut r = TraceReader {
+            path: path.to_path_buf(),
+            format,
+            lines: BufReader::new(f).lines(),
+            line_no: 0,
+            row: 0,
+            first_ns: None,
+        };
+        if format == TraceFormat::AzureCsv {
+            let header = r.next_line()?.ok_or_else(|| r.err("empty trace file"))?;
+            let cols: Vec<&str> = header.trim().split(',').collect();
+            if cols != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"] {
+                return Err(r.err(&format!(
+                    "expected the header TIMESTAMP,ContextTokens,GeneratedTokens, found {:?}",
+                    header.trim()
+                )));
+            }
+        }
+        Ok(r)
+    }
+
+    fn err(&self, msg: &str) -> String {
+        format!("{}:{}: {msg}", self.path.display(), self.line_no.max(1))
+    }
+
+    fn next_line(&mut self) -> Result<Option<String>, String> {
+        loop {
+            match self.lines.next() {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(self.err(&format!("cannot read: {e}"))),
+                Some(Ok(line)) => {
+                    self.line_no += 1;
+                    if !line.trim().is_empty() {
+                        return Ok(Some(line));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next row, or `None` at the end of the file.
+    pub fn next_row(&mut self) -> Result<Option<TraceRow>, String> {
+        let Some(line) = self.next_line()? else {
+            return Ok(None);
+        };
+        let (t_ns, prompt, output) = match self.format {
+            TraceFormat::AzureCsv => self.parse_azure(&line)?,
+            TraceFormat::MooncakeJsonl => self.parse_mooncake(&line)?,
+        };
+        let first = *self.first_ns.get_or_insert(t_ns);
+        if t_ns < first {
+            return Err(
+                self.err("timestamp earlier than the first row's (the trace must be sorted)")
+            );
+        }
+        let row = TraceRow {
+            row: self.row,
+            offset_ns: (t_ns - first) as u64,
+            prompt_tokens: prompt,
+            output_tokens: output,
+        };
+        self.row += 1;
+        Ok(Some(row))
+    }
+
+    fn parse_azure(&self, line: &str) -> Result<(i128, u32, u32), String> {
+        let mut cols = line.trim().split(',');
+        let (Some(ts), Some(ctx), Some(gen), None) =
+            (cols.next(), cols.next(), cols.next(), cols.next())
+        else {
+            return Err(self.err("expected 3 columns: TIMESTAMP,ContextTokens,GeneratedTokens"));
+        };
+        let t = parse_timestamp_ns(ts).ok_or_else(|| self.err(&format!("bad TIMESTAMP {ts:?}")))?;
+        let ctx: u32 = ctx
+            .trim()
+            .parse()
+            .map_err(|_| self.err(&format!("bad ContextTokens {ctx:?}")))?;
+        let gen: u32 = gen
+            .trim()
+            .parse()
+            .map_err(|_| self.err(&format!("bad GeneratedTokens {gen:?}")))?;
+        Ok((t, ctx, gen))
+    }
+
+    fn parse_mooncake(&self, line: &str) -> Result<(i128, u32, u32), String> {
+        #[derive(serde::Deserialize)]
+        struct Row {
+            timestamp: u64,
+            input_length: u32,
+            output_length: u32,
+        }
+        let r: Row = serde_json::from_str(line).map_err(|e| self.err(&format!("bad row: {e}")))?;
+        Ok((
+            r.timestamp as i128 * 1_000_000,
+            r.input_length,
+            r.output_length,
+        ))
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS[.fffffff]` to nanoseconds since 1970-01-01 (no time zone).
+pub fn parse_timestamp_ns(s: &str) -> Option<i128> {
+    let s = s.trim();
+    let (date, time) = s.split_once(' ')?;
+    let mut d = date.split('-');
+    let (y, m, day): (i64, u32, u32) = (
+        d.next()?.parse().ok()?,
+        d.next()?.parse().ok()?,
+        d.next()?.parse().ok()?,
+    );
+    if d.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+        return None;
+    }
+    let (hms, frac) = match time.split_once('.') {
+        Some((a, b)) => (a, b),
+        None => (time, ""),
+    };
+    let mut t = hms.split(':');
+    let (hh, mm, ss): (i64, i64, i64) = (
+        t.next()?.parse().ok()?,
+        t.next()?.parse().ok()?,
+        t.next()?.parse().ok()?,
+    );
+    if t.next().is_some() || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let frac_ns: i64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<i64>().ok()? * 10i64.pow(9 - frac.len() as u32)
+    };
+    let days = days_from_civil(y, m, day);
+    Some(((days * 86_400 + hh * 3600 + mm * 60 + ss) as i128) * 1_000_000_000 + frac_ns as i128)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m as i64 + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_parse_to_ns() {
+        assert_eq!(parse_timestamp_ns("1970-01-01 00:00:00"), Some(0));
+        assert_eq!(
+            parse_timestamp_ns("1970-01-02 00:00:01.5"),
+            Some(86_401_500_000_000)
+        );
+        // The Azure format: 7 fractional digits, 100 ns resolution.
+        let a = parse_timestamp_ns("2023-11-16 18:17:03.9799600").unwrap();
+        let b = parse_timestamp_ns("2023-11-16 18:17:04.0000001").unwrap();
+        assert_eq!(b - a, 20_040_100);
+        // Across midnight and a month end.
+        let c = parse_timestamp_ns("2023-11-30 23:59:59.9").unwrap();
+        let d = parse_timestamp_ns("2023-12-01 00:00:00.1").unwrap();
+        assert_eq!(d - c, 200_000_000);
+        assert_eq!(parse_timestamp_ns("2023-13-01 00:00:00"), None);
+        assert_eq!(parse_timestamp_ns("yesterday"), None);
+        assert_eq!(parse_timestamp_ns("2023-11-16 18:17:03.12345678901"), None);
+    }
+
+    fn repo_trace(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios/traces")
+            .join(name)
+    }
+
+    #[test]
+    fn vendored_traces_read_whole_with_the_documented_row_counts() {
+        for (name, format, rows) in [
+            ("azure_llm_2023_conv.csv", TraceFormat::AzureCsv, 19_366),
+            ("azure_llm_2023_code.csv", TraceFormat::AzureCsv, 8_819),
+            (
+                "mooncake_conversation_trace.jsonl",
+                TraceFormat::MooncakeJsonl,
+                12_031,
+            ),
+        ] {
+            let mut r = TraceReader::open(&repo_trace(name), format).unwrap();
+            let mut n = 0;
+            let mut last = 0;
+            while let Some(row) = r.next_row().unwrap() {
+                assert!(row.offset_ns >= last, "{name} sorted");
+                last = row.offset_ns;
+                n += 1;
+            }
+            assert_eq!(n, rows, "{name}");
+        }
+    }
+
+    #[test]
+    fn malformed_rows_name_file_and_line() {
+        let dir = std::env::temp_dir().join(format!("cancelsim-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("t.csv");
+        std::fs::write(&p, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,10,5\n2023-11-16 18:17:04.1,x,5\n").unwrap();
+        let mut r = TraceReader::open(&p, TraceFormat::AzureCsv).unwrap();
+        assert!(r.next_row().unwrap().is_some());
+        let e = r.next_row().unwrap_err();
+        assert!(e.ends_with("t.csv:3: bad ContextTokens \"x\""), "{e}");
+        std::fs::write(&p, "time,a,b\n").unwrap();
+        let e = TraceReader::open(&p, TraceFormat::AzureCsv).err().unwrap();
+        assert!(e.contains("t.csv:1: expected the header"), "{e}");
+    }
+}
