@@ -12,7 +12,10 @@
 
 use std::collections::VecDeque;
 
-use crate::engine::{Dispatch, NewRequest, Outcome, Rejection, Released, StepOutput, StepReport};
+use crate::engine::{
+    Abort, CheckpointReport, Dispatch, NewRequest, Observed, Outcome, Rejection, Released,
+    StepOutput, StepReport,
+};
 use crate::gpu::{StepCost, StepShape};
 use crate::kv::KvPool;
 
@@ -47,6 +50,10 @@ pub struct BatcherStats {
     pub tokens_delivered: u64,
     pub padding_token_steps: u64,
     pub rejected: u64,
+    pub aborts_handled: u64,
+    pub aborts_unknown: u64,
+    /// Aborts for members of a running batch: a shared execution frame observes none.
+    pub aborts_unobserved: u64,
 }
 
 pub struct Batcher {
@@ -59,6 +66,8 @@ pub struct Batcher {
     inflight: Option<(u64, u64, u64)>,
     step_next: u64,
     stats: BatcherStats,
+    pending_aborts: Vec<Abort>,
+    started: Vec<u32>,
 }
 
 impl Batcher {
@@ -73,6 +82,8 @@ impl Batcher {
             inflight: None,
             step_next: 0,
             stats: BatcherStats::default(),
+            pending_aborts: Vec::new(),
+            started: Vec::new(),
         }
     }
 
@@ -125,6 +136,7 @@ impl Batcher {
                     break;
                 }
                 let q = self.queue.pop_front().expect("front exists");
+                self.started.push(q.req.tag);
                 self.batch.push(Member {
                     req: q.req,
                     blocks,
@@ -190,6 +202,7 @@ impl Batcher {
             outputs.push(StepOutput {
                 id: m.req.id,
                 tag: m.req.tag,
+                corrupted: false,
                 tokens: t,
                 outcome,
             });
@@ -202,6 +215,7 @@ impl Batcher {
                     id: m.req.id,
                     tag: m.req.tag,
                     kv_block_ns: m.blocks as u128 * held_ns,
+                    kv_block_ns_marked: 0,
                 });
             }
         }
@@ -210,6 +224,62 @@ impl Batcher {
             duration_ns,
             tokens,
         }
+    }
+
+    /// Tags of requests whose batch started since the last call.
+    pub fn take_started(&mut self, into: &mut Vec<u32>) {
+        into.append(&mut self.started);
+    }
+
+    /// An abort arrives; it takes effect at the next scheduling pass.
+    pub fn abort(&mut self, a: Abort) {
+        self.pending_aborts.push(a);
+    }
+
+    /// Triton's core checks for cancelled requests when it forms a batch: aborts reach queued
+    /// requests, which leave now with nothing allocated. A member of a running batch is inside a
+    /// shared execution frame that observes nothing (a backend that does not poll); its output is
+    /// discarded by the owner, and its blocks return when the batch ends. Abort-path faults are
+    /// not modelled here: the core path has none.
+    pub fn checkpoint(
+        &mut self,
+        _now_ns: u64,
+        observed: &mut Vec<Observed>,
+        released: &mut Vec<Released>,
+    ) -> CheckpointReport {
+        let mut report = CheckpointReport::default();
+        for a in std::mem::take(&mut self.pending_aborts) {
+            report.aborts += 1;
+            self.stats.aborts_handled += 1;
+            let before = self.queue.len();
+            let mut kept = VecDeque::with_capacity(before);
+            for q in self.queue.drain(..) {
+                if a.scope.reaches(&q.req.handle) {
+                    observed.push(Observed {
+                        id: q.req.id,
+                        tag: q.req.tag,
+                        in_scope: true,
+                    });
+                    released.push(Released {
+                        id: q.req.id,
+                        tag: q.req.tag,
+                        kv_block_ns: 0,
+                        kv_block_ns_marked: 0,
+                    });
+                } else {
+                    kept.push_back(q);
+                }
+            }
+            self.queue = kept;
+            let in_batch = self.batch.iter().any(|m| a.scope.reaches(&m.req.handle));
+            if in_batch {
+                self.stats.aborts_unobserved += 1;
+            } else if self.queue.len() == before {
+                report.unknown += 1;
+                self.stats.aborts_unknown += 1;
+            }
+        }
+        report
     }
 
     pub fn load(&self) -> u64 {

@@ -108,8 +108,62 @@ impl UpdateClass {
     }
 }
 
-/// Owned, immutable payload bytes. Cloning shares; nobody can mutate them.
-pub type Payload = Arc<[u8]>;
+/// Owned, immutable payload bytes. Small payloads (up to 30 bytes, the simulator's per-token
+/// markers) are stored inline, larger ones shared; either way cloning never lets anyone mutate
+/// the bytes, and there is no allocation per token.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Payload(PayloadRepr);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum PayloadRepr {
+    Inline {
+        len: u8,
+        bytes: [u8; Payload::INLINE_MAX],
+    },
+    Shared(Arc<[u8]>),
+}
+
+impl Payload {
+    pub const INLINE_MAX: usize = 30;
+
+    pub fn empty() -> Payload {
+        Payload(PayloadRepr::Inline {
+            len: 0,
+            bytes: [0; Self::INLINE_MAX],
+        })
+    }
+}
+
+impl From<&[u8]> for Payload {
+    fn from(b: &[u8]) -> Payload {
+        if b.len() <= Self::INLINE_MAX {
+            let mut bytes = [0; Self::INLINE_MAX];
+            bytes[..b.len()].copy_from_slice(b);
+            Payload(PayloadRepr::Inline {
+                len: b.len() as u8,
+                bytes,
+            })
+        } else {
+            Payload(PayloadRepr::Shared(Arc::from(b)))
+        }
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            PayloadRepr::Inline { len, bytes } => &bytes[..*len as usize],
+            PayloadRepr::Shared(b) => b,
+        }
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Payload({:?})", String::from_utf8_lossy(self))
+    }
+}
 
 /// The result of `admit_end`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -310,6 +364,8 @@ pub struct Ticket<K> {
     pub generation: i128,
     pub born: f64,
     pub max_age: f64,
+    /// The clear barrier this admission waits on (0: the reference's single barrier).
+    pub barrier: u64,
     pub epoch: u64,
 }
 
@@ -319,6 +375,8 @@ pub struct Owners<K: Identity> {
     rows: HashMap<K, Row>,
     barrier_epoch: u64,
     clear: bool,
+    /// Barriers other than 0, one per playback sink (owner), created on first use.
+    barriers: HashMap<u64, (u64, bool)>,
     retention: Retention,
     /// Terminal records in order of their terminal transition, with that time.
     tombstones: VecDeque<(K, u64)>,
@@ -346,6 +404,7 @@ impl<K: Identity> Owners<K> {
             rows: HashMap::new(),
             barrier_epoch: 0,
             clear: true,
+            barriers: HashMap::new(),
             retention,
             tombstones: VecDeque::new(),
             evicted: HashSet::new(),
@@ -369,7 +428,7 @@ impl<K: Identity> Owners<K> {
                 generation,
                 state: State::Running,
                 revision: None,
-                payload: Arc::from(&[][..]),
+                payload: Payload::empty(),
                 final_output: false,
                 ledger: Ledger::default(),
             },
@@ -440,7 +499,7 @@ impl<K: Identity> Owners<K> {
         }
         debug_assert!(row.revision.is_none_or(|r| revision > r));
         row.revision = Some(revision);
-        row.payload = Arc::from(payload);
+        row.payload = Payload::from(payload);
         row.final_output = final_output;
         Ok(UpdateClass::Accepted)
     }
@@ -454,6 +513,18 @@ impl<K: Identity> Owners<K> {
         born: f64,
         max_age: f64,
     ) -> Result<Ticket<K>, OwnershipError> {
+        self.admit_begin_on(0, request, generation, born, max_age)
+    }
+
+    /// `admit_begin` against the clear barrier of sink `barrier`.
+    pub fn admit_begin_on(
+        &self,
+        barrier: u64,
+        request: K,
+        generation: i128,
+        born: f64,
+        max_age: f64,
+    ) -> Result<Ticket<K>, OwnershipError> {
         if !born.is_finite() || !max_age.is_finite() || max_age < 0.0 {
             return Err(OwnershipError::InvalidAgeInputs);
         }
@@ -462,8 +533,43 @@ impl<K: Identity> Owners<K> {
             generation,
             born,
             max_age,
-            epoch: self.barrier_epoch,
+            barrier,
+            epoch: self.barrier_state(barrier).0,
         })
+    }
+
+    /// `(epoch, clear)` of a barrier.
+    pub fn barrier_state(&self, barrier: u64) -> (u64, bool) {
+        if barrier == 0 {
+            (self.barrier_epoch, self.clear)
+        } else {
+            self.barriers.get(&barrier).copied().unwrap_or((0, true))
+        }
+    }
+
+    /// A new clear operation on sink `barrier`: its epoch goes up by one.
+    pub fn barrier_advance_on(&mut self, barrier: u64) -> u64 {
+        if barrier == 0 {
+            return self.barrier_advance();
+        }
+        let b = self.barriers.entry(barrier).or_insert((0, true));
+        b.0 += 1;
+        b.0
+    }
+
+    pub fn set_clear_on(&mut self, barrier: u64, clear: bool) {
+        if barrier == 0 {
+            self.set_clear(clear);
+        } else {
+            self.barriers.entry(barrier).or_insert((0, true)).1 = clear;
+        }
+    }
+
+    /// Forget a sink's barrier (its owner is gone). Nothing waits on it any more.
+    pub fn drop_barrier(&mut self, barrier: u64) {
+        if barrier != 0 {
+            self.barriers.remove(&barrier);
+        }
     }
 
     /// Phase two, after the wait, against the state at this moment. The order of checks is the
@@ -488,7 +594,8 @@ impl<K: Identity> Owners<K> {
         if !now.is_finite() || now < ticket.born {
             return Err(OwnershipError::InvalidClock);
         }
-        if !self.clear || ticket.epoch != self.barrier_epoch {
+        let (epoch, clear) = self.barrier_state(ticket.barrier);
+        if !clear || ticket.epoch != epoch {
             return Ok(Admission::Blocked);
         }
         if now - ticket.born > ticket.max_age {

@@ -2,7 +2,8 @@
 
 use crate::batcher::{Batcher, BatcherConfig};
 use crate::engine::{
-    Dispatch, Engine, EngineConfig, NewRequest, Rejection, Released, StepOutput, StepReport,
+    Abort, CheckpointReport, Dispatch, Engine, EngineConfig, NewRequest, Observed, Rejection,
+    Released, StepOutput, StepReport,
 };
 use crate::kv::KvPool;
 
@@ -19,8 +20,18 @@ pub struct ReplicaStats {
     pub padding_token_steps: u64,
     pub rejected: u64,
     pub batches: u64,
+    pub aborts_handled: u64,
+    pub aborts_unknown: u64,
+    pub aborts_unobserved: u64,
+    pub faults: u64,
+    pub corrupted_allocations: u64,
+    pub admission_stalls: u64,
+    pub marked_blocks_peak: u64,
 }
 
+// A handful of replicas live in one Vec for the whole run; boxing the larger variant would only
+// add an indirection on the per-step path.
+#[allow(clippy::large_enum_variant)]
 pub enum Replica {
     Continuous(Engine),
     Dynamic(Batcher),
@@ -59,6 +70,38 @@ impl Replica {
         match self {
             Replica::Continuous(e) => e.step_done(now_ns, step, outputs, released),
             Replica::Dynamic(b) => b.step_done(now_ns, step, outputs, released),
+        }
+    }
+
+    pub fn mark_intent(&mut self, now_ns: u64, tag: u32) {
+        if let Replica::Continuous(e) = self {
+            e.mark_intent(now_ns, tag);
+        }
+    }
+
+    pub fn take_started(&mut self, into: &mut Vec<u32>) {
+        match self {
+            Replica::Continuous(e) => e.take_started(into),
+            Replica::Dynamic(b) => b.take_started(into),
+        }
+    }
+
+    pub fn abort(&mut self, a: Abort) {
+        match self {
+            Replica::Continuous(e) => e.abort(a),
+            Replica::Dynamic(b) => b.abort(a),
+        }
+    }
+
+    pub fn checkpoint(
+        &mut self,
+        now_ns: u64,
+        observed: &mut Vec<Observed>,
+        released: &mut Vec<Released>,
+    ) -> CheckpointReport {
+        match self {
+            Replica::Continuous(e) => e.checkpoint(now_ns, observed, released),
+            Replica::Dynamic(b) => b.checkpoint(now_ns, observed, released),
         }
     }
 
@@ -104,6 +147,13 @@ impl Replica {
                     padding_token_steps: 0,
                     rejected: s.rejected,
                     batches: 0,
+                    aborts_handled: s.aborts_handled,
+                    aborts_unknown: s.aborts_unknown + s.aborts_tombstoned,
+                    aborts_unobserved: s.aborts_unobserved,
+                    faults: s.faults,
+                    corrupted_allocations: s.corrupted_allocations,
+                    admission_stalls: s.admission_stalls,
+                    marked_blocks_peak: s.marked_blocks_peak,
                 }
             }
             Replica::Dynamic(b) => {
@@ -117,6 +167,13 @@ impl Replica {
                     padding_token_steps: s.padding_token_steps,
                     rejected: s.rejected,
                     batches: s.batches,
+                    aborts_handled: s.aborts_handled,
+                    aborts_unknown: s.aborts_unknown,
+                    aborts_unobserved: s.aborts_unobserved,
+                    faults: 0,
+                    corrupted_allocations: 0,
+                    admission_stalls: 0,
+                    marked_blocks_peak: 0,
                 }
             }
         }

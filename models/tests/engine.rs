@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use cancelsim_models::batcher::{Batcher, BatcherConfig};
 use cancelsim_models::engine::{
-    Dispatch, Engine, EngineConfig, NewRequest, Outcome, Rejection, Released, StepOutput,
+    Abort, BlastRadius, Checkpoint, Dispatch, Engine, EngineConfig, Handle, NewRequest, Observed,
+    Outcome, Rejection, ReleaseMode, Released, Scope, StepOutput, UnknownAbort,
 };
 use cancelsim_models::gpu::StepCost;
 
@@ -29,6 +30,10 @@ fn cfg(window: u32) -> EngineConfig {
         kv_blocks: 1000,
         window,
         cost: flat(10 * MS),
+        checkpoint: Checkpoint::EveryPasses(1),
+        release: ReleaseMode::Fenced,
+        unknown_abort: UnknownAbort::Ignore,
+        tombstones: false,
     }
 }
 
@@ -37,6 +42,8 @@ trait Replica {
     fn dispatch(&mut self, now: u64) -> Option<Dispatch>;
     fn step_done(&mut self, now: u64, step: u64, o: &mut Vec<StepOutput>, r: &mut Vec<Released>);
     fn timer(&self) -> Option<u64>;
+    fn abort(&mut self, a: Abort);
+    fn checkpoint(&mut self, now: u64, o: &mut Vec<Observed>, r: &mut Vec<Released>);
 }
 
 impl Replica for Engine {
@@ -51,6 +58,12 @@ impl Replica for Engine {
     }
     fn timer(&self) -> Option<u64> {
         None
+    }
+    fn abort(&mut self, a: Abort) {
+        Engine::abort(self, a)
+    }
+    fn checkpoint(&mut self, now: u64, o: &mut Vec<Observed>, r: &mut Vec<Released>) {
+        Engine::checkpoint(self, now, o, r);
     }
 }
 
@@ -67,6 +80,12 @@ impl Replica for Batcher {
     fn timer(&self) -> Option<u64> {
         Batcher::timer_ns(self)
     }
+    fn abort(&mut self, a: Abort) {
+        Batcher::abort(self, a)
+    }
+    fn checkpoint(&mut self, now: u64, o: &mut Vec<Observed>, r: &mut Vec<Released>) {
+        Batcher::checkpoint(self, now, o, r);
+    }
 }
 
 /// Per request: token times, discarded tokens, release.
@@ -76,10 +95,23 @@ struct Trace {
     discarded: u32,
     padding: u32,
     released_ns: Option<u64>,
+    observed_ns: Option<u64>,
+    corrupted_tokens: u32,
 }
 
 /// Feed `(time, request)` arrivals, run to idle, return what each request saw.
 fn drive(rep: &mut impl Replica, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64, Trace> {
+    drive_aborts(rep, arrivals, &[])
+}
+
+/// The same, with aborts delivered at given times (arrivals first at a tie).
+fn drive_aborts(
+    rep: &mut impl Replica,
+    arrivals: &[(u64, NewRequest)],
+    aborts: &[(u64, Abort)],
+) -> BTreeMap<u64, Trace> {
+    let mut next_abort = 0;
+    let mut observed = Vec::new();
     let mut traces: BTreeMap<u64, Trace> = BTreeMap::new();
     let mut inflight: Vec<Dispatch> = Vec::new();
     let mut next_arrival = 0;
@@ -88,7 +120,11 @@ fn drive(rep: &mut impl Replica, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64
         let t_arr = arrivals.get(next_arrival).map(|a| a.0);
         let t_step = inflight.first().map(|d| d.end_ns);
         let t_timer = rep.timer();
-        let now = [t_arr, t_step, t_timer].into_iter().flatten().min();
+        let t_abort = aborts.get(next_abort).map(|a| a.0);
+        let now = [t_arr, t_step, t_timer, t_abort]
+            .into_iter()
+            .flatten()
+            .min();
         let Some(now) = now else { return traces };
         if t_step == Some(now) {
             let d = inflight.remove(0);
@@ -99,6 +135,7 @@ fn drive(rep: &mut impl Replica, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64
                     Outcome::Token { index, .. } => {
                         assert_eq!(index as usize, t.tokens_ns.len() + 1, "tokens in order");
                         t.tokens_ns.push(now);
+                        t.corrupted_tokens += o.corrupted as u32;
                     }
                     Outcome::Discarded => t.discarded += 1,
                     Outcome::Padding => t.padding += 1,
@@ -110,6 +147,9 @@ fn drive(rep: &mut impl Replica, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64
                 assert!(t.released_ns.is_none(), "released twice");
                 t.released_ns = Some(now);
             }
+        } else if t_abort == Some(now) && t_arr != Some(now) {
+            rep.abort(aborts[next_abort].1);
+            next_abort += 1;
         } else if t_arr == Some(now) {
             let (_, r) = arrivals[next_arrival];
             next_arrival += 1;
@@ -119,8 +159,20 @@ fn drive(rep: &mut impl Replica, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64
         }
         // Like the world's Schedule class: the scheduler runs after every event of the tick.
         let more_now = arrivals.get(next_arrival).is_some_and(|a| a.0 == now)
+            || aborts.get(next_abort).is_some_and(|a| a.0 == now)
             || inflight.first().is_some_and(|d| d.end_ns == now);
         if !more_now {
+            rep.checkpoint(now, &mut observed, &mut rels);
+            for o in observed.drain(..) {
+                let t = traces.entry(o.id).or_default();
+                assert!(t.observed_ns.is_none(), "observed twice");
+                t.observed_ns = Some(now);
+            }
+            for r in rels.drain(..) {
+                let t = traces.entry(r.id).or_default();
+                assert!(t.released_ns.is_none(), "released twice");
+                t.released_ns = Some(now);
+            }
             while let Some(d) = rep.dispatch(now) {
                 inflight.push(d);
             }
@@ -132,6 +184,11 @@ fn drive(rep: &mut impl Replica, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64
 fn req(id: u64, prompt: u32, output: u32) -> NewRequest {
     NewRequest {
         tag: id as u32,
+        handle: Handle {
+            runtime_id: id,
+            stream: id % 2,
+            sequence: id / 10,
+        },
         id,
         prompt_tokens: prompt,
         output_tokens: output,
@@ -303,4 +360,213 @@ fn dynamic_batch_forms_on_timeout_when_not_full() {
     let mut b = batcher(1, 0);
     let t = drive(&mut b, &[(0, req(1, 8, 3)), (MS, req(2, 8, 1))]);
     assert_eq!(t[&2].tokens_ns, [40 * MS]);
+}
+
+fn abort(scope: Scope) -> Abort {
+    Abort { scope, fault: None }
+}
+
+#[test]
+fn queued_abort_leaves_at_the_next_pass_with_no_gpu_work() {
+    let mut c = cfg(1);
+    c.max_num_seqs = 1;
+    let mut e = Engine::new(c);
+    // Request 1 holds the only slot for 5 steps; request 2 waits and is aborted at 15 ms.
+    let t = drive_aborts(
+        &mut e,
+        &[(0, req(1, 4, 5)), (0, req(2, 4, 5))],
+        &[(15 * MS, abort(Scope::Request(2)))],
+    );
+    assert!(t[&2].tokens_ns.is_empty());
+    // The engine is mid-step at 15 ms: the next scheduler pass is at the step boundary, 20 ms.
+    assert_eq!(
+        t[&2].observed_ns,
+        Some(20 * MS),
+        "observed at the next scheduler pass"
+    );
+    assert_eq!(t[&2].released_ns, Some(20 * MS));
+    assert_eq!(t[&1].tokens_ns.len(), 5, "the sibling is untouched");
+    assert_eq!(e.stats().steps, 5, "no step ever carried request 2");
+}
+
+#[test]
+fn w1_observes_at_the_next_step_boundary() {
+    let mut e = Engine::new(cfg(1));
+    // Steps end every 10 ms; the abort lands at 25 ms, inside step 3 (20..30).
+    let t = drive_aborts(
+        &mut e,
+        &[(0, req(1, 4, 100)), (0, req(3, 4, 10))],
+        &[(25 * MS, abort(Scope::Request(1)))],
+    );
+    // Step 3's token is produced (the world discards it as late output); then it is gone.
+    assert_eq!(t[&1].tokens_ns, [10, 20, 30].map(|x| x * MS));
+    assert_eq!(t[&1].observed_ns, Some(30 * MS));
+    assert_eq!(t[&1].released_ns, Some(30 * MS));
+    assert_eq!(t[&1].discarded, 0);
+    assert_eq!(t[&3].tokens_ns.len(), 10);
+    assert_eq!(e.kv().allocated_total(), e.kv().freed_total());
+}
+
+#[test]
+fn w2_has_one_more_step_in_flight_and_fences_the_release() {
+    let mut e = Engine::new(cfg(2));
+    let t = drive_aborts(
+        &mut e,
+        &[(0, req(1, 4, 100)), (0, req(3, 4, 10))],
+        &[(25 * MS, abort(Scope::Request(1)))],
+    );
+    // Step 4 (30..40) was dispatched at 20 ms with request 1 in it: its output is discarded,
+    // and the blocks come back only when it ends.
+    assert_eq!(t[&1].tokens_ns, [10, 20, 30].map(|x| x * MS));
+    assert_eq!(t[&1].observed_ns, Some(30 * MS));
+    assert_eq!(t[&1].discarded, 1);
+    assert_eq!(t[&1].released_ns, Some(40 * MS));
+}
+
+#[test]
+fn group_abort_through_a_stream_reaches_exactly_the_stream() {
+    let mut e = Engine::new(cfg(1));
+    // Streams are id % 2: requests 1, 3, 5 share stream 1; 2 and 4 are on stream 0.
+    let arrivals: Vec<_> = (1..=5).map(|i| (0, req(i, 4, 20))).collect();
+    let t = drive_aborts(&mut e, &arrivals, &[(25 * MS, abort(Scope::Stream(1)))]);
+    for id in [1, 3, 5] {
+        assert_eq!(t[&id].observed_ns, Some(30 * MS), "{id} is on the stream");
+        assert_eq!(t[&id].tokens_ns.len(), 3);
+    }
+    for id in [2, 4] {
+        assert_eq!(t[&id].observed_ns, None, "{id} is not");
+        assert_eq!(t[&id].tokens_ns.len(), 20);
+    }
+}
+
+#[test]
+fn prefix_abort_widens_to_colliding_ids() {
+    let mut e = Engine::new(cfg(1));
+    let arrivals = [
+        (0, req(1, 4, 20)),
+        (0, req(12, 4, 20)),
+        (0, req(2, 4, 20)),
+        (0, req(21, 4, 20)),
+    ];
+    let t = drive_aborts(&mut e, &arrivals, &[(15 * MS, abort(Scope::Prefix(1)))]);
+    assert!(
+        t[&1].observed_ns.is_some() && t[&12].observed_ns.is_some(),
+        "req-1 and req-12"
+    );
+    assert!(t[&2].observed_ns.is_none() && t[&21].observed_ns.is_none());
+}
+
+#[test]
+fn late_abort_is_ignored_with_tombstones_and_kills_a_reused_id_without() {
+    // Request 1 finishes at 30 ms; request 101 reuses runtime id 1 and arrives at 35 ms; the
+    // abort for the first request arrives late, at 40 ms.
+    let reused = |rid_new: u64| {
+        let mut r = req(101, 4, 10);
+        r.handle.runtime_id = rid_new;
+        r
+    };
+    for (tombstones, rid_new, killed) in [(false, 1, true), (true, 1001, false)] {
+        let mut c = cfg(1);
+        c.tombstones = tombstones;
+        let mut e = Engine::new(c);
+        let t = drive_aborts(
+            &mut e,
+            &[(0, req(1, 4, 3)), (35 * MS, reused(rid_new))],
+            &[(40 * MS, abort(Scope::Request(1)))],
+        );
+        assert_eq!(t[&1].tokens_ns.len(), 3);
+        assert_eq!(
+            t[&101].observed_ns.is_some(),
+            killed,
+            "tombstones {tombstones}"
+        );
+        assert_eq!(t[&101].tokens_ns.len() == 10, !killed);
+    }
+    // With tombstones, the id of the finished request is recognised.
+    let mut c = cfg(1);
+    c.tombstones = true;
+    let mut e = Engine::new(c);
+    drive_aborts(
+        &mut e,
+        &[(0, req(1, 4, 3))],
+        &[(40 * MS, abort(Scope::Request(1)))],
+    );
+    assert_eq!(e.stats().aborts_tombstoned, 1);
+    assert_eq!(e.stats().aborts_unknown, 0);
+}
+
+#[test]
+fn faults_on_the_abort_path_have_a_blast_radius() {
+    let arrivals: Vec<_> = (1..=4).map(|i| (0, req(i, 4, 20))).collect();
+    for (radius, victims) in [
+        (BlastRadius::Request, 1),
+        (BlastRadius::Batch, 4),
+        (BlastRadius::Engine, 4),
+    ] {
+        let mut e = Engine::new(cfg(1));
+        let a = Abort {
+            scope: Scope::Request(2),
+            fault: Some(radius),
+        };
+        let t = drive_aborts(&mut e, &arrivals, &[(25 * MS, a)]);
+        let hit = t.values().filter(|x| x.observed_ns.is_some()).count();
+        assert_eq!(hit, victims, "{radius:?}");
+        assert_eq!(e.stats().faults, 1);
+    }
+    // An abort for an unknown id faults the engine when the runtime faults on it.
+    let mut c = cfg(1);
+    c.unknown_abort = UnknownAbort::Fault(BlastRadius::Engine);
+    let mut e = Engine::new(c);
+    let t = drive_aborts(&mut e, &arrivals, &[(25 * MS, abort(Scope::Request(99)))]);
+    assert_eq!(t.values().filter(|x| x.observed_ns.is_some()).count(), 4);
+}
+
+#[test]
+fn a_backend_that_never_checks_runs_to_completion() {
+    let mut c = cfg(1);
+    c.checkpoint = Checkpoint::Never;
+    let mut e = Engine::new(c);
+    let t = drive_aborts(
+        &mut e,
+        &[(0, req(1, 4, 10))],
+        &[(25 * MS, abort(Scope::Request(1)))],
+    );
+    assert_eq!(t[&1].observed_ns, None);
+    assert_eq!(t[&1].tokens_ns.len(), 10);
+    assert_eq!(e.stats().aborts_unobserved, 1);
+}
+
+#[test]
+fn sparse_checkpoints_delay_observation() {
+    let mut c = cfg(1);
+    c.checkpoint = Checkpoint::EveryPasses(3);
+    let mut e = Engine::new(c);
+    let t = drive_aborts(
+        &mut e,
+        &[(0, req(1, 4, 100))],
+        &[(25 * MS, abort(Scope::Request(1)))],
+    );
+    // Passes with a pending abort are counted from its arrival: the third is at 50 ms.
+    assert_eq!(t[&1].observed_ns, Some(50 * MS));
+    assert_eq!(t[&1].tokens_ns.len(), 5);
+}
+
+#[test]
+fn immediate_release_corrupts_the_next_owner_and_fenced_does_not() {
+    for (release, corrupt) in [(ReleaseMode::Immediate, true), (ReleaseMode::Fenced, false)] {
+        let mut c = cfg(2);
+        c.release = release;
+        c.max_num_seqs = 1;
+        let mut e = Engine::new(c);
+        // Request 1 runs; request 2 waits for the slot. The abort frees request 1's blocks while
+        // step 4 (dispatched with request 1) is still in flight; request 2 gets them.
+        let t = drive_aborts(
+            &mut e,
+            &[(0, req(1, 40, 100)), (0, req(2, 40, 5))],
+            &[(25 * MS, abort(Scope::Request(1)))],
+        );
+        assert_eq!(t[&2].tokens_ns.len(), 5);
+        assert_eq!(t[&2].corrupted_tokens > 0, corrupt, "{release:?}");
+        assert_eq!(e.kv().allocated_total(), e.kv().freed_total());
+    }
 }

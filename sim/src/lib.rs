@@ -7,6 +7,7 @@
 
 pub mod dist;
 pub mod kernel;
+pub mod metrics;
 pub mod replay;
 pub mod report;
 pub mod scenario;

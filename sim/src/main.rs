@@ -107,7 +107,7 @@ fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
         None => Scenario::default_embedded(),
     };
     let seed = opts.seed.unwrap_or(scenario.seed);
-    let summary = world::run(&scenario, seed).map_err(|e| {
+    let report = world::run(&scenario, seed).map_err(|e| {
         format!(
             "scenario {} seed {seed}: {e}",
             path.as_ref()
@@ -115,14 +115,14 @@ fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
                 .unwrap_or_else(|| "<embedded default>".into())
         )
     })?;
-    let rendered = report::render(&summary);
+    let rendered = report::render(&report);
     let (body, hash_line) = rendered
         .trim_end()
         .rsplit_once('\n')
         .expect("the summary has several lines");
     println!("{body}");
     if !opts.no_write {
-        match report::write_run(&opts.out, &summary, opts.force)? {
+        match report::write_run(&opts.out, &report, opts.force)? {
             Written::New(dir) => println!("wrote {}", dir.display()),
             Written::Replaced(dir) => println!("replaced {}", dir.display()),
             Written::Kept(dir) => println!(

@@ -4,79 +4,142 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::world::{LatencyMs, Summary};
+use crate::metrics::Summary;
+use crate::world::Report;
 
-/// The human summary. Its last line is always `run_hash=<hex>`.
-pub fn render(s: &Summary) -> String {
+/// The human report: one column per policy, beside the counterfactual. Its last line is always
+/// `run_hash=<hex>`.
+pub fn render(r: &Report) -> String {
     let mut out = String::new();
     let w = &mut out;
+    let cf = &r.counterfactual;
     let _ = writeln!(
         w,
         "scenario {}  seed {}  (scenario_hash {})",
-        s.scenario,
-        s.seed,
-        &s.scenario_hash[..16]
-    );
-    let r = &s.requests;
-    let _ = writeln!(
-        w,
-        "requests: {} scheduled, {} admitted, {} rejected, {} completed in {:.3} s of virtual time ({} events)",
-        r.scheduled, r.admitted, r.rejected, r.completed, s.virtual_time_s, s.events
+        r.scenario,
+        r.seed,
+        &r.scenario_hash[..16]
     );
     let _ = writeln!(
         w,
-        "throughput {:.2} req/s, {:.0} output tokens/s; GPU utilisation {:.3} over {} steps, {} preemptions",
-        s.throughput_rps, s.output_tokens_per_s, s.gpu.utilisation, s.gpu.steps, s.gpu.preemptions
+        "{} requests over {:.1} s of virtual time; counterfactual: {} completed, {:.2} req/s, {:.0} output tokens/s, GPU utilisation {:.3}",
+        cf.requests.scheduled, cf.virtual_time_s, cf.requests.completed, cf.throughput_rps, cf.output_tokens_per_s, cf.gpu.utilisation
     );
-    let _ = writeln!(
-        w,
-        "{:<8} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}",
-        "latency", "mean", "±95%", "p50", "p90", "p99", "max"
-    );
-    let row = |w: &mut String, name: &str, l: &LatencyMs| {
-        let _ = writeln!(
-            w,
-            "{:<8} {:>10.3} {:>9.3} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
-            name, l.mean, l.mean_ci95, l.p50, l.p90, l.p99, l.max
-        );
+    let cols: Vec<&Summary> = std::iter::once(cf).chain(r.policies.iter()).collect();
+    let width = cols
+        .iter()
+        .map(|s| s.policy.len())
+        .max()
+        .unwrap_or(10)
+        .max(12);
+    let row = |w: &mut String, name: &str, f: &dyn Fn(&Summary) -> String| {
+        let _ = write!(w, "{name:<34}");
+        for s in &cols {
+            let _ = write!(w, " {:>width$}", f(s));
+        }
+        let _ = writeln!(w);
     };
-    row(w, "ttft_ms", &s.ttft_ms);
-    row(w, "tpot_ms", &s.tpot_ms);
-    row(w, "e2e_ms", &s.e2e_ms);
-    let g = &s.gpu;
-    let _ = writeln!(
+    row(w, "", &|s| s.policy.clone());
+    let int = |x: u64| x.to_string();
+    let f3 = |x: f64| {
+        if x.is_finite() {
+            format!("{x:.3}")
+        } else {
+            "-".into()
+        }
+    };
+    row(w, "requests.completed", &|s| int(s.requests.completed));
+    row(w, "requests.cancelled", &|s| int(s.requests.cancelled));
+    row(w, "requests.expired", &|s| int(s.requests.expired));
+    row(w, "requests.cleanup_pending", &|s| {
+        int(s.requests.cleanup_pending)
+    });
+    row(w, "requests.rejected", &|s| int(s.requests.rejected));
+    row(w, "leaked_work.gpu_s", &|s| f3(s.leaked_work.gpu_s));
+    row(w, "leaked_work.token_steps", &|s| {
+        int(s.leaked_work.token_steps)
+    });
+    row(w, "  by_cause.in_flight_window", &|s| {
+        f3(s.leaked_work.by_cause.in_flight_window)
+    });
+    row(w, "  by_cause.checkpoint_delay", &|s| {
+        f3(s.leaked_work.by_cause.checkpoint_delay)
+    });
+    row(w, "  by_cause.unobserved_or_lost", &|s| {
+        f3(s.leaked_work.by_cause.unobserved_or_lost)
+    });
+    row(w, "  by_cause.finish_and_discard", &|s| {
+        f3(s.leaked_work.by_cause.finish_and_discard)
+    });
+    row(w, "late_output_discards", &|s| int(s.late_output_discards));
+    row(
         w,
-        "gpu: {:.3} s busy, {:.3} s to completed requests, {:.3} s discarded ({} tokens), {:.3} s padding; {} token-steps",
-        g.busy_s, g.gpu_s_completed, g.gpu_s_discarded, g.tokens_discarded, g.gpu_s_padding, g.token_steps
+        "late_outputs_admitted",
+        &|s| int(s.late_outputs_admitted),
     );
-    let _ = writeln!(
-        w,
-        "kv: {:.1} block-s held, peak {} blocks on one replica",
-        s.kv.block_s, s.kv.peak_blocks
-    );
-    let wl = &s.workload;
-    if wl.conversations > 0 || wl.deadlines_missed > 0 || wl.disconnects > 0 {
-        let _ = writeln!(
-            w,
-            "workload: {} conversations, {} turns, {} interruptions ({} requests superseded), {} deadlines missed, {} disconnects",
-            wl.conversations, wl.turns, wl.interruptions, wl.superseded_requests, wl.deadlines_missed, wl.disconnects
-        );
+    row(w, "sibling_survival", &|s| {
+        format!(
+            "{}/{}",
+            s.sibling_survival.survived, s.sibling_survival.siblings
+        )
+    });
+    row(w, "sibling_survival.rate", &|s| f3(s.sibling_survival.rate));
+    row(w, "sibling_latency_delta_ms.ttft_p50", &|s| {
+        f3(s.sibling_latency_delta_ms.ttft_p50)
+    });
+    row(w, "sibling_latency_delta_ms.ttft_p99", &|s| {
+        f3(s.sibling_latency_delta_ms.ttft_p99)
+    });
+    row(w, "sibling_latency_delta_ms.e2e_p99", &|s| {
+        f3(s.sibling_latency_delta_ms.e2e_p99)
+    });
+    row(w, "retained.kv_block_s", &|s| f3(s.retained.kv_block_s));
+    row(w, "retained.peak_blocks", &|s| int(s.retained.peak_blocks));
+    row(w, "retained.admission_stalls", &|s| {
+        int(s.retained.admission_stalls)
+    });
+    for level in [
+        "local_invalidation",
+        "cancel_submission",
+        "backend_observation",
+        "final_callback",
+        "resource_release",
+    ] {
+        row(w, &format!("cleanup_ms.{level}.p99"), &|s| {
+            s.cleanup_latency_ms.get(level).map_or("-".into(), |l| {
+                if l.count > 0 {
+                    f3(l.p99)
+                } else {
+                    "-".into()
+                }
+            })
+        });
+        row(w, &format!("cleanup_ms.{level}.unknown"), &|s| {
+            s.cleanup_latency_ms
+                .get(level)
+                .map_or("-".into(), |l| int(l.unknown))
+        });
     }
-    let l = &s.littles_law;
-    let _ = writeln!(
-        w,
-        "little's law: L = {:.4} (time average), lambda*W = {:.4}, gap {:.2e}",
-        l.mean_in_system,
-        l.lambda_per_s * l.mean_e2e_s,
-        l.relative_gap
-    );
-    let _ = writeln!(w, "run_hash={}", s.run_hash);
+    row(w, "playback.routing_violations", &|s| {
+        int(s.playback.routing_violations)
+    });
+    row(w, "playback.corrupted_requests", &|s| {
+        int(s.playback.corrupted_requests)
+    });
+    row(w, "ttft_ms.p50", &|s| f3(s.ttft_ms.p50));
+    row(w, "ttft_ms.p99", &|s| f3(s.ttft_ms.p99));
+    row(w, "tpot_ms.p50", &|s| f3(s.tpot_ms.p50));
+    row(w, "e2e_ms.p50", &|s| f3(s.e2e_ms.p50));
+    row(w, "e2e_ms.p99", &|s| f3(s.e2e_ms.p99));
+    row(w, "gpu.busy_s", &|s| f3(s.gpu.busy_s));
+    row(w, "run_hash", &|s| s.run_hash[..12].to_string());
+    let _ = writeln!(w, "run_hash={}", r.run_hash);
     out
 }
 
 /// Where a run's files go: `<root>/<scenario>/seed<seed>-<run_hash[..12]>/`. The name is derived
 /// from the run hash, so an existing directory of that name holds the same run.
-pub fn run_dir(root: &Path, s: &Summary) -> PathBuf {
+pub fn run_dir(root: &Path, s: &Report) -> PathBuf {
     root.join(&s.scenario)
         .join(format!("seed{}-{}", s.seed, &s.run_hash[..12]))
 }
@@ -93,7 +156,7 @@ pub enum Written {
 /// Write the run directory atomically: everything goes to a hidden temporary directory next to
 /// the target, which is renamed into place at the end. An interrupted write leaves only a
 /// `.tmp-*` directory, never a half-written run.
-pub fn write_run(root: &Path, s: &Summary, force: bool) -> Result<Written, String> {
+pub fn write_run(root: &Path, s: &Report, force: bool) -> Result<Written, String> {
     let dir = run_dir(root, s);
     let exists = dir.exists();
     if exists && !force {

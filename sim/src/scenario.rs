@@ -31,6 +31,19 @@ pub struct Scenario {
     pub limits: LimitsConfig,
     pub workload: Workload,
     pub cluster: Cluster,
+    /// Which requests get a cancel intent, and when. None: no storm (intents can still come
+    /// from deadlines, disconnects and barge-ins).
+    #[serde(default)]
+    pub cancellation: Option<Cancellation>,
+    /// The policies to compare, one run each against one shared counterfactual.
+    #[serde(default = "default_policies")]
+    pub policies: Vec<Policy>,
+    #[serde(default)]
+    pub adapter: AdapterConfig,
+    #[serde(default)]
+    pub backend: BackendConfig,
+    #[serde(default)]
+    pub playback: PlaybackConfig,
     /// The directory relative paths (traces) resolve against: the scenario file's directory, or
     /// the repository's `scenarios/` for the embedded default.
     #[serde(skip)]
@@ -237,6 +250,227 @@ pub enum Scheduler {
 
 fn yes() -> bool {
     true
+}
+
+fn default_policies() -> Vec<Policy> {
+    vec![Policy::PerRequest]
+}
+
+fn zero_ms() -> Dist {
+    Dist::Constant(0.0)
+}
+
+/// A cancellation storm: each request is a target with probability `fraction`; its intent fires
+/// when it reaches `stage`, plus `delay_ms`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cancellation {
+    pub fraction: f64,
+    #[serde(default)]
+    pub stage: Stage,
+    #[serde(default = "zero_ms")]
+    pub delay_ms: Dist,
+}
+
+/// Where in a request's life its cancel intent fires.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stage {
+    /// One of the six lifecycle stages below, uniformly, per request.
+    #[default]
+    Random,
+    /// At arrival, before the request reaches a replica.
+    BeforeAdmission,
+    /// On entering a replica's waiting queue.
+    Queued,
+    /// When its first step is dispatched.
+    Prefill,
+    /// When its first token is out.
+    Decode,
+    /// When its last token is out, before it is played.
+    AfterFinalOutput,
+    /// After local completion (its last chunk was played).
+    AfterCompletion,
+    /// `delay_ms` after arrival, whatever the request is doing then.
+    AfterArrival,
+}
+
+/// What the adapter does with a cancel intent. Local invalidation is immediate under every
+/// policy; they differ in what they ask of the backend.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Policy {
+    /// No backend cancel: the work runs to completion and its output is discarded.
+    FinishAndDiscard,
+    /// A cooperative cancel through the request's own handle.
+    PerRequest,
+    /// An abort through a wider handle: everything the scope reaches is aborted.
+    GroupAbort(GroupScope),
+    /// Per-request cancel, falling back to finish-and-discard when the backend cannot observe
+    /// (it never checks) or has not observed within `fallback_after_ms` of the intent.
+    PerRequestWithFallback { fallback_after_ms: f64 },
+}
+
+impl Policy {
+    pub fn label(&self) -> String {
+        match self {
+            Policy::FinishAndDiscard => "finish_and_discard".into(),
+            Policy::PerRequest => "per_request".into(),
+            Policy::GroupAbort(s) => format!("group_abort_{}", s.label()),
+            Policy::PerRequestWithFallback { .. } => "per_request_fallback".into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GroupScope {
+    /// The shared connection the request travels on.
+    Stream,
+    /// The request's sequence (its owner's stateful session).
+    Sequence,
+    /// Every request whose runtime id starts with the target's (SGLang's prefix match).
+    Prefix,
+    /// The whole engine.
+    Engine,
+}
+
+impl GroupScope {
+    pub fn label(self) -> &'static str {
+        match self {
+            GroupScope::Stream => "stream",
+            GroupScope::Sequence => "sequence",
+            GroupScope::Prefix => "prefix",
+            GroupScope::Engine => "engine",
+        }
+    }
+}
+
+/// The adapter between the application and the runtime: its cancel RPC and its handles.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdapterConfig {
+    /// From intent to the first cancel submission (SGLang's streaming path waits 2 s).
+    pub submit_delay_ms: Dist,
+    /// One-way latency of a cancel RPC and of its acknowledgement.
+    pub rpc_latency_ms: Dist,
+    /// Probability that one attempt is lost.
+    pub loss: f64,
+    /// Probability that one attempt is delivered twice.
+    pub duplicate: f64,
+    /// An attempt unacknowledged after this long is retried.
+    pub timeout_ms: f64,
+    /// Attempts at most, all to the same identity (idempotent).
+    pub max_attempts: u32,
+    /// Shared connections: a request travels on stream `owner % streams`. 0: one per owner.
+    pub streams: u64,
+    pub identity: IdentityMode,
+}
+
+impl Default for AdapterConfig {
+    fn default() -> Self {
+        AdapterConfig {
+            submit_delay_ms: Dist::Constant(0.0),
+            rpc_latency_ms: Dist::Constant(0.2),
+            loss: 0.0,
+            duplicate: 0.0,
+            timeout_ms: 50.0,
+            max_attempts: 3,
+            streams: 0,
+            identity: IdentityMode::ServerGenerated,
+        }
+    }
+}
+
+/// Runtime request ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IdentityMode {
+    /// Unique, generated by the runtime, tombstoned when terminated (TensorRT-LLM).
+    ServerGenerated,
+    /// Chosen by the client from a pool of `pool` ids, so they are reused (vLLM, SGLang).
+    ClientReused { pool: u64 },
+}
+
+/// How the backend observes and cleans up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendConfig {
+    pub checkpoint: CheckpointConfig,
+    pub release: Release,
+    /// What an abort for a request the runtime no longer has does.
+    pub cancel_after_completion: AfterCompletion,
+    /// Probability that handling one abort faults, and how far the fault reaches.
+    pub abort_fault_probability: f64,
+    pub abort_fault_radius: Radius,
+    /// Offset of the backend's clock from the local one (evidence timestamps carry it).
+    pub clock_offset_ms: f64,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            checkpoint: CheckpointConfig::EveryStep,
+            release: Release::Fenced,
+            cancel_after_completion: AfterCompletion::Ignore,
+            abort_fault_probability: 0.0,
+            abort_fault_radius: Radius::Batch,
+            clock_offset_ms: 0.0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CheckpointConfig {
+    EveryStep,
+    EveryKSteps(u32),
+    Never,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Release {
+    Fenced,
+    /// Unsafe: blocks return while a dispatched step still writes them.
+    Immediate,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AfterCompletion {
+    Ignore,
+    Fault(Radius),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Radius {
+    Request,
+    Batch,
+    Engine,
+}
+
+/// The playback sink: outputs become audio chunks that pass a clear barrier and a post-wait
+/// admission check.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlaybackConfig {
+    /// Tokens per audio chunk.
+    pub chunk_tokens: u32,
+    /// The writer wait between a chunk being ready and its admission check.
+    pub writer_wait_ms: Dist,
+    /// From a clear operation to its acknowledgement (the barrier is not clear until then).
+    pub clear_ack_ms: Dist,
+    /// A held chunk older than this expires its request.
+    pub max_age_ms: f64,
+    /// Admission retries of a blocked chunk before the sink gives up on the request.
+    pub admit_retries: u32,
+}
+
+impl Default for PlaybackConfig {
+    fn default() -> Self {
+        PlaybackConfig {
+            chunk_tokens: 8,
+            writer_wait_ms: Dist::Constant(0.0),
+            clear_ack_ms: Dist::Constant(50.0),
+            max_age_ms: 60_000.0,
+            admit_retries: 5,
+        }
+    }
 }
 
 fn sixteen() -> u32 {
@@ -617,6 +851,49 @@ impl Scenario {
                 )?;
             }
         }
+        if let Some(c) = &self.cancellation {
+            probability("cancellation.fraction", c.fraction)?;
+            dist("cancellation.delay_ms", &c.delay_ms)?;
+        }
+        if self.policies.is_empty() {
+            return err("policies", "needs at least one policy".into());
+        }
+        if self.policies.len() > 16 {
+            return err(
+                "policies",
+                format!("at most 16 policies (got {})", self.policies.len()),
+            );
+        }
+        for (i, p) in self.policies.iter().enumerate() {
+            if let Policy::PerRequestWithFallback { fallback_after_ms } = p {
+                non_negative(
+                    &format!("policies[{i}].PerRequestWithFallback.fallback_after_ms"),
+                    *fallback_after_ms,
+                )?;
+            }
+        }
+        let a = &self.adapter;
+        dist("adapter.submit_delay_ms", &a.submit_delay_ms)?;
+        dist("adapter.rpc_latency_ms", &a.rpc_latency_ms)?;
+        probability("adapter.loss", a.loss)?;
+        probability("adapter.duplicate", a.duplicate)?;
+        positive("adapter.timeout_ms", a.timeout_ms)?;
+        in_range("adapter.max_attempts", a.max_attempts as u64, 1, 100)?;
+        if let IdentityMode::ClientReused { pool } = a.identity {
+            in_range("adapter.identity.ClientReused.pool", pool, 1, u64::MAX)?;
+        }
+        let b = &self.backend;
+        if let CheckpointConfig::EveryKSteps(k) = b.checkpoint {
+            in_range("backend.checkpoint.EveryKSteps", k as u64, 1, 1_000_000)?;
+        }
+        probability("backend.abort_fault_probability", b.abort_fault_probability)?;
+        non_negative("backend.clock_offset_ms", b.clock_offset_ms)?;
+        let pb = &self.playback;
+        in_range("playback.chunk_tokens", pb.chunk_tokens as u64, 1, 1 << 20)?;
+        dist("playback.writer_wait_ms", &pb.writer_wait_ms)?;
+        dist("playback.clear_ack_ms", &pb.clear_ack_ms)?;
+        non_negative("playback.max_age_ms", pb.max_age_ms)?;
+        in_range("playback.admit_retries", pb.admit_retries as u64, 0, 1000)?;
         Ok(())
     }
 

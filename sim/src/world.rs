@@ -1,47 +1,134 @@
-//! The world: wires the workload, the router and the replicas through one closed `Event` enum and
-//! one exhaustive `match`.
+//! The world: wires the workload, the router, the replicas, the adapter's cancel path, the
+//! ownership controller and the playback sink through one closed `Event` enum and one exhaustive
+//! `match`.
+//!
+//! A scenario is run once as the counterfactual (no cancel intents at all) and once per policy,
+//! all on the same seed, so every run sees the same workload (common random numbers). The
+//! counterfactual leaves one small record per request, against which each policy run compares its
+//! siblings.
 //!
 //! Per-request state lives in a slab only while the request is in the system. Results are folded
-//! into histograms and running sums as requests leave, so memory grows with requests in flight,
-//! not with requests completed.
+//! into histograms and running sums as requests leave.
 
-use std::collections::HashMap;
-
-use hdrhistogram::Histogram;
+use std::collections::{BTreeMap, HashMap};
 
 use cancelsim_models::batcher::BatcherConfig;
-use cancelsim_models::engine::{EngineConfig, NewRequest, Outcome, Released, StepOutput};
+use cancelsim_models::engine::{
+    Abort, BlastRadius, Checkpoint, EngineConfig, Handle, NewRequest, Observed, Outcome,
+    ReleaseMode, Released, Scope, StepOutput, UnknownAbort,
+};
 use cancelsim_models::gpu::{self, Profile, StepCost};
+use cancelsim_models::ownership::{
+    Admission, ClockDomain, Disposition, EvidenceLevel, Owners, Retention, State, Ticket,
+    Timestamp, UpdateClass,
+};
 use cancelsim_models::replica::{Replica, ReplicaStats};
 
-use crate::dist::ms_to_ns;
+use crate::dist::{ms_to_ns, round_ns};
 use crate::kernel::rng::{Purpose, Stream};
-use crate::kernel::{Class, Kernel, LimitError, Traced, NS_PER_MS, NS_PER_S};
-use crate::scenario::{ProfileRef, Router, Scenario, Scheduler, Source};
+use crate::kernel::{Class, Kernel, LimitError, Traced, NS_PER_S};
+use crate::metrics::*;
+use crate::scenario::{
+    AfterCompletion, CheckpointConfig, GroupScope, IdentityMode, Policy, ProfileRef, Radius,
+    Release, Router, Scenario, Scheduler, Source, Stage,
+};
 use crate::workload::{self, Arrival, OpenLoop};
+
+/// Why a request got a cancel intent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    Storm,
+    Deadline,
+    Disconnect,
+    Interruption,
+    /// The playback sink expired a held chunk, or gave up on a blocked one.
+    Playback,
+}
 
 /// Every event of a run. Closed: adding a variant forces every `match` to say what it does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// The pending open-loop arrival (request `request`) enters.
-    Arrival { request: u64 },
-    /// Conversation `conv` begins.
-    ConversationStart { conv: u64 },
-    /// Conversation `conv` issues its next turn.
-    TurnStart { conv: u64 },
-    /// The user of `conv` barges in on generation `generation`. If that generation is still in
-    /// progress it is superseded: this is the interruption the cancel path acts on.
-    BargeIn { conv: u64, generation: u32 },
+    Arrival {
+        request: u64,
+    },
+    ConversationStart {
+        conv: u64,
+    },
+    TurnStart {
+        conv: u64,
+    },
+    /// The user of `conv` barges in on generation `generation`.
+    BargeIn {
+        conv: u64,
+        generation: u32,
+    },
     /// Step `step` of `replica` ends; its outputs are processed.
-    StepDone { replica: u32, step: u64 },
-    /// The scheduler of `replica` composes and dispatches steps.
-    SchedulePass { replica: u32 },
-    /// A dynamic batcher's queue delay ran out.
-    BatcherTimer { replica: u32 },
-    /// Request `request` reaches its deadline (from acceptance).
-    Deadline { request: u64, tag: u32 },
-    /// The client of request `request` disconnects.
-    Disconnect { request: u64, tag: u32 },
+    StepDone {
+        replica: u32,
+        step: u64,
+    },
+    /// The scheduler of `replica` checks for aborts, then composes and dispatches steps.
+    SchedulePass {
+        replica: u32,
+    },
+    BatcherTimer {
+        replica: u32,
+    },
+    Deadline {
+        request: u64,
+        tag: u32,
+    },
+    Disconnect {
+        request: u64,
+        tag: u32,
+    },
+    /// A storm target reaches the moment of its cancel intent.
+    Intent {
+        request: u64,
+        tag: u32,
+    },
+    /// The adapter submits cancel attempt `attempt`.
+    CancelSubmit {
+        request: u64,
+        tag: u32,
+        attempt: u8,
+    },
+    /// A cancel attempt reaches the backend of `replica`.
+    CancelDeliver {
+        request: u64,
+        replica: u32,
+        scope: Scope,
+        attempt: u8,
+    },
+    CancelTimeout {
+        request: u64,
+        tag: u32,
+        attempt: u8,
+    },
+    /// The backend's acknowledgement of an observed cancel reaches the adapter.
+    CancelAck {
+        request: u64,
+        tag: u32,
+    },
+    /// The fallback bound of `PerRequestWithFallback` runs out.
+    Fallback {
+        request: u64,
+        tag: u32,
+    },
+    /// A held chunk's writer wait is over: check its admission.
+    ChunkAdmit {
+        request: u64,
+        tag: u32,
+        born_ns: u64,
+        epoch: u64,
+        retry: u8,
+    },
+    /// A playback clear of `owner`'s sink is acknowledged.
+    BarrierAck {
+        owner: u64,
+        epoch: u64,
+    },
 }
 
 impl Traced for Event {
@@ -56,6 +143,14 @@ impl Traced for Event {
             Event::BatcherTimer { .. } => 7,
             Event::Deadline { .. } => 8,
             Event::Disconnect { .. } => 9,
+            Event::Intent { .. } => 10,
+            Event::CancelSubmit { .. } => 11,
+            Event::CancelDeliver { .. } => 12,
+            Event::CancelTimeout { .. } => 13,
+            Event::CancelAck { .. } => 14,
+            Event::Fallback { .. } => 15,
+            Event::ChunkAdmit { .. } => 16,
+            Event::BarrierAck { .. } => 17,
         }
     }
 
@@ -66,113 +161,18 @@ impl Traced for Event {
             Event::BargeIn { conv, generation } => (conv << 16) | generation as u64,
             Event::StepDone { replica, step } => ((replica as u64) << 48) | step,
             Event::SchedulePass { replica } | Event::BatcherTimer { replica } => replica as u64,
-            Event::Deadline { request, .. } | Event::Disconnect { request, .. } => request,
+            Event::Deadline { request, .. }
+            | Event::Disconnect { request, .. }
+            | Event::Intent { request, .. }
+            | Event::CancelSubmit { request, .. }
+            | Event::CancelDeliver { request, .. }
+            | Event::CancelTimeout { request, .. }
+            | Event::CancelAck { request, .. }
+            | Event::Fallback { request, .. }
+            | Event::ChunkAdmit { request, .. } => request,
+            Event::BarrierAck { owner, .. } => owner,
         }
     }
-}
-
-/// Quantiles of a latency, in milliseconds.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct LatencyMs {
-    pub count: u64,
-    pub mean: f64,
-    /// Half-width of a 95 % confidence interval on the mean, by batch means over completion
-    /// order.
-    pub mean_ci95: f64,
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
-    pub max: f64,
-}
-
-/// Little's law, measured two ways: L as the time average of the number in the system, and
-/// λ·W from the arrival rate and the mean time in system.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct LittlesLaw {
-    pub lambda_per_s: f64,
-    pub mean_in_system: f64,
-    pub mean_e2e_s: f64,
-    /// |L − λW| / L.
-    pub relative_gap: f64,
-}
-
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct RequestCounts {
-    /// Arrived.
-    pub scheduled: u64,
-    /// Accepted by a replica.
-    pub admitted: u64,
-    /// Refused by a replica (could never fit).
-    pub rejected: u64,
-    pub completed: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Gpu {
-    pub steps: u64,
-    pub busy_s: f64,
-    /// Busy time over (replicas × virtual time).
-    pub utilisation: f64,
-    /// Token-steps: tokens computed, summed over steps (prefill chunk tokens + decode slots).
-    pub token_steps: u64,
-    /// GPU-seconds shared to requests that completed (each step's time split by tokens).
-    pub gpu_s_completed: f64,
-    /// GPU-seconds of discarded work (window overshoot, preempted in-flight samples).
-    pub gpu_s_discarded: f64,
-    /// GPU-seconds of padding in shared batches.
-    pub gpu_s_padding: f64,
-    pub tokens_delivered: u64,
-    pub tokens_discarded: u64,
-    pub padding_token_steps: u64,
-    pub preemptions: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Kv {
-    pub block_s: f64,
-    /// Largest number of blocks in use at once on any replica.
-    pub peak_blocks: u64,
-    pub allocated_blocks: u64,
-    pub freed_blocks: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct WorkloadEvents {
-    pub conversations: u64,
-    pub turns: u64,
-    /// Barge-ins that superseded a generation still in progress.
-    pub interruptions: u64,
-    /// Requests whose generation was superseded before they completed.
-    pub superseded_requests: u64,
-    /// Deadlines that fired before the request completed.
-    pub deadlines_missed: u64,
-    /// Clients that disconnected before their request completed.
-    pub disconnects: u64,
-}
-
-/// Everything one run reports.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Summary {
-    pub scenario: String,
-    pub scenario_hash: String,
-    pub seed: u64,
-    pub version: String,
-    pub requests: RequestCounts,
-    pub ttft_ms: LatencyMs,
-    pub tpot_ms: LatencyMs,
-    pub e2e_ms: LatencyMs,
-    pub throughput_rps: f64,
-    pub output_tokens_per_s: f64,
-    pub gpu: Gpu,
-    pub kv: Kv,
-    pub workload: WorkloadEvents,
-    pub littles_law: LittlesLaw,
-    pub events: u64,
-    pub virtual_time_s: f64,
-    /// BLAKE3 of every arrival `(id, time, prompt, output)` in order: equal across runs that
-    /// share a workload (common random numbers), whatever the scheduler.
-    pub workload_hash: String,
-    pub run_hash: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -180,6 +180,14 @@ pub enum RunError {
     Limit(LimitError),
     /// A trace could not be read mid-run (file:line: message).
     Input(String),
+    /// A simulator invariant broke: a bug in cancelsim.
+    Invariant {
+        seed: u64,
+        policy: String,
+        event: u64,
+        requests: Vec<u64>,
+        what: String,
+    },
 }
 
 impl std::fmt::Display for RunError {
@@ -187,6 +195,10 @@ impl std::fmt::Display for RunError {
         match self {
             RunError::Limit(e) => e.fmt(f),
             RunError::Input(e) => f.write_str(e),
+            RunError::Invariant { seed, policy, event, requests, what } => write!(
+                f,
+                "invariant violated (a cancelsim bug): {what}; seed {seed}, policy {policy}, event #{event}, requests {requests:?}"
+            ),
         }
     }
 }
@@ -199,121 +211,130 @@ impl From<LimitError> for RunError {
     }
 }
 
-/// Number of batches for batch-means confidence intervals.
-const BATCHES: usize = 32;
-
-/// Running statistics of one latency. Batch k holds completions k·B .. (k+1)·B−1, where B doubles
-/// (merging batches pairwise) whenever the batches fill, so the batch count stays fixed without
-/// knowing the run length.
-struct LatencyStats {
-    hist: Histogram<u64>,
-    sum_ns: u128,
-    count: u64,
-    batch_sum_ns: [u128; BATCHES],
-    batch_len: u64,
-    filled: usize,
-    current_n: u64,
+/// What the counterfactual run remembers of each request, to judge siblings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CfRecord {
+    pub state: State,
+    pub digest: u64,
+    pub ttft_ns: u64,
+    pub e2e_ns: u64,
 }
 
-impl LatencyStats {
-    fn new() -> Self {
-        LatencyStats {
-            hist: Histogram::new_with_bounds(1, 10_000_000 * NS_PER_S, 3).expect("valid bounds"),
-            sum_ns: 0,
-            count: 0,
-            batch_sum_ns: [0; BATCHES],
-            batch_len: 1,
-            filled: 0,
-            current_n: 0,
-        }
-    }
+/// Counterfactual records by request id: a dense vector for open-loop ids, a map otherwise.
+#[derive(Default)]
+pub struct CfTable {
+    dense: Vec<Option<CfRecord>>,
+    sparse: HashMap<u64, CfRecord>,
+}
 
-    fn record(&mut self, value_ns: u64) {
-        self.hist.saturating_record(value_ns.max(1));
-        self.sum_ns += value_ns as u128;
-        self.count += 1;
-        self.batch_sum_ns[self.filled] += value_ns as u128;
-        self.current_n += 1;
-        if self.current_n == self.batch_len {
-            self.filled += 1;
-            self.current_n = 0;
-            if self.filled == BATCHES {
-                for k in 0..BATCHES / 2 {
-                    self.batch_sum_ns[k] = self.batch_sum_ns[2 * k] + self.batch_sum_ns[2 * k + 1];
-                }
-                self.batch_sum_ns[BATCHES / 2..].fill(0);
-                self.filled = BATCHES / 2;
-                self.batch_len *= 2;
+impl CfTable {
+    const DENSE_MAX: u64 = 1 << 27;
+
+    fn insert(&mut self, id: u64, r: CfRecord) {
+        if id < Self::DENSE_MAX {
+            let i = id as usize;
+            if self.dense.len() <= i {
+                self.dense.resize(i + 1, None);
             }
+            self.dense[i] = Some(r);
+        } else {
+            self.sparse.insert(id, r);
         }
     }
 
-    fn summary(&self) -> LatencyMs {
-        let ms = |ns: f64| ns / NS_PER_MS as f64;
-        if self.count == 0 {
-            return LatencyMs {
-                count: 0,
-                mean: 0.0,
-                mean_ci95: 0.0,
-                p50: 0.0,
-                p90: 0.0,
-                p99: 0.0,
-                max: 0.0,
-            };
-        }
-        let mean_ns = self.sum_ns as f64 / self.count as f64;
-        let means: Vec<f64> = (0..self.filled)
-            .map(|b| self.batch_sum_ns[b] as f64 / self.batch_len as f64)
-            .collect();
-        let ci95_ns = if means.len() >= 8 {
-            let k = means.len() as f64;
-            let m = means.iter().sum::<f64>() / k;
-            let var = means.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (k - 1.0);
-            // t quantile, 95 % two-sided, for 15..31 degrees of freedom is 2.04..2.13.
-            2.13 * (var / k).sqrt()
+    fn get(&self, id: u64) -> Option<CfRecord> {
+        if id < Self::DENSE_MAX {
+            self.dense.get(id as usize).copied().flatten()
         } else {
-            f64::NAN
-        };
-        LatencyMs {
-            count: self.count,
-            mean: ms(mean_ns),
-            mean_ci95: ms(ci95_ns),
-            p50: ms(self.hist.value_at_quantile(0.50) as f64),
-            p90: ms(self.hist.value_at_quantile(0.90) as f64),
-            p99: ms(self.hist.value_at_quantile(0.99) as f64),
-            max: ms(self.hist.max() as f64),
+            self.sparse.get(&id).copied()
         }
     }
 }
+
+/// The run's role.
+#[derive(Clone, Copy)]
+pub enum Mode<'a> {
+    /// No cancel intents: the reference the siblings are compared with.
+    Counterfactual,
+    Policy(&'a Policy, &'a CfTable),
+}
+
+const NONE: u64 = u64::MAX;
+/// Evidence levels whose latency from intent is reported.
+const CLEANUP_LEVELS: [EvidenceLevel; 5] = [
+    EvidenceLevel::LocalInvalidation,
+    EvidenceLevel::CancelSubmission,
+    EvidenceLevel::BackendObservation,
+    EvidenceLevel::FinalCallback,
+    EvidenceLevel::ResourceRelease,
+];
 
 /// A request in the system.
 #[derive(Clone, Debug)]
 struct Req {
     id: u64,
+    live: bool,
     arrival_ns: u64,
     output: u32,
-    first_token_ns: u64,
-    tokens: u32,
-    done: bool,
-    /// (conversation, generation) for closed-loop requests.
+    replica: u32,
+    owner: u64,
+    generation: u32,
+    handle: Handle,
     conv: Option<(u64, u32)>,
+    enqueued: bool,
+    started: bool,
+    engine_released: bool,
+    rejected: bool,
+    first_token_ns: u64,
+    last_token_ns: u64,
+    tokens: u32,
     gpu_ns: f64,
-    live: bool,
+    // Playback.
+    chunk_fill: u32,
+    chunks_made: u32,
+    /// Chunks made but not yet held for admission (the sink writes a request's chunks in order).
+    chunks_queued: u32,
+    chunk_in_flight: bool,
+    chunks_admitted: u32,
+    first_corrupt_chunk: u32,
+    digest: u64,
+    corrupted_seen: bool,
+    // Cancel path.
+    plan: Option<(Stage, u64)>,
+    intent_pending: bool,
+    intent_ns: u64,
+    attempts: u8,
+    acked: bool,
+    exhausted: bool,
+    fallback: bool,
+    observed_ns: u64,
+    collateral: bool,
+    sibling: bool,
+    evidence_ns: [u64; 6],
+    leak_pre_ns: f64,
+    leak_post_ns: f64,
 }
 
 /// A conversation in progress.
 struct Conv {
     turns: u32,
-    /// The current generation (turn index).
     turn: u32,
-    /// Requests of the current turn not yet complete.
     outstanding: u32,
+    /// (request id, tag) of the current turn's requests.
+    members: Vec<(u64, u32)>,
 }
 
-/// The replica configuration, resolved from the scenario and the profile.
 enum ReplicaConfig {
     Continuous(EngineConfig),
     Dynamic(BatcherConfig),
+}
+
+fn radius(r: Radius) -> BlastRadius {
+    match r {
+        Radius::Request => BlastRadius::Request,
+        Radius::Batch => BlastRadius::Batch,
+        Radius::Engine => BlastRadius::Engine,
+    }
 }
 
 fn replica_config(s: &Scenario) -> ReplicaConfig {
@@ -342,6 +363,7 @@ fn replica_config(s: &Scenario) -> ReplicaConfig {
     let blocks = |block_tokens: u32, explicit: Option<u64>| {
         explicit.unwrap_or_else(|| (kv_blocks_16 * 16 / block_tokens as u64).max(1))
     };
+    let b = &s.backend;
     match &s.cluster.scheduler {
         Scheduler::Continuous {
             max_num_seqs,
@@ -362,6 +384,20 @@ fn replica_config(s: &Scenario) -> ReplicaConfig {
             kv_blocks: blocks(*block_tokens, *kv_blocks),
             window: *window,
             cost,
+            checkpoint: match b.checkpoint {
+                CheckpointConfig::EveryStep => Checkpoint::EveryPasses(1),
+                CheckpointConfig::EveryKSteps(k) => Checkpoint::EveryPasses(k),
+                CheckpointConfig::Never => Checkpoint::Never,
+            },
+            release: match b.release {
+                Release::Fenced => ReleaseMode::Fenced,
+                Release::Immediate => ReleaseMode::Immediate,
+            },
+            unknown_abort: match b.cancel_after_completion {
+                AfterCompletion::Ignore => UnknownAbort::Ignore,
+                AfterCompletion::Fault(r) => UnknownAbort::Fault(radius(r)),
+            },
+            tombstones: s.adapter.identity == IdentityMode::ServerGenerated,
         }),
         Scheduler::Dynamic {
             max_batch_size,
@@ -378,10 +414,39 @@ fn replica_config(s: &Scenario) -> ReplicaConfig {
     }
 }
 
-/// One run of one scenario.
+/// The synthetic payload marker of chunk `chunk` of request `id`: 16 bytes a consumer can check
+/// byte for byte. A corrupted chunk (KV reused while still written) has its check word flipped.
+fn marker(id: u64, chunk: u32, corrupted: bool) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[..8].copy_from_slice(&id.to_le_bytes());
+    m[8..12].copy_from_slice(&chunk.to_le_bytes());
+    let check = check_word(id, chunk);
+    m[12..16].copy_from_slice(&(if corrupted { !check } else { check }).to_le_bytes());
+    m
+}
+
+fn check_word(id: u64, chunk: u32) -> u32 {
+    let x = (id ^ ((chunk as u64) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 32) as u32
+}
+
+/// FNV-1a over bytes, folded into a running digest (a request's delivered output).
+fn fold_digest(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+const DIGEST_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// One run of one scenario in one mode.
 pub struct World<'s> {
     scenario: &'s Scenario,
     seed: u64,
+    mode: Mode<'s>,
+    policy_label: String,
     kernel: Kernel<Event>,
     replicas: Vec<Replica>,
     pass_pending: Vec<bool>,
@@ -392,29 +457,54 @@ pub struct World<'s> {
     conv_starts: Stream,
     convs: HashMap<u64, Conv>,
     conv_started: u64,
+    owners: Owners<u64>,
     reqs: Vec<Req>,
     free_tags: Vec<u32>,
     outputs: Vec<StepOutput>,
     released: Vec<Released>,
+    observed: Vec<Observed>,
+    started: Vec<u32>,
     workload_hasher: blake3::Hasher,
     counts: RequestCounts,
     events: WorkloadEvents,
+    playback: Playback,
+    rpc: CancelRpc,
     in_system: u64,
     area_in_system: u128,
+    sojourn_sum_ns: u128,
+    sojourn_count: u64,
     last_change_ns: u64,
     ttft: LatencyStats,
     tpot: LatencyStats,
     e2e: LatencyStats,
     token_steps: u64,
-    gpu_ns_completed: f64,
+    gpu_ns_requests: f64,
     gpu_ns_discarded: f64,
     gpu_ns_padding: f64,
     kv_block_ns: u128,
+    kv_block_ns_retained: u128,
     last_completion_ns: u64,
+    leaked: LeakedWork,
+    late_output_discards: u64,
+    late_outputs_admitted: u64,
+    siblings: u64,
+    survived: u64,
+    ttft_deltas: Vec<i64>,
+    e2e_deltas: Vec<i64>,
+    cleanup: Vec<LatencyStats>,
+    cleanup_unknown: [u64; 5],
+    cf_out: Option<&'s mut CfTable>,
+    clock_offset_ns: u64,
+    zero_writer_wait: bool,
 }
 
 impl<'s> World<'s> {
-    pub fn new(scenario: &'s Scenario, seed: u64) -> Result<Self, RunError> {
+    pub fn new(
+        scenario: &'s Scenario,
+        seed: u64,
+        mode: Mode<'s>,
+        cf_out: Option<&'s mut CfTable>,
+    ) -> Result<Self, RunError> {
         debug_assert!(scenario.validate().is_ok());
         let n = scenario.cluster.replicas as usize;
         let replicas = (0..n)
@@ -423,9 +513,15 @@ impl<'s> World<'s> {
                 ReplicaConfig::Dynamic(c) => Replica::dynamic(c),
             })
             .collect();
+        let policy_label = match mode {
+            Mode::Counterfactual => "counterfactual".to_string(),
+            Mode::Policy(p, _) => p.label(),
+        };
         Ok(World {
             scenario,
             seed,
+            mode,
+            policy_label,
             kernel: Kernel::new(scenario.limits()),
             replicas,
             pass_pending: vec![false; n],
@@ -436,57 +532,82 @@ impl<'s> World<'s> {
             conv_starts: Stream::new(seed, Purpose::Arrival, 1),
             convs: HashMap::new(),
             conv_started: 0,
+            owners: Owners::new(Retention {
+                tombstones_max: 1 << 16,
+                tombstone_age_ns_max: None,
+            }),
             reqs: Vec::new(),
             free_tags: Vec::new(),
             outputs: Vec::new(),
             released: Vec::new(),
+            observed: Vec::new(),
+            started: Vec::new(),
             workload_hasher: blake3::Hasher::new(),
-            counts: RequestCounts {
-                scheduled: 0,
-                admitted: 0,
-                rejected: 0,
-                completed: 0,
-            },
-            events: WorkloadEvents {
-                conversations: 0,
-                turns: 0,
-                interruptions: 0,
-                superseded_requests: 0,
-                deadlines_missed: 0,
-                disconnects: 0,
-            },
+            counts: RequestCounts::default(),
+            events: WorkloadEvents::default(),
+            playback: Playback::default(),
+            rpc: CancelRpc::default(),
             in_system: 0,
             area_in_system: 0,
+            sojourn_sum_ns: 0,
+            sojourn_count: 0,
             last_change_ns: 0,
             ttft: LatencyStats::new(),
             tpot: LatencyStats::new(),
             e2e: LatencyStats::new(),
             token_steps: 0,
-            gpu_ns_completed: 0.0,
+            gpu_ns_requests: 0.0,
             gpu_ns_discarded: 0.0,
             gpu_ns_padding: 0.0,
             kv_block_ns: 0,
+            kv_block_ns_retained: 0,
             last_completion_ns: 0,
+            leaked: LeakedWork::default(),
+            late_output_discards: 0,
+            late_outputs_admitted: 0,
+            siblings: 0,
+            survived: 0,
+            ttft_deltas: Vec::new(),
+            e2e_deltas: Vec::new(),
+            cleanup: (0..CLEANUP_LEVELS.len())
+                .map(|_| LatencyStats::new())
+                .collect(),
+            cleanup_unknown: [0; 5],
+            cf_out,
+            clock_offset_ns: ms_to_ns(scenario.backend.clock_offset_ms),
+            zero_writer_wait: scenario.playback.writer_wait_ms == crate::dist::Dist::Constant(0.0),
         })
+    }
+
+    fn policy(&self) -> Option<&'s Policy> {
+        match self.mode {
+            Mode::Counterfactual => None,
+            Mode::Policy(p, _) => Some(p),
+        }
     }
 
     /// Run to completion and summarise.
     pub fn run(mut self) -> Result<Summary, RunError> {
-        self.start()?;
-        while let Some(event) = self.kernel.next_event()? {
-            self.dispatch(event)?;
-        }
-        Ok(self.finish())
-    }
-
-    fn start(&mut self) -> Result<(), RunError> {
         if self.open.is_some() {
             self.pull_arrival()?;
         } else {
             self.kernel
                 .schedule_at(0, Class::Arrival, Event::ConversationStart { conv: 0 })?;
         }
-        Ok(())
+        while let Some(event) = self.kernel.next_event()? {
+            self.dispatch(event)?;
+        }
+        self.finish()
+    }
+
+    fn violation(&self, requests: Vec<u64>, what: impl Into<String>) -> RunError {
+        RunError::Invariant {
+            seed: self.seed,
+            policy: self.policy_label.clone(),
+            event: self.kernel.events_dispatched(),
+            requests,
+            what: what.into(),
+        }
     }
 
     fn pull_arrival(&mut self) -> Result<(), RunError> {
@@ -502,13 +623,20 @@ impl<'s> World<'s> {
         Ok(())
     }
 
+    /// The live request behind `(id, tag)`, if that request is still here.
+    fn live(&self, id: u64, tag: u32) -> bool {
+        self.reqs
+            .get(tag as usize)
+            .is_some_and(|q| q.live && q.id == id)
+    }
+
     fn dispatch(&mut self, event: Event) -> Result<(), RunError> {
         let now_ns = self.kernel.now_ns();
         match event {
             Event::Arrival { request } => {
                 let a = self.pending.take().expect("an arrival is pending");
                 debug_assert_eq!(a.id, request);
-                self.admit(a, None)?;
+                self.arrive(a, None)?;
                 self.pull_arrival()?;
             }
             Event::ConversationStart { conv } => {
@@ -527,7 +655,7 @@ impl<'s> World<'s> {
                         .conv_starts
                         .exponential(NS_PER_S as f64 / start_rate_per_s);
                     self.kernel.schedule_in(
-                        crate::dist::round_ns(gap),
+                        round_ns(gap),
                         Class::Arrival,
                         Event::ConversationStart { conv: conv + 1 },
                     )?;
@@ -540,6 +668,7 @@ impl<'s> World<'s> {
                             turns,
                             turn: 0,
                             outstanding: 0,
+                            members: Vec::new(),
                         },
                     );
                     self.kernel
@@ -557,7 +686,7 @@ impl<'s> World<'s> {
                 let turn = self.convs[&conv].turn;
                 self.events.turns += 1;
                 let draws = workload::turn_draws(&self.scenario.workload, self.seed, conv, turn);
-                if let Some(after) = draws.barge_in_after_ns {
+                if let (Some(after), Some(_)) = (draws.barge_in_after_ns, self.policy()) {
                     self.kernel.schedule_in(
                         after,
                         Class::Control,
@@ -567,10 +696,9 @@ impl<'s> World<'s> {
                         },
                     )?;
                 }
-                self.convs
-                    .get_mut(&conv)
-                    .expect("live conversation")
-                    .outstanding = per_turn;
+                let c = self.convs.get_mut(&conv).expect("live conversation");
+                c.outstanding = per_turn;
+                c.members.clear();
                 for k in 0..per_turn {
                     let id = workload::conversation_request_id(conv, turn, k);
                     let (p, o) = workload::shape(&self.scenario.workload, self.seed, id);
@@ -580,7 +708,7 @@ impl<'s> World<'s> {
                         prompt_tokens: p,
                         output_tokens: o,
                     };
-                    self.admit(a, Some((conv, turn)))?;
+                    self.arrive(a, Some((conv, turn)))?;
                 }
             }
             Event::BargeIn { conv, generation } => {
@@ -589,67 +717,33 @@ impl<'s> World<'s> {
                 };
                 if c.turn == generation && c.outstanding > 0 {
                     // The interruption: generation `generation` of owner `conv` is superseded.
-                    // Its requests keep running (no cancel path yet); their output no longer
-                    // belongs to the conversation.
                     self.events.interruptions += 1;
                     self.events.superseded_requests += c.outstanding as u64;
                     c.outstanding = 0;
+                    let members = std::mem::take(&mut c.members);
+                    // Playback: a clear operation starts on the owner's sink.
+                    let owner = conv;
+                    let epoch = self.owners.barrier_advance_on(owner + 1);
+                    self.owners.set_clear_on(owner + 1, false);
+                    let mut s = Stream::keyed(self.seed, Purpose::Playback, owner, epoch);
+                    let ack = ms_to_ns(self.scenario.playback.clear_ack_ms.sample(&mut s));
+                    self.kernel.schedule_in(
+                        ack,
+                        Class::Control,
+                        Event::BarrierAck { owner, epoch },
+                    )?;
+                    for (id, tag) in members {
+                        if self.live(id, tag) {
+                            self.intent(tag, Cause::Interruption)?;
+                        }
+                    }
                     self.next_turn(conv, 0)?;
                 }
             }
-            Event::StepDone { replica, step } => {
-                let r = replica as usize;
-                let report =
-                    self.replicas[r].step_done(now_ns, step, &mut self.outputs, &mut self.released);
-                let total = report.tokens.max(1) as f64;
-                let mut outputs = std::mem::take(&mut self.outputs);
-                for o in outputs.drain(..) {
-                    self.token_steps += o.tokens as u64;
-                    let share = report.duration_ns as f64 * o.tokens as f64 / total;
-                    match o.outcome {
-                        Outcome::Discarded => self.gpu_ns_discarded += share,
-                        Outcome::Padding => self.gpu_ns_padding += share,
-                        Outcome::Prefill => self.reqs[o.tag as usize].gpu_ns += share,
-                        Outcome::Token { index, last } => {
-                            self.reqs[o.tag as usize].gpu_ns += share;
-                            self.on_token(o.tag, index, last)?;
-                        }
-                    }
-                }
-                self.outputs = outputs;
-                let mut released = std::mem::take(&mut self.released);
-                for rel in released.drain(..) {
-                    self.on_released(rel);
-                }
-                self.released = released;
-                self.request_pass(replica)?;
-            }
-            Event::SchedulePass { replica } => {
-                let r = replica as usize;
-                self.pass_pending[r] = false;
-                while let Some(d) = self.replicas[r].dispatch(now_ns) {
-                    self.kernel.schedule_at(
-                        d.end_ns,
-                        Class::Completion,
-                        Event::StepDone {
-                            replica,
-                            step: d.step,
-                        },
-                    )?;
-                }
-                let timer = self.replicas[r].timer_ns();
-                if let Some(at) = timer.filter(|_| timer != self.timer_at[r]) {
-                    self.timer_at[r] = Some(at.max(now_ns));
-                    self.kernel.schedule_at(
-                        at.max(now_ns),
-                        Class::Schedule,
-                        Event::BatcherTimer { replica },
-                    )?;
-                }
-            }
+            Event::StepDone { replica, step } => self.step_done(replica, step)?,
+            Event::SchedulePass { replica } => self.schedule_pass(replica)?,
             Event::BatcherTimer { replica } => {
-                // A stale timer (the batch formed earlier) costs one empty pass; a live one lets
-                // the batcher form its batch on timeout.
+                // A stale timer (the batch formed earlier) costs one empty pass.
                 let r = replica as usize;
                 if self.timer_at[r].is_some_and(|t| t <= now_ns) {
                     self.timer_at[r] = None;
@@ -657,40 +751,228 @@ impl<'s> World<'s> {
                 self.request_pass(replica)?;
             }
             Event::Deadline { request, tag } => {
-                let q = &self.reqs[tag as usize];
-                if q.live && q.id == request && !q.done {
+                if self.live(request, tag) && !self.is_done(tag) {
                     self.events.deadlines_missed += 1;
+                    self.intent(tag, Cause::Deadline)?;
                 }
             }
             Event::Disconnect { request, tag } => {
-                let q = &self.reqs[tag as usize];
-                if q.live && q.id == request && !q.done {
+                if self.live(request, tag) && !self.is_done(tag) {
                     self.events.disconnects += 1;
+                    self.intent(tag, Cause::Disconnect)?;
+                }
+            }
+            Event::Intent { request, tag } => {
+                if self.live(request, tag) {
+                    self.reqs[tag as usize].intent_pending = false;
+                    self.intent(tag, Cause::Storm)?;
+                    self.try_finalize(tag)?;
+                }
+            }
+            Event::CancelSubmit {
+                request,
+                tag,
+                attempt,
+            } => self.cancel_submit(request, tag, attempt)?,
+            Event::CancelDeliver {
+                request,
+                replica,
+                scope,
+                attempt,
+            } => {
+                let p = self.scenario.backend.abort_fault_probability;
+                let fault = (p > 0.0
+                    && Stream::keyed(self.seed, Purpose::AbortFault, request, attempt as u64 + 1)
+                        .uniform_open01()
+                        < p)
+                    .then(|| radius(self.scenario.backend.abort_fault_radius));
+                self.replicas[replica as usize].abort(Abort { scope, fault });
+                self.request_pass(replica)?;
+            }
+            Event::CancelTimeout {
+                request,
+                tag,
+                attempt,
+            } => {
+                if !self.live(request, tag) {
+                    return Ok(());
+                }
+                let q = &self.reqs[tag as usize];
+                if q.acked || q.exhausted || q.fallback || q.attempts != attempt + 1 {
+                    return Ok(());
+                }
+                if (q.attempts as u32) < self.scenario.adapter.max_attempts {
+                    self.kernel.schedule_in(
+                        0,
+                        Class::Control,
+                        Event::CancelSubmit {
+                            request,
+                            tag,
+                            attempt: attempt + 1,
+                        },
+                    )?;
+                } else {
+                    self.reqs[tag as usize].exhausted = true;
+                    self.rpc.budget_exhausted += 1;
+                    if matches!(self.policy(), Some(Policy::PerRequestWithFallback { .. })) {
+                        self.reqs[tag as usize].fallback = true;
+                        self.rpc.fallbacks += 1;
+                    }
+                    self.try_finalize(tag)?;
+                }
+            }
+            Event::CancelAck { request, tag } => {
+                if !self.live(request, tag) {
+                    self.rpc.late_callbacks += 1;
+                    return Ok(());
+                }
+                let q = &mut self.reqs[tag as usize];
+                if q.exhausted || q.fallback {
+                    // After the retry budget: late evidence, never reopening anything.
+                    self.rpc.late_callbacks += 1;
+                } else if !q.acked {
+                    q.acked = true;
+                    self.rpc.acks += 1;
+                    self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
+                }
+                self.try_finalize(tag)?;
+            }
+            Event::Fallback { request, tag } => {
+                if self.live(request, tag) {
+                    let q = &mut self.reqs[tag as usize];
+                    if q.observed_ns == NONE && !q.acked && !q.fallback {
+                        q.fallback = true;
+                        self.rpc.fallbacks += 1;
+                        self.try_finalize(tag)?;
+                    }
+                }
+            }
+            Event::ChunkAdmit {
+                request,
+                tag,
+                born_ns,
+                epoch,
+                retry,
+            } => {
+                if self.live(request, tag) {
+                    let q = &self.reqs[tag as usize];
+                    let ticket = Ticket {
+                        request,
+                        generation: q.generation as i128,
+                        born: born_ns as f64,
+                        max_age: self.scenario.playback.max_age_ms * 1e6,
+                        barrier: q.owner + 1,
+                        epoch,
+                    };
+                    self.admit_chunk(tag, ticket, retry)?;
+                }
+            }
+            Event::BarrierAck { owner, epoch } => {
+                if self.owners.barrier_state(owner + 1).0 == epoch {
+                    self.owners.set_clear_on(owner + 1, true);
                 }
             }
         }
         Ok(())
     }
 
-    /// A request arrives: record it, route it, enqueue it.
-    fn admit(&mut self, a: Arrival, conv: Option<(u64, u32)>) -> Result<(), RunError> {
+    fn is_done(&self, tag: u32) -> bool {
+        let q = &self.reqs[tag as usize];
+        self.owners.state(&q.id).is_none_or(State::is_terminal) || q.tokens == q.output
+    }
+
+    /// A request arrives: start it in the controller, maybe plan its cancel, route and enqueue it.
+    fn arrive(&mut self, a: Arrival, conv: Option<(u64, u32)>) -> Result<(), RunError> {
         let now_ns = self.kernel.now_ns();
         self.workload_hasher.update(&a.id.to_le_bytes());
         self.workload_hasher.update(&a.time_ns.to_le_bytes());
         self.workload_hasher.update(&a.prompt_tokens.to_le_bytes());
         self.workload_hasher.update(&a.output_tokens.to_le_bytes());
         self.counts.scheduled += 1;
+        let (owner, generation) = match conv {
+            Some((c, g)) => (c, g),
+            None => (a.id, 0),
+        };
+        let adapter = &self.scenario.adapter;
+        let runtime_id = match adapter.identity {
+            IdentityMode::ServerGenerated => a.id.wrapping_add(1),
+            IdentityMode::ClientReused { pool } => a.id % pool + 1,
+        };
+        let handle = Handle {
+            runtime_id,
+            stream: if adapter.streams == 0 {
+                owner
+            } else {
+                owner % adapter.streams
+            },
+            sequence: owner,
+        };
         let replica = self.route();
+        let plan = match (&self.scenario.cancellation, self.policy()) {
+            (Some(c), Some(_)) => {
+                let mut s = Stream::new(self.seed, Purpose::CancelPlan, a.id);
+                let hit = s.uniform_open01() < c.fraction;
+                let pick = s.below(6);
+                let delay = ms_to_ns(c.delay_ms.sample(&mut s));
+                hit.then(|| {
+                    let stage = match c.stage {
+                        Stage::Random => [
+                            Stage::BeforeAdmission,
+                            Stage::Queued,
+                            Stage::Prefill,
+                            Stage::Decode,
+                            Stage::AfterFinalOutput,
+                            Stage::AfterCompletion,
+                        ][pick as usize],
+                        s => s,
+                    };
+                    (stage, delay)
+                })
+            }
+            _ => None,
+        };
+        if plan.is_some() {
+            self.events.storm_targets += 1;
+        }
         let req = Req {
             id: a.id,
+            live: true,
             arrival_ns: now_ns,
             output: a.output_tokens,
-            first_token_ns: 0,
-            tokens: 0,
-            done: false,
+            replica,
+            owner,
+            generation,
+            handle,
             conv,
+            enqueued: false,
+            started: false,
+            engine_released: false,
+            rejected: false,
+            first_token_ns: 0,
+            last_token_ns: 0,
+            tokens: 0,
             gpu_ns: 0.0,
-            live: true,
+            chunk_fill: 0,
+            chunks_made: 0,
+            chunks_queued: 0,
+            chunk_in_flight: false,
+            chunks_admitted: 0,
+            first_corrupt_chunk: u32::MAX,
+            digest: DIGEST_SEED,
+            corrupted_seen: false,
+            plan,
+            intent_pending: false,
+            intent_ns: NONE,
+            attempts: 0,
+            acked: false,
+            exhausted: false,
+            fallback: false,
+            observed_ns: NONE,
+            collateral: false,
+            sibling: false,
+            evidence_ns: [NONE; 6],
+            leak_pre_ns: 0.0,
+            leak_post_ns: 0.0,
         };
         let tag = match self.free_tags.pop() {
             Some(t) => {
@@ -702,9 +984,32 @@ impl<'s> World<'s> {
                 (self.reqs.len() - 1) as u32
             }
         };
+        if let Some((c, _)) = conv {
+            if let Some(cv) = self.convs.get_mut(&c) {
+                cv.members.push((a.id, tag));
+            }
+        }
+        self.integrate(now_ns);
+        self.in_system += 1;
+        if self.owners.start(a.id, generation as u64).is_err() {
+            return Err(self.violation(vec![a.id], "a request identity was reused"));
+        }
+        match plan {
+            Some((Stage::BeforeAdmission, _)) => {
+                // Cancelled before it reaches a replica: nothing to clean up on a backend.
+                self.intent(tag, Cause::Storm)?;
+                if let Some((c, g)) = conv {
+                    self.turn_request_done(c, g)?;
+                }
+                return self.try_finalize(tag);
+            }
+            Some((Stage::AfterArrival, delay)) => self.plan_intent(tag, delay)?,
+            _ => {}
+        }
         let new = NewRequest {
             id: a.id,
             tag,
+            handle,
             prompt_tokens: a.prompt_tokens,
             output_tokens: a.output_tokens,
         };
@@ -712,27 +1017,210 @@ impl<'s> World<'s> {
             .enqueue(now_ns, new)
             .is_err()
         {
-            self.counts.rejected += 1;
-            self.reqs[tag as usize].live = false;
-            self.free_tags.push(tag);
+            let q = &mut self.reqs[tag as usize];
+            q.rejected = true;
+            q.engine_released = true;
+            self.owners
+                .finish(&a.id, Disposition::Cancelled)
+                .map_err(|e| self.violation(vec![a.id], e.to_string()))?;
             if let Some((c, g)) = conv {
                 self.turn_request_done(c, g)?;
             }
-            return Ok(());
+            return self.try_finalize(tag);
         }
+        self.reqs[tag as usize].enqueued = true;
         self.counts.admitted += 1;
-        self.integrate(now_ns);
-        self.in_system += 1;
-        let (deadline, disconnect) = workload::timing(&self.scenario.workload, self.seed, a.id);
-        if let Some(d) = deadline {
-            self.kernel
-                .schedule_in(d, Class::Control, Event::Deadline { request: a.id, tag })?;
+        if let Some(p) = self.policy() {
+            let _ = p;
+            let (deadline, disconnect) = workload::timing(&self.scenario.workload, self.seed, a.id);
+            if let Some(d) = deadline {
+                self.kernel.schedule_in(
+                    d,
+                    Class::Control,
+                    Event::Deadline { request: a.id, tag },
+                )?;
+            }
+            if let Some(d) = disconnect {
+                self.kernel.schedule_in(
+                    d,
+                    Class::Control,
+                    Event::Disconnect { request: a.id, tag },
+                )?;
+            }
         }
-        if let Some(d) = disconnect {
-            self.kernel
-                .schedule_in(d, Class::Control, Event::Disconnect { request: a.id, tag })?;
+        if let Some((Stage::Queued, delay)) = plan {
+            self.plan_intent(tag, delay)?;
         }
         self.request_pass(replica)
+    }
+
+    /// Schedule a storm target's intent `delay_ns` from now.
+    fn plan_intent(&mut self, tag: u32, delay_ns: u64) -> Result<(), RunError> {
+        let q = &mut self.reqs[tag as usize];
+        if q.intent_pending || q.intent_ns != NONE {
+            return Ok(());
+        }
+        q.intent_pending = true;
+        let id = q.id;
+        self.kernel
+            .schedule_in(delay_ns, Class::Control, Event::Intent { request: id, tag })?;
+        Ok(())
+    }
+
+    /// If the request's storm stage is `stage`, its intent is planned now.
+    fn stage_reached(&mut self, tag: u32, stage: Stage) -> Result<(), RunError> {
+        if let Some((s, delay)) = self.reqs[tag as usize].plan {
+            if s == stage {
+                self.plan_intent(tag, delay)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A cancel intent: the controller makes the request terminal at once (local invalidation);
+    /// then the adapter acts by policy.
+    fn intent(&mut self, tag: u32, cause: Cause) -> Result<(), RunError> {
+        let now_ns = self.kernel.now_ns();
+        let q = &self.reqs[tag as usize];
+        if q.intent_ns != NONE {
+            return Ok(()); // one intent per request: the first
+        }
+        let id = q.id;
+        self.reqs[tag as usize].intent_ns = now_ns;
+        self.rpc.intents += 1;
+        self.evidence(tag, EvidenceLevel::Intent, ClockDomain::Local)?;
+        let disposition = match cause {
+            Cause::Deadline | Cause::Playback => Disposition::Expired,
+            Cause::Storm | Cause::Disconnect | Cause::Interruption => Disposition::Cancelled,
+        };
+        let before = self.owners.state(&id);
+        let after = self
+            .owners
+            .finish(&id, disposition)
+            .map_err(|e| self.violation(vec![id], e.to_string()))?;
+        if let (Some(b), Some(a)) = (before, after) {
+            if b.is_terminal() && a != b {
+                return Err(self.violation(vec![id], "a terminal disposition changed"));
+            }
+        }
+        // The sink expires a request itself (the controller did it in admit_end): that is this
+        // intent's local invalidation too.
+        let invalidated_now = before == Some(State::Running) || cause == Cause::Playback;
+        if invalidated_now && after.is_some_and(State::is_terminal) {
+            self.evidence(tag, EvidenceLevel::LocalInvalidation, ClockDomain::Local)?;
+        }
+        let q = &self.reqs[tag as usize];
+        let (enqueued, released, replica) = (q.enqueued, q.engine_released, q.replica);
+        if enqueued && !released {
+            self.replicas[replica as usize].mark_intent(now_ns, tag);
+        }
+        let Some(policy) = self.policy() else {
+            return Ok(());
+        };
+        if !enqueued {
+            return Ok(()); // never reached a backend
+        }
+        match policy {
+            Policy::FinishAndDiscard => {}
+            Policy::PerRequest | Policy::GroupAbort(_) | Policy::PerRequestWithFallback { .. } => {
+                let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, id, 1 << 20);
+                let delay = ms_to_ns(self.scenario.adapter.submit_delay_ms.sample(&mut s));
+                self.kernel.schedule_in(
+                    delay,
+                    Class::Control,
+                    Event::CancelSubmit {
+                        request: id,
+                        tag,
+                        attempt: 0,
+                    },
+                )?;
+                if let Policy::PerRequestWithFallback { fallback_after_ms } = policy {
+                    self.kernel.schedule_in(
+                        ms_to_ns(*fallback_after_ms),
+                        Class::Control,
+                        Event::Fallback { request: id, tag },
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn cancel_submit(&mut self, request: u64, tag: u32, attempt: u8) -> Result<(), RunError> {
+        if !self.live(request, tag) {
+            return Ok(());
+        }
+        let q = &self.reqs[tag as usize];
+        if q.acked || q.exhausted || q.fallback {
+            return Ok(());
+        }
+        let policy = self.policy().expect("cancels only in policy runs");
+        if attempt == 0 {
+            self.evidence(tag, EvidenceLevel::CancelSubmission, ClockDomain::Local)?;
+            if matches!(policy, Policy::PerRequestWithFallback { .. })
+                && self.scenario.backend.checkpoint == CheckpointConfig::Never
+            {
+                // The backend cannot observe: fall back to finish-and-discard, and never touch
+                // the abort path.
+                self.reqs[tag as usize].fallback = true;
+                self.rpc.fallbacks += 1;
+                return self.try_finalize(tag);
+            }
+        }
+        let q = &self.reqs[tag as usize];
+        let scope = match policy {
+            Policy::GroupAbort(GroupScope::Stream) => Scope::Stream(q.handle.stream),
+            Policy::GroupAbort(GroupScope::Sequence) => Scope::Sequence(q.handle.sequence),
+            Policy::GroupAbort(GroupScope::Prefix) => Scope::Prefix(q.handle.runtime_id),
+            Policy::GroupAbort(GroupScope::Engine) => Scope::Engine,
+            _ => Scope::Request(q.handle.runtime_id),
+        };
+        let replica = q.replica;
+        self.reqs[tag as usize].attempts = attempt + 1;
+        self.rpc.attempts += 1;
+        let a = &self.scenario.adapter;
+        let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, request, attempt as u64 + 1);
+        let lost = s.uniform_open01() < a.loss;
+        let latency = ms_to_ns(a.rpc_latency_ms.sample(&mut s));
+        let dup = s.uniform_open01() < a.duplicate;
+        let dup_latency = ms_to_ns(a.rpc_latency_ms.sample(&mut s));
+        if lost {
+            self.rpc.lost += 1;
+        } else {
+            self.kernel.schedule_in(
+                latency,
+                Class::Control,
+                Event::CancelDeliver {
+                    request,
+                    replica,
+                    scope,
+                    attempt,
+                },
+            )?;
+            if dup {
+                self.rpc.duplicates += 1;
+                self.kernel.schedule_in(
+                    dup_latency,
+                    Class::Control,
+                    Event::CancelDeliver {
+                        request,
+                        replica,
+                        scope,
+                        attempt,
+                    },
+                )?;
+            }
+        }
+        self.kernel.schedule_in(
+            ms_to_ns(a.timeout_ms),
+            Class::Control,
+            Event::CancelTimeout {
+                request,
+                tag,
+                attempt,
+            },
+        )?;
+        Ok(())
     }
 
     fn route(&mut self) -> u32 {
@@ -758,28 +1246,93 @@ impl<'s> World<'s> {
         Ok(())
     }
 
-    fn on_token(&mut self, tag: u32, index: u32, last: bool) -> Result<(), RunError> {
+    fn schedule_pass(&mut self, replica: u32) -> Result<(), RunError> {
         let now_ns = self.kernel.now_ns();
-        let q = &mut self.reqs[tag as usize];
-        debug_assert!(q.live && !q.done);
-        debug_assert_eq!(index, q.tokens + 1);
-        q.tokens = index;
-        if index == 1 {
-            q.first_token_ns = now_ns;
-            self.ttft.record(now_ns - q.arrival_ns);
+        let r = replica as usize;
+        self.pass_pending[r] = false;
+        let report = self.replicas[r].checkpoint(now_ns, &mut self.observed, &mut self.released);
+        self.rpc.unknown_aborts += report.unknown as u64;
+        self.rpc.faults += report.faults as u64;
+        let observed = std::mem::take(&mut self.observed);
+        for o in &observed {
+            self.on_observed(*o)?;
         }
-        if last {
-            debug_assert_eq!(index, q.output);
-            q.done = true;
-            let (arrival, first, output, conv) = (q.arrival_ns, q.first_token_ns, q.output, q.conv);
-            self.e2e.record(now_ns - arrival);
-            if output > 1 {
-                self.tpot.record((now_ns - first) / (output as u64 - 1));
+        self.observed = observed;
+        self.observed.clear();
+        self.drain_released()?;
+        while let Some(d) = self.replicas[r].dispatch(now_ns) {
+            self.kernel.schedule_at(
+                d.end_ns,
+                Class::Completion,
+                Event::StepDone {
+                    replica,
+                    step: d.step,
+                },
+            )?;
+        }
+        let mut started = std::mem::take(&mut self.started);
+        self.replicas[r].take_started(&mut started);
+        for tag in started.drain(..) {
+            if !self.reqs[tag as usize].started {
+                self.reqs[tag as usize].started = true;
+                self.counts.started += 1;
+                self.stage_reached(tag, Stage::Prefill)?;
             }
-            self.counts.completed += 1;
-            self.integrate(now_ns);
-            self.in_system -= 1;
-            self.last_completion_ns = now_ns;
+        }
+        self.started = started;
+        let timer = self.replicas[r].timer_ns();
+        if let Some(at) = timer.filter(|_| timer != self.timer_at[r]) {
+            self.timer_at[r] = Some(at.max(now_ns));
+            self.kernel.schedule_at(
+                at.max(now_ns),
+                Class::Schedule,
+                Event::BatcherTimer { replica },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The backend removed a request at a checkpoint.
+    fn on_observed(&mut self, o: Observed) -> Result<(), RunError> {
+        let now_ns = self.kernel.now_ns();
+        if !self.live(o.id, o.tag) {
+            return Ok(());
+        }
+        self.reqs[o.tag as usize].observed_ns = now_ns;
+        self.evidence(
+            o.tag,
+            EvidenceLevel::BackendObservation,
+            ClockDomain::Backend,
+        )?;
+        let (has_intent, conv) = (
+            self.reqs[o.tag as usize].intent_ns != NONE,
+            self.reqs[o.tag as usize].conv,
+        );
+        if has_intent {
+            let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, o.id, 1 << 21);
+            let latency = ms_to_ns(self.scenario.adapter.rpc_latency_ms.sample(&mut s));
+            self.kernel.schedule_in(
+                latency,
+                Class::Control,
+                Event::CancelAck {
+                    request: o.id,
+                    tag: o.tag,
+                },
+            )?;
+        } else {
+            // Terminated by the backend without an intent of its own: a group scope, a fault, or a
+            // reused id. The adapter sees the request fail.
+            self.reqs[o.tag as usize].collateral = true;
+            self.reqs[o.tag as usize].sibling = true;
+            self.rpc.collateral_kills += 1;
+            let before = self.owners.state(&o.id);
+            let after = self
+                .owners
+                .finish(&o.id, Disposition::Cancelled)
+                .map_err(|e| self.violation(vec![o.id], e.to_string()))?;
+            if before.is_some_and(State::is_terminal) && after != before {
+                return Err(self.violation(vec![o.id], "a terminal disposition changed"));
+            }
             if let Some((c, g)) = conv {
                 self.turn_request_done(c, g)?;
             }
@@ -787,22 +1340,450 @@ impl<'s> World<'s> {
         Ok(())
     }
 
-    fn on_released(&mut self, rel: Released) {
-        let q = &mut self.reqs[rel.tag as usize];
-        debug_assert!(q.live && q.id == rel.id && q.done);
-        self.kv_block_ns += rel.kv_block_ns;
-        self.gpu_ns_completed += q.gpu_ns;
-        q.live = false;
-        self.free_tags.push(rel.tag);
+    fn drain_released(&mut self) -> Result<(), RunError> {
+        let mut released = std::mem::take(&mut self.released);
+        for rel in released.drain(..) {
+            self.on_released(rel)?;
+        }
+        self.released = released;
+        Ok(())
     }
 
-    /// A request of generation `g` of conversation `c` is done (or refused).
+    fn step_done(&mut self, replica: u32, step: u64) -> Result<(), RunError> {
+        let now_ns = self.kernel.now_ns();
+        let r = replica as usize;
+        let report =
+            self.replicas[r].step_done(now_ns, step, &mut self.outputs, &mut self.released);
+        let total = report.tokens.max(1) as f64;
+        let start_ns = now_ns - report.duration_ns;
+        let mut outputs = std::mem::take(&mut self.outputs);
+        // A step that carried a request with an intent makes siblings of everyone else in it.
+        let has_target = outputs
+            .iter()
+            .any(|o| self.reqs[o.tag as usize].intent_ns != NONE);
+        for o in outputs.drain(..) {
+            self.token_steps += o.tokens as u64;
+            let share = report.duration_ns as f64 * o.tokens as f64 / total;
+            let q = &mut self.reqs[o.tag as usize];
+            if q.intent_ns == NONE {
+                if has_target {
+                    q.sibling = true;
+                }
+            } else if now_ns > q.intent_ns && report.duration_ns > 0 {
+                // GPU work after the intent: the part of this step that ran after it.
+                let after = now_ns - q.intent_ns.max(start_ns);
+                let leak = share * after as f64 / report.duration_ns as f64;
+                self.leaked.token_steps += o.tokens as u64;
+                if q.observed_ns == NONE {
+                    q.leak_pre_ns += leak;
+                } else {
+                    q.leak_post_ns += leak;
+                }
+            }
+            match o.outcome {
+                Outcome::Discarded => self.gpu_ns_discarded += share,
+                Outcome::Padding => self.gpu_ns_padding += share,
+                Outcome::Prefill => q.gpu_ns += share,
+                Outcome::Token { index, last } => {
+                    q.gpu_ns += share;
+                    self.on_token(o.tag, index, last, o.corrupted)?;
+                }
+            }
+        }
+        self.outputs = outputs;
+        self.drain_released()?;
+        self.request_pass(replica)
+    }
+
+    fn on_token(
+        &mut self,
+        tag: u32,
+        index: u32,
+        last: bool,
+        corrupted: bool,
+    ) -> Result<(), RunError> {
+        let now_ns = self.kernel.now_ns();
+        let q = &mut self.reqs[tag as usize];
+        debug_assert_eq!(index, q.tokens + 1);
+        q.tokens = index;
+        if index == 1 {
+            q.first_token_ns = now_ns;
+        }
+        if corrupted && q.first_corrupt_chunk == u32::MAX {
+            q.first_corrupt_chunk = q.chunks_made;
+        }
+        let id = q.id;
+        if index == 1 {
+            self.stage_reached(tag, Stage::Decode)?;
+        }
+        if last {
+            let q = &mut self.reqs[tag as usize];
+            q.last_token_ns = now_ns;
+            self.last_completion_ns = now_ns;
+            if q.intent_ns != NONE && q.evidence_ns[EvidenceLevel::FinalCallback as usize] == NONE {
+                self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
+            }
+            self.stage_reached(tag, Stage::AfterFinalOutput)?;
+        }
+        // Every output passes the controller: after the terminal transition it is a late output,
+        // discarded here and never chunked.
+        if self.owners.state(&id).is_some_and(State::is_terminal) {
+            self.late_output_discards += 1;
+            return Ok(());
+        }
+        let q = &mut self.reqs[tag as usize];
+        q.chunk_fill += 1;
+        if q.chunk_fill == self.scenario.playback.chunk_tokens || last {
+            q.chunk_fill = 0;
+            q.chunks_made += 1;
+            q.chunks_queued += 1;
+            self.playback.chunks += 1;
+            if !q.chunk_in_flight {
+                self.hold_next_chunk(tag)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The sink takes the request's next chunk: its output evidence goes to the controller, and
+    /// its admission begins (two-phase: the writer wait comes between).
+    fn hold_next_chunk(&mut self, tag: u32) -> Result<(), RunError> {
+        let now_ns = self.kernel.now_ns();
+        let q = &mut self.reqs[tag as usize];
+        debug_assert!(!q.chunk_in_flight && q.chunks_queued > 0);
+        let chunk = q.chunks_admitted;
+        let is_final = q.tokens == q.output && chunk + 1 == q.chunks_made;
+        q.chunks_queued -= 1;
+        q.chunk_in_flight = true;
+        let (id, owner, generation) = (q.id, q.owner, q.generation);
+        let payload = marker(id, chunk, chunk >= q.first_corrupt_chunk);
+        match self.owners.update(&id, chunk as u64, &payload, is_final) {
+            Ok(UpdateClass::Accepted) => {}
+            Ok(UpdateClass::Conflict) | Ok(UpdateClass::Late) => {
+                // Terminal since the chunk was made: it is suppressed.
+                self.playback.suppressed += 1;
+                return self.chunk_settled(tag);
+            }
+            Ok(c) => {
+                return Err(self.violation(vec![id], format!("chunk {chunk} classified {c:?}")))
+            }
+            Err(e) => return Err(self.violation(vec![id], e.to_string())),
+        }
+        let max_age = self.scenario.playback.max_age_ms * 1e6;
+        let ticket = self
+            .owners
+            .admit_begin_on(owner + 1, id, generation as i128, now_ns as f64, max_age)
+            .map_err(|e| self.violation(vec![id], e.to_string()))?;
+        if self.zero_writer_wait {
+            return self.admit_chunk(tag, ticket, 0);
+        }
+        let mut s = Stream::keyed(self.seed, Purpose::Playback, id, chunk as u64 + 1);
+        let wait = ms_to_ns(self.scenario.playback.writer_wait_ms.sample(&mut s));
+        self.kernel.schedule_in(
+            wait,
+            Class::Control,
+            Event::ChunkAdmit {
+                request: id,
+                tag,
+                born_ns: now_ns,
+                epoch: ticket.epoch,
+                retry: 0,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// After the wait: the post-wait admission check, against the state at this moment.
+    fn admit_chunk(&mut self, tag: u32, ticket: Ticket<u64>, retry: u8) -> Result<(), RunError> {
+        let now_ns = self.kernel.now_ns();
+        let id = ticket.request;
+        let result = self
+            .owners
+            .admit_end(&ticket, now_ns as f64)
+            .map_err(|e| self.violation(vec![id], e.to_string()))?;
+        match result {
+            Admission::Submitted(payload) => {
+                // Invariant 1: nothing is admitted after the first terminal transition. The
+                // controller guarantees it; the world checks it.
+                if self.owners.state(&id) != Some(State::Running) {
+                    self.late_outputs_admitted += 1;
+                    return Err(
+                        self.violation(vec![id], "output admitted after a terminal transition")
+                    );
+                }
+                self.playback.submitted += 1;
+                let q = &mut self.reqs[tag as usize];
+                let chunk = q.chunks_admitted;
+                // Property 3: the consumer checks, byte for byte, that this is its own marker.
+                let expect = marker(id, chunk, false);
+                if payload[..12] != expect[..12] {
+                    self.playback.routing_violations += 1;
+                }
+                if payload[12..16] != expect[12..16] && !q.corrupted_seen {
+                    q.corrupted_seen = true;
+                    self.playback.corrupted_requests += 1;
+                }
+                q.digest = fold_digest(q.digest, &payload);
+                q.chunks_admitted += 1;
+                let final_chunk = q.tokens == q.output
+                    && q.chunks_admitted == q.chunks_made
+                    && q.chunks_queued == 0;
+                q.chunk_in_flight = false;
+                if final_chunk {
+                    // The application's completion boundary: the last chunk was played.
+                    self.owners
+                        .finish(&id, Disposition::Completed)
+                        .map_err(|e| self.violation(vec![id], e.to_string()))?;
+                    if let Some((c, g)) = self.reqs[tag as usize].conv {
+                        self.turn_request_done(c, g)?;
+                    }
+                    self.stage_reached(tag, Stage::AfterCompletion)?;
+                }
+                self.chunk_next(tag)
+            }
+            Admission::Terminal(_) | Admission::Stale | Admission::Late | Admission::Empty => {
+                self.playback.suppressed += 1;
+                self.chunk_settled(tag)
+            }
+            Admission::Expired => {
+                self.playback.expired += 1;
+                self.intent(tag, Cause::Playback)?;
+                self.chunk_settled(tag)
+            }
+            Admission::Blocked => {
+                self.playback.blocked += 1;
+                if (retry as u32) < self.scenario.playback.admit_retries {
+                    // Wait for the current barrier, then check again (a bounded retry).
+                    let ticket = self
+                        .owners
+                        .admit_begin_on(
+                            ticket.barrier,
+                            id,
+                            ticket.generation,
+                            ticket.born,
+                            ticket.max_age,
+                        )
+                        .map_err(|e| self.violation(vec![id], e.to_string()))?;
+                    let mut s = Stream::keyed(
+                        self.seed,
+                        Purpose::Playback,
+                        id ^ (1 << 63),
+                        retry as u64 + 1,
+                    );
+                    let wait = ms_to_ns(self.scenario.playback.clear_ack_ms.sample(&mut s)).max(1);
+                    self.kernel.schedule_in(
+                        wait,
+                        Class::Control,
+                        Event::ChunkAdmit {
+                            request: id,
+                            tag,
+                            born_ns: ticket.born as u64,
+                            epoch: ticket.epoch,
+                            retry: retry + 1,
+                        },
+                    )?;
+                    Ok(())
+                } else {
+                    self.playback.gave_up += 1;
+                    self.intent(tag, Cause::Playback)?;
+                    self.chunk_settled(tag)
+                }
+            }
+        }
+    }
+
+    /// The chunk in flight is done with; the request is terminal, so the rest is suppressed.
+    fn chunk_settled(&mut self, tag: u32) -> Result<(), RunError> {
+        let q = &mut self.reqs[tag as usize];
+        q.chunk_in_flight = false;
+        self.playback.suppressed += q.chunks_queued as u64;
+        q.chunks_admitted += q.chunks_queued;
+        q.chunks_queued = 0;
+        self.try_finalize(tag)
+    }
+
+    fn chunk_next(&mut self, tag: u32) -> Result<(), RunError> {
+        if self.reqs[tag as usize].chunks_queued > 0 {
+            self.hold_next_chunk(tag)
+        } else {
+            self.try_finalize(tag)
+        }
+    }
+
+    fn on_released(&mut self, rel: Released) -> Result<(), RunError> {
+        if !self.live(rel.id, rel.tag) {
+            return Err(self.violation(vec![rel.id], "release of a request that is not here"));
+        }
+        self.kv_block_ns += rel.kv_block_ns;
+        self.kv_block_ns_retained += rel.kv_block_ns_marked;
+        self.reqs[rel.tag as usize].engine_released = true;
+        if self.reqs[rel.tag as usize].intent_ns != NONE {
+            self.evidence(
+                rel.tag,
+                EvidenceLevel::ResourceRelease,
+                ClockDomain::Backend,
+            )?;
+        }
+        self.try_finalize(rel.tag)
+    }
+
+    /// Record one evidence level: in the request's own timeline (virtual ns, for latencies) and
+    /// in the controller's ledger (with its clock domain), which refuses out-of-order evidence.
+    fn evidence(
+        &mut self,
+        tag: u32,
+        level: EvidenceLevel,
+        domain: ClockDomain,
+    ) -> Result<(), RunError> {
+        let now_ns = self.kernel.now_ns();
+        let q = &mut self.reqs[tag as usize];
+        if q.evidence_ns[level as usize] != NONE {
+            return Ok(());
+        }
+        q.evidence_ns[level as usize] = now_ns;
+        let id = q.id;
+        let ns = if domain == ClockDomain::Backend {
+            now_ns + self.clock_offset_ns
+        } else {
+            now_ns
+        };
+        match self
+            .owners
+            .record_evidence(&id, level, Timestamp { domain, ns })
+        {
+            Ok(()) => Ok(()),
+            // An evicted tombstone has no ledger any more: the timeline above still has it.
+            Err(cancelsim_models::ownership::OwnershipError::UnknownRequest)
+                if self.owners.is_evicted(&id) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(self.violation(vec![id], format!("evidence: {e}"))),
+        }
+    }
+
+    /// Leave the system once nothing more can happen to the request.
+    fn try_finalize(&mut self, tag: u32) -> Result<(), RunError> {
+        let q = &self.reqs[tag as usize];
+        if !q.live {
+            return Ok(());
+        }
+        let state = self.owners.state(&q.id);
+        let terminal = state.is_none_or(State::is_terminal);
+        let engine_done = q.engine_released || !q.enqueued;
+        let cancel_settled = q.intent_ns == NONE
+            || !q.enqueued
+            || matches!(self.policy(), Some(Policy::FinishAndDiscard) | None)
+            || q.acked
+            || q.exhausted
+            || q.fallback;
+        if !terminal
+            || !engine_done
+            || q.chunk_in_flight
+            || q.chunks_queued > 0
+            || q.intent_pending
+            || !cancel_settled
+        {
+            return Ok(());
+        }
+        let now_ns = self.kernel.now_ns();
+        let q = self.reqs[tag as usize].clone();
+        let state = state.unwrap_or(State::Cancelled);
+        // Dispositions with their denominators.
+        if q.rejected {
+            self.counts.rejected += 1;
+        } else {
+            match state {
+                State::Completed => self.counts.completed += 1,
+                State::Cancelled => self.counts.cancelled += 1,
+                State::Expired => self.counts.expired += 1,
+                State::Running => unreachable!("finalized while running"),
+            }
+        }
+        if state == State::Completed && !q.rejected {
+            self.ttft.record(q.first_token_ns - q.arrival_ns);
+            self.e2e.record(q.last_token_ns - q.arrival_ns);
+            if q.output > 1 {
+                self.tpot
+                    .record((q.last_token_ns - q.first_token_ns) / (q.output as u64 - 1));
+            }
+        }
+        self.gpu_ns_requests += q.gpu_ns;
+        if q.intent_ns != NONE {
+            if q.enqueued && q.observed_ns == NONE && state != State::Completed {
+                self.counts.cleanup_pending += 1;
+            }
+            for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
+                let at = q.evidence_ns[*level as usize];
+                if at == NONE {
+                    self.cleanup_unknown[i] += 1;
+                } else {
+                    self.cleanup[i].record(at - q.intent_ns);
+                }
+            }
+            let fd = matches!(self.policy(), Some(Policy::FinishAndDiscard));
+            let c = &mut self.leaked.by_cause;
+            if fd {
+                c.finish_and_discard += q.leak_pre_ns + q.leak_post_ns;
+            } else if q.fallback && q.observed_ns == NONE {
+                c.finish_and_discard += q.leak_pre_ns;
+                c.in_flight_window += q.leak_post_ns;
+            } else if q.observed_ns != NONE {
+                c.checkpoint_delay += q.leak_pre_ns;
+                c.in_flight_window += q.leak_post_ns;
+            } else {
+                c.unobserved_or_lost += q.leak_pre_ns + q.leak_post_ns;
+            }
+            self.leaked.gpu_s += q.leak_pre_ns + q.leak_post_ns;
+        }
+        match self.mode {
+            Mode::Counterfactual => {
+                if let Some(table) = self.cf_out.as_deref_mut() {
+                    table.insert(
+                        q.id,
+                        CfRecord {
+                            state,
+                            digest: q.digest,
+                            ttft_ns: q.first_token_ns.saturating_sub(q.arrival_ns),
+                            e2e_ns: q.last_token_ns.saturating_sub(q.arrival_ns),
+                        },
+                    );
+                }
+            }
+            Mode::Policy(_, cf) => {
+                if q.intent_ns == NONE && q.sibling {
+                    self.siblings += 1;
+                    if let Some(base) = cf.get(q.id) {
+                        if base.state == state && base.digest == q.digest {
+                            self.survived += 1;
+                        }
+                        if base.state == State::Completed && state == State::Completed {
+                            self.ttft_deltas.push(
+                                (q.first_token_ns - q.arrival_ns) as i64 - base.ttft_ns as i64,
+                            );
+                            self.e2e_deltas
+                                .push((q.last_token_ns - q.arrival_ns) as i64 - base.e2e_ns as i64);
+                        }
+                    }
+                }
+            }
+        }
+        self.integrate(now_ns);
+        self.in_system -= 1;
+        self.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
+        self.sojourn_count += 1;
+        self.reqs[tag as usize].live = false;
+        self.free_tags.push(tag);
+        Ok(())
+    }
+
+    /// A request of generation `g` of conversation `c` is done (or refused, or gone).
     fn turn_request_done(&mut self, c: u64, g: u32) -> Result<(), RunError> {
         let Some(conv) = self.convs.get_mut(&c) else {
             return Ok(());
         };
         if conv.turn != g || conv.outstanding == 0 {
-            return Ok(()); // a superseded generation: its completion no longer drives the turn
+            return Ok(()); // a superseded generation no longer drives the turn
         }
         conv.outstanding -= 1;
         if conv.outstanding == 0 {
@@ -817,6 +1798,7 @@ impl<'s> World<'s> {
         conv.turn += 1;
         if conv.turn >= conv.turns {
             self.convs.remove(&c);
+            self.owners.drop_barrier(c + 1);
             return Ok(());
         }
         self.kernel
@@ -829,30 +1811,39 @@ impl<'s> World<'s> {
         self.last_change_ns = now_ns;
     }
 
-    fn finish(mut self) -> Summary {
+    fn finish(mut self) -> Result<Summary, RunError> {
         let end_ns = self.kernel.now_ns();
         self.integrate(end_ns);
-        // Conservation, checked on every run: everyone admitted completed and left, every replica
-        // drained, every block allocated was freed, every token sampled was delivered or
-        // discarded.
-        assert_eq!(self.in_system, 0, "requests left in the system");
-        assert_eq!(self.counts.completed, self.counts.admitted);
-        assert_eq!(
-            self.counts.admitted + self.counts.rejected,
-            self.counts.scheduled
-        );
-        assert!(
-            self.reqs.iter().all(|q| !q.live),
-            "a request was never released"
-        );
-        assert!(self.convs.is_empty(), "a conversation never ended");
+        // Conservation, checked on every run (invariant 5): everyone who arrived ended in exactly
+        // one disposition and left, every replica drained, every block allocated was freed, and
+        // every token generated was delivered or discarded.
+        let c = &self.counts;
+        let live: Vec<u64> = self
+            .reqs
+            .iter()
+            .filter(|q| q.live)
+            .map(|q| q.id)
+            .take(8)
+            .collect();
+        if !live.is_empty() || self.in_system != 0 {
+            return Err(self.violation(live, "requests never reached a terminal disposition"));
+        }
+        if c.completed + c.cancelled + c.expired + c.rejected != c.scheduled {
+            return Err(self.violation(
+                vec![],
+                "dispositions do not add up to the requests scheduled",
+            ));
+        }
+        if !self.convs.is_empty() {
+            return Err(self.violation(vec![], "a conversation never ended"));
+        }
         let mut stats = ReplicaStats::default();
         let (mut allocated, mut freed, mut peak) = (0, 0, 0);
         for r in &self.replicas {
-            assert!(r.is_idle(), "a replica did not drain");
             let kv = r.kv();
-            assert_eq!(kv.allocated_total(), kv.freed_total(), "KV blocks leaked");
-            assert_eq!(kv.in_use(), 0);
+            if !r.is_idle() || kv.allocated_total() != kv.freed_total() || kv.in_use() != 0 {
+                return Err(self.violation(vec![], "a replica did not drain, or KV blocks leaked"));
+            }
             allocated += kv.allocated_total();
             freed += kv.freed_total();
             peak = peak.max(kv.in_use_max());
@@ -863,11 +1854,13 @@ impl<'s> World<'s> {
             stats.tokens_delivered += s.tokens_delivered;
             stats.tokens_discarded += s.tokens_discarded;
             stats.padding_token_steps += s.padding_token_steps;
+            stats.admission_stalls += s.admission_stalls;
+            stats.marked_blocks_peak = stats.marked_blocks_peak.max(s.marked_blocks_peak);
         }
         let end_s = end_ns as f64 / NS_PER_S as f64;
         let n_replicas = self.replicas.len() as f64;
         let lambda_per_s = if end_s > 0.0 {
-            self.counts.admitted as f64 / end_s
+            self.sojourn_count as f64 / end_s
         } else {
             0.0
         };
@@ -876,15 +1869,69 @@ impl<'s> World<'s> {
         } else {
             0.0
         };
-        let mean_e2e_s = self.e2e.sum_ns as f64 / self.e2e.count.max(1) as f64 / NS_PER_S as f64;
-        let lw = lambda_per_s * mean_e2e_s;
+        let mean_sojourn_s =
+            self.sojourn_sum_ns as f64 / self.sojourn_count.max(1) as f64 / NS_PER_S as f64;
+        let lw = lambda_per_s * mean_sojourn_s;
         let makespan_s = self.last_completion_ns as f64 / NS_PER_S as f64;
-        Summary {
+        let mut cleanup = BTreeMap::new();
+        for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
+            let l = self.cleanup[i].summary();
+            cleanup.insert(
+                level.as_str().to_string(),
+                LevelLatencyMs {
+                    count: l.count,
+                    p50: l.p50,
+                    p99: l.p99,
+                    max: l.max,
+                    unknown: self.cleanup_unknown[i],
+                },
+            );
+        }
+        self.ttft_deltas.sort_unstable();
+        self.e2e_deltas.sort_unstable();
+        let ms = |ns: i64| ns as f64 / 1e6;
+        let leaked = LeakedWork {
+            token_steps: self.leaked.token_steps,
+            gpu_s: self.leaked.gpu_s / NS_PER_S as f64,
+            by_cause: LeakCauses {
+                in_flight_window: self.leaked.by_cause.in_flight_window / NS_PER_S as f64,
+                checkpoint_delay: self.leaked.by_cause.checkpoint_delay / NS_PER_S as f64,
+                unobserved_or_lost: self.leaked.by_cause.unobserved_or_lost / NS_PER_S as f64,
+                finish_and_discard: self.leaked.by_cause.finish_and_discard / NS_PER_S as f64,
+            },
+        };
+        Ok(Summary {
             scenario: self.scenario.name.clone(),
             scenario_hash: self.scenario.hash(),
             seed: self.seed,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            policy: self.policy_label.clone(),
             requests: self.counts.clone(),
+            leaked_work: leaked,
+            late_output_discards: self.late_output_discards,
+            late_outputs_admitted: self.late_outputs_admitted,
+            sibling_survival: SiblingSurvival {
+                siblings: self.siblings,
+                survived: self.survived,
+                rate: if self.siblings > 0 {
+                    self.survived as f64 / self.siblings as f64
+                } else {
+                    1.0
+                },
+            },
+            sibling_latency_delta_ms: LatencyDeltaMs {
+                ttft_p50: ms(quantile_sorted(&self.ttft_deltas, 0.5)),
+                ttft_p99: ms(quantile_sorted(&self.ttft_deltas, 0.99)),
+                e2e_p50: ms(quantile_sorted(&self.e2e_deltas, 0.5)),
+                e2e_p99: ms(quantile_sorted(&self.e2e_deltas, 0.99)),
+                pairs: self.e2e_deltas.len() as u64,
+            },
+            retained: Retained {
+                kv_block_s: self.kv_block_ns_retained as f64 / NS_PER_S as f64,
+                peak_blocks: stats.marked_blocks_peak,
+                admission_stalls: stats.admission_stalls,
+            },
+            cleanup_latency_ms: cleanup,
             ttft_ms: self.ttft.summary(),
             tpot_ms: self.tpot.summary(),
             e2e_ms: self.e2e.summary(),
@@ -907,10 +1954,10 @@ impl<'s> World<'s> {
                     0.0
                 },
                 token_steps: self.token_steps,
-                gpu_s_completed: self.gpu_ns_completed / NS_PER_S as f64,
+                gpu_s_requests: self.gpu_ns_requests / NS_PER_S as f64,
                 gpu_s_discarded: self.gpu_ns_discarded / NS_PER_S as f64,
                 gpu_s_padding: self.gpu_ns_padding / NS_PER_S as f64,
-                tokens_delivered: stats.tokens_delivered,
+                tokens_generated: stats.tokens_delivered,
                 tokens_discarded: stats.tokens_discarded,
                 padding_token_steps: stats.padding_token_steps,
                 preemptions: stats.preemptions,
@@ -922,10 +1969,12 @@ impl<'s> World<'s> {
                 freed_blocks: freed,
             },
             workload: self.events.clone(),
+            playback: self.playback.clone(),
+            cancel_rpc: self.rpc.clone(),
             littles_law: LittlesLaw {
                 lambda_per_s,
                 mean_in_system,
-                mean_e2e_s,
+                mean_e2e_s: mean_sojourn_s,
                 relative_gap: if mean_in_system > 0.0 {
                     (mean_in_system - lw).abs() / mean_in_system
                 } else {
@@ -936,11 +1985,49 @@ impl<'s> World<'s> {
             virtual_time_s: end_s,
             workload_hash: self.workload_hasher.finalize().to_hex().to_string(),
             run_hash: self.kernel.run_hash(),
-        }
+        })
     }
 }
 
-/// Run `scenario` with `seed`.
-pub fn run(scenario: &Scenario, seed: u64) -> Result<Summary, RunError> {
-    World::new(scenario, seed)?.run()
+/// The counterfactual and one run per policy, on one seed.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub scenario_hash: String,
+    pub seed: u64,
+    pub version: String,
+    pub counterfactual: Summary,
+    pub policies: Vec<Summary>,
+    /// BLAKE3 over the counterfactual's and every policy run's hash, in order.
+    pub run_hash: String,
+}
+
+/// Run the counterfactual, then every policy of the scenario, on `seed`.
+pub fn run(scenario: &Scenario, seed: u64) -> Result<Report, RunError> {
+    let mut table = CfTable::default();
+    let counterfactual =
+        World::new(scenario, seed, Mode::Counterfactual, Some(&mut table))?.run()?;
+    let mut policies = Vec::with_capacity(scenario.policies.len());
+    for p in &scenario.policies {
+        policies.push(World::new(scenario, seed, Mode::Policy(p, &table), None)?.run()?);
+    }
+    let mut h = blake3::Hasher::new();
+    h.update(counterfactual.run_hash.as_bytes());
+    for p in &policies {
+        h.update(p.run_hash.as_bytes());
+    }
+    Ok(Report {
+        scenario: scenario.name.clone(),
+        scenario_hash: scenario.hash(),
+        seed,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        counterfactual,
+        policies,
+        run_hash: h.finalize().to_hex().to_string(),
+    })
+}
+
+/// Run only the counterfactual (no cancel intents): the runtime alone.
+pub fn run_counterfactual(scenario: &Scenario, seed: u64) -> Result<Summary, RunError> {
+    World::new(scenario, seed, Mode::Counterfactual, None)?.run()
 }

@@ -4,18 +4,19 @@
 use std::path::Path;
 
 use cancelsim::dist::Dist;
+use cancelsim::metrics::Summary;
 use cancelsim::scenario::{Scenario, Source};
 use cancelsim::workload;
-use cancelsim::world::{self, Summary};
+use cancelsim::world;
 
 /// Load `scenarios/<name>.ron` (or parse inline RON), run it with `seed`, assert what every run
 /// must satisfy, and compare the run hash with `expect_hash` when one is given.
 fn check(source: &str, seed: Option<u64>, expect_hash: Option<&str>) -> Summary {
     let scenario = load(source);
     let seed = seed.unwrap_or(scenario.seed);
-    let s = world::run(&scenario, seed).unwrap();
+    let s = world::run_counterfactual(&scenario, seed).unwrap();
     // Conservation beyond what the run asserts itself: GPU time is fully attributed.
-    let attributed = s.gpu.gpu_s_completed + s.gpu.gpu_s_discarded + s.gpu.gpu_s_padding;
+    let attributed = s.gpu.gpu_s_requests + s.gpu.gpu_s_discarded + s.gpu.gpu_s_padding;
     assert!(
         (attributed - s.gpu.busy_s).abs() <= 1e-9 * s.gpu.busy_s.max(1.0),
         "GPU time not conserved: {attributed} attributed of {} busy",
@@ -36,7 +37,7 @@ fn check(source: &str, seed: Option<u64>, expect_hash: Option<&str>) -> Summary 
     );
     assert!(s.ttft_ms.mean <= s.e2e_ms.mean);
     // Determinism: the same scenario and seed give the same summary in the same process.
-    let again = world::run(&scenario, seed).unwrap();
+    let again = world::run_counterfactual(&scenario, seed).unwrap();
     assert_eq!(s, again);
     if let Some(expect) = expect_hash {
         assert_eq!(
@@ -148,17 +149,27 @@ fn same_seed_same_hash_different_seed_different_hash() {
     assert_ne!(a.workload_hash, c.workload_hash);
 }
 
+/// The hash users see: the report's, over the counterfactual and every policy run.
 #[test]
 fn golden_run_hashes() {
-    check("default", None, Some(GOLDEN_DEFAULT));
-    check("md1-rho08", None, Some(GOLDEN_MD1_RHO08));
-    check("trace-azure-conv", None, Some(GOLDEN_TRACE_AZURE_CONV));
+    for (name, golden) in [
+        ("default", GOLDEN_DEFAULT),
+        ("md1-rho08", GOLDEN_MD1_RHO08),
+        ("trace-azure-conv", GOLDEN_TRACE_AZURE_CONV),
+    ] {
+        let scenario = load(name);
+        let report = world::run(&scenario, scenario.seed).unwrap();
+        assert_eq!(
+            report.run_hash, golden,
+            "golden run hash of {name} changed; if the model change is deliberate, update it in a visible commit"
+        );
+    }
 }
 
-const GOLDEN_DEFAULT: &str = "ef9c3043b7cf37b4b915c4877b79cdf815086ba5a7948c82540c02795bdbc20e";
-const GOLDEN_MD1_RHO08: &str = "a547dc83ebf981df0c2d9c2ba8aff039d0796973f1ca427c8e514b0709c4e093";
+const GOLDEN_DEFAULT: &str = "5d2f087cc1be5df3e290756aa5e2cc9d2481c14865153f1e97df80fb499711c3";
+const GOLDEN_MD1_RHO08: &str = "829efb6b97d3f713daffe24a1f020f0176bed156e2db32d8b8f079e9a6317ac6";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "00926955275160d95011a277310b81b30f6414063816d204dd69d1c7a532ac1a";
+    "66ae5e4ccf80ee6cf5607fe1878c9fe777e16d941edc2f45cb1df8bfd6fa436f";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(
@@ -189,8 +200,8 @@ fn scheduler_kinds_share_common_random_numbers() {
         "different schedulers, different dynamics"
     );
     // Same requests, so the same tokens delivered, whatever the scheduler.
-    assert_eq!(cont.gpu.tokens_delivered, dynb.gpu.tokens_delivered);
-    assert_eq!(cont.gpu.tokens_delivered, cont2.gpu.tokens_delivered);
+    assert_eq!(cont.gpu.tokens_generated, dynb.gpu.tokens_generated);
+    assert_eq!(cont.gpu.tokens_generated, cont2.gpu.tokens_generated);
     // The shared-batch frame pads; continuous batching does not.
     assert!(dynb.gpu.padding_token_steps > 0 && cont.gpu.padding_token_steps == 0);
     // W = 2 discards one overshoot token per finished request at most, W = 1 none.
@@ -207,7 +218,7 @@ fn every_output_token_is_delivered_once() {
                 prompt_tokens: Constant(100.0), output_tokens: Constant(37.0)), \
                 cluster: (profile: Named(\"llama-2-7b-a100\"), scheduler: Continuous(kv_blocks: 300, window: 2)))";
     let s = check(text, Some(1), None);
-    assert_eq!(s.gpu.tokens_delivered, 500 * 37);
+    assert_eq!(s.gpu.tokens_generated, 500 * 37);
     assert!(s.gpu.preemptions > 0, "300 blocks should force preemptions");
     // token-steps = prefill tokens (incl. recompute) + every sampled decode slot.
     assert!(s.gpu.token_steps >= 500 * (100 + 36));
@@ -248,33 +259,40 @@ fn conversations_issue_every_turn_and_barge_ins_supersede() {
     assert_eq!(quiet.workload.turns, turns, "every drawn turn is issued");
     assert_eq!(quiet.requests.scheduled, 2 * turns);
     assert_eq!(quiet.workload.interruptions, 0);
-    // Barge in on every turn 100 ms after it starts, long before 80 tokens are done: every turn
-    // but none is interrupted, and interrupted turns still run to completion (no cancel path).
-    let loud = check(
-        &conv(", barge_in: (probability: 1.0, after_ms: Constant(100.0))"),
-        Some(4),
-        None,
-    );
+    // Barge in on every turn 100 ms after it starts, long before 80 tokens are done. Barge-ins
+    // are cancel intents, so they act in the policy runs, not in the counterfactual.
+    let scenario = load(&conv(
+        ", barge_in: (probability: 1.0, after_ms: Constant(100.0))",
+    ));
+    let report = world::run(&scenario, 4).unwrap();
+    assert_eq!(report.counterfactual.workload.interruptions, 0);
+    let loud = &report.policies[0];
     assert_eq!(
         loud.workload.turns, turns,
         "same turns: barge-ins only shorten the think time"
     );
     assert_eq!(loud.workload.interruptions, turns);
     assert_eq!(loud.workload.superseded_requests, 2 * turns);
-    assert_eq!(loud.requests.completed, 2 * turns);
+    // Every request of every turn was superseded while running: cancelled, none completed.
+    assert_eq!(loud.requests.cancelled, 2 * turns);
+    assert_eq!(loud.requests.completed, 0);
+    assert_eq!(loud.late_outputs_admitted, 0);
 }
 
 #[test]
 fn deadlines_and_disconnects_fire_only_before_completion() {
-    let s = check(
-        &batched(
-            "Continuous()",
-            ", deadline_ms: Constant(0.001), disconnect_ms: Constant(1000000.0)",
-        ),
-        Some(6),
-        None,
+    let text = batched(
+        "Continuous()",
+        ", deadline_ms: Constant(0.001), disconnect_ms: Constant(1000000.0)",
     );
+    let report = world::run(&load(&text), 6).unwrap();
+    let s = &report.policies[0];
     assert_eq!(s.workload.deadlines_missed, s.requests.admitted);
+    assert_eq!(
+        s.requests.expired, s.requests.admitted,
+        "expiry is its own disposition"
+    );
+    assert_eq!(s.requests.cancelled, 0);
     assert_eq!(s.workload.disconnects, 0);
     // Adding deadlines changes no lengths or arrivals.
     let plain = check(&batched("Continuous()", ""), Some(6), None);

@@ -28,6 +28,15 @@ pub enum Purpose {
     TraceSample = 5,
     /// A conversation's turn count and per-turn draws (entity = conversation << 20 | turn).
     Conversation = 6,
+    /// Whether a request is a storm target, its stage and delay (entity = request id).
+    CancelPlan = 7,
+    /// One cancel RPC attempt's loss, latency and duplication (entity = request id, sub =
+    /// attempt), and its acknowledgement's latency.
+    CancelRpc = 8,
+    /// Whether handling one abort faults (entity = request id, sub = attempt).
+    AbortFault = 9,
+    /// Playback waits and clear acknowledgements (entity = request or owner id, sub = counter).
+    Playback = 10,
 }
 
 /// One keyed random stream.
@@ -37,12 +46,20 @@ pub struct Stream {
 
 impl Stream {
     pub fn new(seed: u64, purpose: Purpose, entity: u64) -> Self {
-        let mut material = [0u8; 32];
+        Self::keyed(seed, purpose, entity, 0)
+    }
+
+    /// A stream keyed by `(seed, purpose, entity, sub)`, for entities that need several
+    /// independent streams (one per attempt, say). `sub` = 0 is the same stream as `new`.
+    pub fn keyed(seed: u64, purpose: Purpose, entity: u64, sub: u64) -> Self {
+        let mut material = [0u8; 40];
         material[..8].copy_from_slice(b"cnclsim1");
         material[8..16].copy_from_slice(&seed.to_le_bytes());
         material[16..24].copy_from_slice(&(purpose as u64).to_le_bytes());
         material[24..32].copy_from_slice(&entity.to_le_bytes());
-        let key: [u8; 32] = *blake3::hash(&material).as_bytes();
+        material[32..40].copy_from_slice(&sub.to_le_bytes());
+        let len = if sub == 0 { 32 } else { 40 };
+        let key: [u8; 32] = *blake3::hash(&material[..len]).as_bytes();
         Stream {
             rng: ChaCha8Rng::from_seed(key),
         }

@@ -1,0 +1,339 @@
+//! What a run reports: the summary types (the `summary.json` keys of DESIGN.md) and the streaming
+//! accumulators behind them.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::kernel::{NS_PER_MS, NS_PER_S};
+
+/// Quantiles of a latency, in milliseconds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LatencyMs {
+    pub count: u64,
+    pub mean: f64,
+    /// Half-width of a 95 % confidence interval on the mean, by batch means over completion
+    /// order (NaN with too few samples).
+    pub mean_ci95: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// Number of batches for batch-means confidence intervals.
+const BATCHES: usize = 32;
+
+/// Running statistics of one latency. Batch k holds completions k·B .. (k+1)·B−1, where B doubles
+/// (merging batches pairwise) whenever the batches fill, so the batch count stays bounded without
+/// knowing the run length.
+pub struct LatencyStats {
+    hist: Histogram<u64>,
+    pub sum_ns: u128,
+    pub count: u64,
+    batch_sum_ns: [u128; BATCHES],
+    batch_len: u64,
+    filled: usize,
+    current_n: u64,
+}
+
+impl Default for LatencyStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LatencyStats {
+    pub fn new() -> Self {
+        LatencyStats {
+            hist: Histogram::new_with_bounds(1, 10_000_000 * NS_PER_S, 3).expect("valid bounds"),
+            sum_ns: 0,
+            count: 0,
+            batch_sum_ns: [0; BATCHES],
+            batch_len: 1,
+            filled: 0,
+            current_n: 0,
+        }
+    }
+
+    pub fn record(&mut self, value_ns: u64) {
+        self.hist.saturating_record(value_ns.max(1));
+        self.sum_ns += value_ns as u128;
+        self.count += 1;
+        self.batch_sum_ns[self.filled] += value_ns as u128;
+        self.current_n += 1;
+        if self.current_n == self.batch_len {
+            self.filled += 1;
+            self.current_n = 0;
+            if self.filled == BATCHES {
+                for k in 0..BATCHES / 2 {
+                    self.batch_sum_ns[k] = self.batch_sum_ns[2 * k] + self.batch_sum_ns[2 * k + 1];
+                }
+                self.batch_sum_ns[BATCHES / 2..].fill(0);
+                self.filled = BATCHES / 2;
+                self.batch_len *= 2;
+            }
+        }
+    }
+
+    pub fn summary(&self) -> LatencyMs {
+        let ms = |ns: f64| ns / NS_PER_MS as f64;
+        if self.count == 0 {
+            return LatencyMs {
+                count: 0,
+                mean: 0.0,
+                mean_ci95: 0.0,
+                p50: 0.0,
+                p90: 0.0,
+                p99: 0.0,
+                max: 0.0,
+            };
+        }
+        let mean_ns = self.sum_ns as f64 / self.count as f64;
+        let means: Vec<f64> = (0..self.filled)
+            .map(|b| self.batch_sum_ns[b] as f64 / self.batch_len as f64)
+            .collect();
+        let ci95_ns = if means.len() >= 8 {
+            let k = means.len() as f64;
+            let m = means.iter().sum::<f64>() / k;
+            let var = means.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (k - 1.0);
+            // t quantile, 95 % two-sided, for 15..31 degrees of freedom is 2.04..2.13.
+            2.13 * (var / k).sqrt()
+        } else {
+            f64::NAN
+        };
+        LatencyMs {
+            count: self.count,
+            mean: ms(mean_ns),
+            mean_ci95: ms(ci95_ns),
+            p50: ms(self.hist.value_at_quantile(0.50) as f64),
+            p90: ms(self.hist.value_at_quantile(0.90) as f64),
+            p99: ms(self.hist.value_at_quantile(0.99) as f64),
+            max: ms(self.hist.max() as f64),
+        }
+    }
+}
+
+/// Little's law, measured two ways: L as the time average of the number in the system, and
+/// λ·W from the arrival rate and the mean time in system.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LittlesLaw {
+    pub lambda_per_s: f64,
+    pub mean_in_system: f64,
+    pub mean_e2e_s: f64,
+    /// |L − λW| / L.
+    pub relative_gap: f64,
+}
+
+/// Dispositions with their denominators. `completed + cancelled + expired + rejected =
+/// scheduled`; `cleanup_pending` counts the cancelled or expired requests whose backend never
+/// observed a cancel (the work ran on, and nobody confirmed it stopped).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RequestCounts {
+    /// Arrived.
+    pub scheduled: u64,
+    /// Accepted by a replica.
+    pub admitted: u64,
+    /// Dispatched on a GPU at least once.
+    pub started: u64,
+    pub completed: u64,
+    pub cancelled: u64,
+    pub expired: u64,
+    pub cleanup_pending: u64,
+    /// Refused by a replica (could never fit).
+    pub rejected: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LeakCauses {
+    /// Steps already dispatched when the backend observed the cancel.
+    pub in_flight_window: f64,
+    /// Work between the intent and the backend's observation: transport, submission delay and
+    /// checkpoints that did not look.
+    pub checkpoint_delay: f64,
+    /// Work of a cancel the backend never observed (lost, unobservable, after the retry budget).
+    pub unobserved_or_lost: f64,
+    /// Work the policy chose to let run.
+    pub finish_and_discard: f64,
+}
+
+/// GPU work spent for a request after its cancel intent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LeakedWork {
+    /// Tokens computed in steps that ended after the intent.
+    pub token_steps: u64,
+    /// The time share of those steps after the intent, in GPU-seconds.
+    pub gpu_s: f64,
+    /// `gpu_s` split by cause (GPU-seconds).
+    pub by_cause: LeakCauses,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SiblingSurvival {
+    /// Requests without an intent of their own that shared a step, a handle scope or a fault
+    /// with a request that had one.
+    pub siblings: u64,
+    /// Of those, the ones with the same disposition and byte-identical output as in the
+    /// counterfactual run.
+    pub survived: u64,
+    pub rate: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LatencyDeltaMs {
+    pub ttft_p50: f64,
+    pub ttft_p99: f64,
+    pub e2e_p50: f64,
+    pub e2e_p99: f64,
+    /// Siblings compared (completed in both runs).
+    pub pairs: u64,
+}
+
+/// Resources held after intent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Retained {
+    pub kv_block_s: f64,
+    /// Most blocks held at once on one replica by requests with an intent.
+    pub peak_blocks: u64,
+    /// Admissions refused for want of blocks while requests with an intent held some.
+    pub admission_stalls: u64,
+}
+
+/// Cleanup latency from intent to one evidence level, over requests with an intent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LevelLatencyMs {
+    pub count: u64,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    /// Requests with an intent for which this level never happened (unknown, never zero).
+    pub unknown: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Gpu {
+    pub steps: u64,
+    pub busy_s: f64,
+    /// Busy time over (replicas × virtual time).
+    pub utilisation: f64,
+    /// Tokens computed, summed over steps (prefill chunk tokens + decode slots).
+    pub token_steps: u64,
+    /// GPU-seconds shared to requests' own steps (each step's time split by tokens).
+    pub gpu_s_requests: f64,
+    /// GPU-seconds of discarded work (window overshoot, preempted in-flight samples, aborted
+    /// requests' in-flight steps).
+    pub gpu_s_discarded: f64,
+    /// GPU-seconds of padding in shared batches.
+    pub gpu_s_padding: f64,
+    pub tokens_generated: u64,
+    pub tokens_discarded: u64,
+    pub padding_token_steps: u64,
+    pub preemptions: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Kv {
+    pub block_s: f64,
+    /// Largest number of blocks in use at once on any replica.
+    pub peak_blocks: u64,
+    pub allocated_blocks: u64,
+    pub freed_blocks: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct WorkloadEvents {
+    pub conversations: u64,
+    pub turns: u64,
+    /// Barge-ins that superseded a generation still in progress.
+    pub interruptions: u64,
+    /// Requests whose generation was superseded before they completed.
+    pub superseded_requests: u64,
+    /// Requests whose deadline fired before they completed.
+    pub deadlines_missed: u64,
+    /// Clients that disconnected before their request completed.
+    pub disconnects: u64,
+    /// Requests the storm picked as targets.
+    pub storm_targets: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Playback {
+    pub chunks: u64,
+    pub submitted: u64,
+    /// Chunks whose request became terminal during the writer wait.
+    pub suppressed: u64,
+    pub blocked: u64,
+    /// Requests the sink gave up on after `admit_retries` blocked admissions.
+    pub gave_up: u64,
+    /// Chunks whose age exceeded `max_age_ms` at admission (the request expired).
+    pub expired: u64,
+    /// Chunks delivered to a consumer that were not its own request's markers (property 3).
+    pub routing_violations: u64,
+    /// Requests that delivered a corrupted marker (reuse of blocks still being written).
+    pub corrupted_requests: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CancelRpc {
+    pub intents: u64,
+    pub attempts: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub acks: u64,
+    /// Acknowledgements after the retry budget: recorded as late evidence, never reopening.
+    pub late_callbacks: u64,
+    pub budget_exhausted: u64,
+    pub fallbacks: u64,
+    /// Aborts that reached no live request (after completion, or lost to id reuse).
+    pub unknown_aborts: u64,
+    pub faults: u64,
+    /// Requests terminated by the backend without an intent of their own (group scope, faults,
+    /// reused ids).
+    pub collateral_kills: u64,
+}
+
+/// Everything one run of one policy reports.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub scenario: String,
+    pub scenario_hash: String,
+    pub seed: u64,
+    pub version: String,
+    /// The policy of this run, or `counterfactual` for the run without cancellations.
+    pub policy: String,
+    pub requests: RequestCounts,
+    pub leaked_work: LeakedWork,
+    pub late_output_discards: u64,
+    pub late_outputs_admitted: u64,
+    pub sibling_survival: SiblingSurvival,
+    pub sibling_latency_delta_ms: LatencyDeltaMs,
+    pub retained: Retained,
+    pub cleanup_latency_ms: BTreeMap<String, LevelLatencyMs>,
+    pub ttft_ms: LatencyMs,
+    pub tpot_ms: LatencyMs,
+    pub e2e_ms: LatencyMs,
+    pub throughput_rps: f64,
+    pub output_tokens_per_s: f64,
+    pub gpu: Gpu,
+    pub kv: Kv,
+    pub workload: WorkloadEvents,
+    pub playback: Playback,
+    pub cancel_rpc: CancelRpc,
+    pub littles_law: LittlesLaw,
+    pub events: u64,
+    pub virtual_time_s: f64,
+    /// BLAKE3 of every arrival `(id, time, prompt, output)` in order: equal across runs that
+    /// share a workload (common random numbers), whatever the scheduler or policy.
+    pub workload_hash: String,
+    pub run_hash: String,
+}
+
+/// Quantile of a sorted slice (nearest rank).
+pub fn quantile_sorted(xs: &[i64], q: f64) -> i64 {
+    if xs.is_empty() {
+        return 0;
+    }
+    let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
+    xs[rank - 1]
+}
