@@ -346,7 +346,7 @@ pub struct Engine {
     tainted_blocks: u64,
     /// Terminated runtime ids (with `tombstones`), oldest first, bounded by `TOMBSTONES_MAX`.
     tombstone_order: VecDeque<u64>,
-    tombstone_set: std::collections::HashSet<u64>,
+    tombstone_set: crate::fxhash::FxHashSet<u64>,
     /// Engine slot of each caller tag (u32::MAX: none), for `mark_intent`.
     slot_of_tag: Vec<u32>,
     /// Blocks held by marked requests, now.
@@ -380,7 +380,7 @@ impl Engine {
             tainted: VecDeque::new(),
             tainted_blocks: 0,
             tombstone_order: VecDeque::new(),
-            tombstone_set: std::collections::HashSet::new(),
+            tombstone_set: crate::fxhash::FxHashSet::default(),
             slot_of_tag: Vec::new(),
             marked_blocks: 0,
             started: Vec::new(),

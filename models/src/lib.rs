@@ -5,6 +5,7 @@
 
 pub mod batcher;
 pub mod engine;
+pub mod fxhash;
 pub mod gpu;
 pub mod kv;
 pub mod ownership;

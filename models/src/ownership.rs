@@ -12,7 +12,9 @@
 //! Invalid input is rejected with nothing changed: every method validates and looks up before it
 //! mutates.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use crate::fxhash::{FxHashMap, FxHashSet};
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -372,17 +374,17 @@ pub struct Ticket<K> {
 /// The ownership controller: the registry of request records, the clear barrier and the
 /// tombstone retention.
 pub struct Owners<K: Identity> {
-    rows: HashMap<K, Row>,
+    rows: FxHashMap<K, Row>,
     barrier_epoch: u64,
     clear: bool,
     /// Barriers other than 0, one per playback sink (owner), created on first use.
-    barriers: HashMap<u64, (u64, bool)>,
+    barriers: FxHashMap<u64, (u64, bool)>,
     retention: Retention,
     /// Terminal records in order of their terminal transition, with that time.
     tombstones: VecDeque<(K, u64)>,
     /// Identities whose records were evicted. Only the identity is kept, so it is never reused and
     /// late evidence for it is recognised.
-    evicted: HashSet<K>,
+    evicted: FxHashSet<K>,
     evictions: u64,
     terminal_clock_ns: u64,
     submitted: u64,
@@ -401,13 +403,13 @@ impl<K: Identity> Owners<K> {
             "retention must keep at least one tombstone"
         );
         Owners {
-            rows: HashMap::new(),
+            rows: FxHashMap::default(),
             barrier_epoch: 0,
             clear: true,
-            barriers: HashMap::new(),
+            barriers: FxHashMap::default(),
             retention,
             tombstones: VecDeque::new(),
-            evicted: HashSet::new(),
+            evicted: FxHashSet::default(),
             evictions: 0,
             terminal_clock_ns: 0,
             submitted: 0,

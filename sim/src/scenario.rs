@@ -265,7 +265,12 @@ fn zero_ms() -> Dist {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cancellation {
+    /// Probability that a request is a target (ignored when `requests` names them).
+    #[serde(default)]
     pub fraction: f64,
+    /// Exactly these request ids are targets (the seed protocol's single target, say).
+    #[serde(default)]
+    pub requests: Vec<u64>,
     #[serde(default)]
     pub stage: Stage,
     #[serde(default = "zero_ms")]

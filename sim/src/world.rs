@@ -10,7 +10,9 @@
 //! Per-request state lives in a slab only while the request is in the system. Results are folded
 //! into histograms and running sums as requests leave.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use cancelsim_models::fxhash::FxHashMap;
 
 use cancelsim_models::batcher::BatcherConfig;
 use cancelsim_models::engine::{
@@ -224,7 +226,7 @@ pub struct CfRecord {
 #[derive(Default)]
 pub struct CfTable {
     dense: Vec<Option<CfRecord>>,
-    sparse: HashMap<u64, CfRecord>,
+    sparse: FxHashMap<u64, CfRecord>,
 }
 
 impl CfTable {
@@ -299,6 +301,10 @@ struct Req {
     first_corrupt_chunk: u32,
     digest: u64,
     corrupted_seen: bool,
+    /// The request's playback draws (writer waits), in chunk order; made at its first chunk.
+    playback_stream: Option<Box<Stream>>,
+    /// Mirror of the controller's state being terminal, so a token need not look it up.
+    terminal: bool,
     // Cancel path.
     plan: Option<(Stage, u64)>,
     intent_pending: bool,
@@ -311,6 +317,10 @@ struct Req {
     collateral: bool,
     sibling: bool,
     evidence_ns: [u64; 6],
+    /// When the engine returned the request's blocks (whether or not it had an intent).
+    released_ns: u64,
+    /// The replica's intent epoch when the request reached it.
+    epoch_at_enqueue: u64,
     leak_pre_ns: f64,
     leak_post_ns: f64,
 }
@@ -455,7 +465,7 @@ pub struct World<'s> {
     open: Option<OpenLoop>,
     pending: Option<Arrival>,
     conv_starts: Stream,
-    convs: HashMap<u64, Conv>,
+    convs: FxHashMap<u64, Conv>,
     conv_started: u64,
     owners: Owners<u64>,
     reqs: Vec<Req>,
@@ -494,6 +504,9 @@ pub struct World<'s> {
     cleanup: Vec<LatencyStats>,
     cleanup_unknown: [u64; 5],
     cf_out: Option<&'s mut CfTable>,
+    /// Cancel intents so far per replica: a request that sees this move while it is on the
+    /// replica shared its engine with a cancelled request (a sibling).
+    intent_epoch: Vec<u64>,
     clock_offset_ns: u64,
     zero_writer_wait: bool,
 }
@@ -530,7 +543,7 @@ impl<'s> World<'s> {
             open: OpenLoop::new(scenario, seed).map_err(RunError::Input)?,
             pending: None,
             conv_starts: Stream::new(seed, Purpose::Arrival, 1),
-            convs: HashMap::new(),
+            convs: FxHashMap::default(),
             conv_started: 0,
             owners: Owners::new(Retention {
                 tombstones_max: 1 << 16,
@@ -574,6 +587,7 @@ impl<'s> World<'s> {
                 .collect(),
             cleanup_unknown: [0; 5],
             cf_out,
+            intent_epoch: vec![0; n],
             clock_offset_ns: ms_to_ns(scenario.backend.clock_offset_ms),
             zero_writer_wait: scenario.playback.writer_wait_ms == crate::dist::Dist::Constant(0.0),
         })
@@ -911,7 +925,12 @@ impl<'s> World<'s> {
         let plan = match (&self.scenario.cancellation, self.policy()) {
             (Some(c), Some(_)) => {
                 let mut s = Stream::new(self.seed, Purpose::CancelPlan, a.id);
-                let hit = s.uniform_open01() < c.fraction;
+                let draw = s.uniform_open01();
+                let hit = if c.requests.is_empty() {
+                    draw < c.fraction
+                } else {
+                    c.requests.contains(&a.id)
+                };
                 let pick = s.below(6);
                 let delay = ms_to_ns(c.delay_ms.sample(&mut s));
                 hit.then(|| {
@@ -960,6 +979,8 @@ impl<'s> World<'s> {
             first_corrupt_chunk: u32::MAX,
             digest: DIGEST_SEED,
             corrupted_seen: false,
+            playback_stream: None,
+            terminal: false,
             plan,
             intent_pending: false,
             intent_ns: NONE,
@@ -971,6 +992,8 @@ impl<'s> World<'s> {
             collateral: false,
             sibling: false,
             evidence_ns: [NONE; 6],
+            released_ns: NONE,
+            epoch_at_enqueue: 0,
             leak_pre_ns: 0.0,
             leak_post_ns: 0.0,
         };
@@ -1023,12 +1046,14 @@ impl<'s> World<'s> {
             self.owners
                 .finish(&a.id, Disposition::Cancelled)
                 .map_err(|e| self.violation(vec![a.id], e.to_string()))?;
+            self.reqs[tag as usize].terminal = true;
             if let Some((c, g)) = conv {
                 self.turn_request_done(c, g)?;
             }
             return self.try_finalize(tag);
         }
         self.reqs[tag as usize].enqueued = true;
+        self.reqs[tag as usize].epoch_at_enqueue = self.intent_epoch[replica as usize];
         self.counts.admitted += 1;
         if let Some(p) = self.policy() {
             let _ = p;
@@ -1098,6 +1123,7 @@ impl<'s> World<'s> {
             .owners
             .finish(&id, disposition)
             .map_err(|e| self.violation(vec![id], e.to_string()))?;
+        self.reqs[tag as usize].terminal = true;
         if let (Some(b), Some(a)) = (before, after) {
             if b.is_terminal() && a != b {
                 return Err(self.violation(vec![id], "a terminal disposition changed"));
@@ -1112,6 +1138,7 @@ impl<'s> World<'s> {
         let q = &self.reqs[tag as usize];
         let (enqueued, released, replica) = (q.enqueued, q.engine_released, q.replica);
         if enqueued && !released {
+            self.intent_epoch[replica as usize] += 1;
             self.replicas[replica as usize].mark_intent(now_ns, tag);
         }
         let Some(policy) = self.policy() else {
@@ -1330,6 +1357,7 @@ impl<'s> World<'s> {
                 .owners
                 .finish(&o.id, Disposition::Cancelled)
                 .map_err(|e| self.violation(vec![o.id], e.to_string()))?;
+            self.reqs[o.tag as usize].terminal = true;
             if before.is_some_and(State::is_terminal) && after != before {
                 return Err(self.violation(vec![o.id], "a terminal disposition changed"));
             }
@@ -1357,19 +1385,11 @@ impl<'s> World<'s> {
         let total = report.tokens.max(1) as f64;
         let start_ns = now_ns - report.duration_ns;
         let mut outputs = std::mem::take(&mut self.outputs);
-        // A step that carried a request with an intent makes siblings of everyone else in it.
-        let has_target = outputs
-            .iter()
-            .any(|o| self.reqs[o.tag as usize].intent_ns != NONE);
         for o in outputs.drain(..) {
             self.token_steps += o.tokens as u64;
             let share = report.duration_ns as f64 * o.tokens as f64 / total;
             let q = &mut self.reqs[o.tag as usize];
-            if q.intent_ns == NONE {
-                if has_target {
-                    q.sibling = true;
-                }
-            } else if now_ns > q.intent_ns && report.duration_ns > 0 {
+            if q.intent_ns != NONE && now_ns > q.intent_ns && report.duration_ns > 0 {
                 // GPU work after the intent: the part of this step that ran after it.
                 let after = now_ns - q.intent_ns.max(start_ns);
                 let leak = share * after as f64 / report.duration_ns as f64;
@@ -1411,6 +1431,10 @@ impl<'s> World<'s> {
         }
         if corrupted && q.first_corrupt_chunk == u32::MAX {
             q.first_corrupt_chunk = q.chunks_made;
+            // Blocks released unsafely by someone's cancel: a sibling harmed by it.
+            if q.intent_ns == NONE {
+                q.sibling = true;
+            }
         }
         let id = q.id;
         if index == 1 {
@@ -1427,7 +1451,8 @@ impl<'s> World<'s> {
         }
         // Every output passes the controller: after the terminal transition it is a late output,
         // discarded here and never chunked.
-        if self.owners.state(&id).is_some_and(State::is_terminal) {
+        if self.reqs[tag as usize].terminal {
+            debug_assert!(self.owners.state(&id).is_none_or(State::is_terminal));
             self.late_output_discards += 1;
             return Ok(());
         }
@@ -1477,8 +1502,12 @@ impl<'s> World<'s> {
         if self.zero_writer_wait {
             return self.admit_chunk(tag, ticket, 0);
         }
-        let mut s = Stream::keyed(self.seed, Purpose::Playback, id, chunk as u64 + 1);
-        let wait = ms_to_ns(self.scenario.playback.writer_wait_ms.sample(&mut s));
+        let seed = self.seed;
+        let q = &mut self.reqs[tag as usize];
+        let stream = q
+            .playback_stream
+            .get_or_insert_with(|| Box::new(Stream::new(seed, Purpose::Playback, id)));
+        let wait = ms_to_ns(self.scenario.playback.writer_wait_ms.sample(stream));
         self.kernel.schedule_in(
             wait,
             Class::Control,
@@ -1534,6 +1563,7 @@ impl<'s> World<'s> {
                     self.owners
                         .finish(&id, Disposition::Completed)
                         .map_err(|e| self.violation(vec![id], e.to_string()))?;
+                    self.reqs[tag as usize].terminal = true;
                     if let Some((c, g)) = self.reqs[tag as usize].conv {
                         self.turn_request_done(c, g)?;
                     }
@@ -1617,6 +1647,7 @@ impl<'s> World<'s> {
         self.kv_block_ns += rel.kv_block_ns;
         self.kv_block_ns_retained += rel.kv_block_ns_marked;
         self.reqs[rel.tag as usize].engine_released = true;
+        self.reqs[rel.tag as usize].released_ns = self.kernel.now_ns();
         if self.reqs[rel.tag as usize].intent_ns != NONE {
             self.evidence(
                 rel.tag,
@@ -1687,6 +1718,7 @@ impl<'s> World<'s> {
             return Ok(());
         }
         let now_ns = self.kernel.now_ns();
+        self.reqs[tag as usize].playback_stream = None;
         let q = self.reqs[tag as usize].clone();
         let state = state.unwrap_or(State::Cancelled);
         // Dispositions with their denominators.
@@ -1710,7 +1742,10 @@ impl<'s> World<'s> {
         }
         self.gpu_ns_requests += q.gpu_ns;
         if q.intent_ns != NONE {
-            if q.enqueued && q.observed_ns == NONE && state != State::Completed {
+            // Cleanup pending: the backend still held the request at the intent, and never
+            // observed the cancel (its work ran on, and nobody confirmed that it stopped).
+            let held_at_intent = q.released_ns == NONE || q.released_ns > q.intent_ns;
+            if q.enqueued && q.observed_ns == NONE && held_at_intent && state != State::Completed {
                 self.counts.cleanup_pending += 1;
             }
             for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
@@ -1751,7 +1786,11 @@ impl<'s> World<'s> {
                 }
             }
             Mode::Policy(_, cf) => {
-                if q.intent_ns == NONE && q.sibling {
+                // A sibling: no intent of its own, but it shared a replica with a request that
+                // got one while it was there, or it was killed or corrupted by someone's cancel.
+                let shared =
+                    q.enqueued && self.intent_epoch[q.replica as usize] > q.epoch_at_enqueue;
+                if q.intent_ns == NONE && (q.sibling || shared) {
                     self.siblings += 1;
                     if let Some(base) = cf.get(q.id) {
                         if base.state == state && base.digest == q.digest {

@@ -166,7 +166,7 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "5d2f087cc1be5df3e290756aa5e2cc9d2481c14865153f1e97df80fb499711c3";
+const GOLDEN_DEFAULT: &str = "99e2cbe70d35b125a4d78b984f00dbde07cdb114c6fa175cb91bbcd174a4d6c6";
 const GOLDEN_MD1_RHO08: &str = "829efb6b97d3f713daffe24a1f020f0176bed156e2db32d8b8f079e9a6317ac6";
 const GOLDEN_TRACE_AZURE_CONV: &str =
     "66ae5e4ccf80ee6cf5607fe1878c9fe777e16d941edc2f45cb1df8bfd6fa436f";

@@ -40,8 +40,15 @@ pub enum Purpose {
 }
 
 /// One keyed random stream.
+#[derive(Clone)]
 pub struct Stream {
     rng: ChaCha8Rng,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stream")
+    }
 }
 
 impl Stream {
