@@ -355,8 +355,10 @@ pub struct Engine {
     started: Vec<u32>,
 }
 
-/// Terminated runtime ids remembered at most (the runtime's tombstone retention).
-pub const TOMBSTONES_MAX: usize = 1 << 20;
+/// Terminated runtime ids remembered at most per engine (the runtime's tombstone retention). A late
+/// abort comes seconds after its request ended; at a few hundred requests per second per replica
+/// this covers many minutes, and memory stays bounded however long the run.
+pub const TOMBSTONES_MAX: usize = 1 << 13;
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {

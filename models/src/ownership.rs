@@ -338,6 +338,11 @@ pub struct Retention {
     /// Terminal records older than this (from their terminal transition, by the times passed to
     /// `expire_tombstones`) are evicted. `None`: no age bound.
     pub tombstone_age_ns_max: Option<u64>,
+    /// Evicted identities remembered at most (oldest forgotten first). Within the bound, late
+    /// evidence is classified `late` and a reused identity is refused; beyond it, the identity
+    /// is forgotten altogether. Callers whose identities are unique by construction can keep it
+    /// small; the reference's behaviour needs it unbounded.
+    pub evicted_max: usize,
 }
 
 impl Retention {
@@ -345,6 +350,7 @@ impl Retention {
     pub const UNBOUNDED: Retention = Retention {
         tombstones_max: usize::MAX,
         tombstone_age_ns_max: None,
+        evicted_max: usize::MAX,
     };
 }
 
@@ -353,6 +359,7 @@ impl Default for Retention {
         Retention {
             tombstones_max: 1 << 20,
             tombstone_age_ns_max: None,
+            evicted_max: 1 << 22,
         }
     }
 }
@@ -385,6 +392,7 @@ pub struct Owners<K: Identity> {
     /// Identities whose records were evicted. Only the identity is kept, so it is never reused and
     /// late evidence for it is recognised.
     evicted: FxHashSet<K>,
+    evicted_order: VecDeque<K>,
     evictions: u64,
     terminal_clock_ns: u64,
     submitted: u64,
@@ -410,6 +418,7 @@ impl<K: Identity> Owners<K> {
             retention,
             tombstones: VecDeque::new(),
             evicted: FxHashSet::default(),
+            evicted_order: VecDeque::new(),
             evictions: 0,
             terminal_clock_ns: 0,
             submitted: 0,
@@ -716,7 +725,17 @@ impl<K: Identity> Owners<K> {
         let (id, _) = self.tombstones.pop_front().expect("a tombstone to evict");
         let row = self.rows.remove(&id).expect("tombstones point at rows");
         debug_assert!(row.state.is_terminal());
-        self.evicted.insert(id);
+        if self.retention.evicted_max > 0 {
+            if self.evicted.len() >= self.retention.evicted_max {
+                let old = self
+                    .evicted_order
+                    .pop_front()
+                    .expect("order tracks the set");
+                self.evicted.remove(&old);
+            }
+            self.evicted.insert(id.clone());
+            self.evicted_order.push_back(id);
+        }
         self.evictions += 1;
     }
 
@@ -848,6 +867,7 @@ mod tests {
         let mut o: Owners<u64> = Owners::new(Retention {
             tombstones_max: 2,
             tombstone_age_ns_max: None,
+            evicted_max: usize::MAX,
         });
         for id in 0..5 {
             o.start(id, 0).unwrap();
@@ -878,6 +898,7 @@ mod tests {
         let mut o: Owners<u64> = Owners::new(Retention {
             tombstones_max: usize::MAX,
             tombstone_age_ns_max: Some(1_000),
+            evicted_max: usize::MAX,
         });
         o.start(1, 0).unwrap();
         o.start(2, 0).unwrap();

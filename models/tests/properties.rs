@@ -80,11 +80,13 @@ fn scenario() -> impl Strategy<Value = (Retention, Vec<Op>)> {
         Just(Retention::UNBOUNDED),
         (1usize..4).prop_map(|n| Retention {
             tombstones_max: n,
-            tombstone_age_ns_max: None
+            tombstone_age_ns_max: None,
+            evicted_max: usize::MAX,
         }),
         (0u64..3).prop_map(|a| Retention {
             tombstones_max: usize::MAX,
-            tombstone_age_ns_max: Some(a)
+            tombstone_age_ns_max: Some(a),
+            evicted_max: usize::MAX,
         }),
     ];
     (retention, prop::collection::vec(op(), 1..60))
