@@ -330,6 +330,14 @@ struct Row {
     ledger: Ledger,
 }
 
+/// Deliberately broken variants of the controller, for testing checkers (never on by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControllerBug {
+    /// Admission trusts the state it saw before the wait: the terminal check is not repeated
+    /// after it, so a request cancelled during the wait still gets its output admitted.
+    TerminalCheckedBeforeWait,
+}
+
 /// How long terminal records stay to answer late evidence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retention {
@@ -396,6 +404,7 @@ pub struct Owners<K: Identity> {
     evictions: u64,
     terminal_clock_ns: u64,
     submitted: u64,
+    bug: Option<ControllerBug>,
 }
 
 impl<K: Identity> Default for Owners<K> {
@@ -422,7 +431,13 @@ impl<K: Identity> Owners<K> {
             evictions: 0,
             terminal_clock_ns: 0,
             submitted: 0,
+            bug: None,
         }
+    }
+
+    /// Turn a deliberately broken variant on (tests of checkers only).
+    pub fn set_bug(&mut self, bug: Option<ControllerBug>) {
+        self.bug = bug;
     }
 
     /// Register a new request. Rejects an invalid or reused identity (including an evicted one).
@@ -599,7 +614,8 @@ impl<K: Identity> Owners<K> {
         if row.generation as i128 != ticket.generation {
             return Ok(Admission::Stale);
         }
-        if row.state != State::Running {
+        if row.state != State::Running && self.bug != Some(ControllerBug::TerminalCheckedBeforeWait)
+        {
             return Ok(Admission::Terminal(row.state));
         }
         if !now.is_finite() || now < ticket.born {

@@ -5,6 +5,8 @@
 //! `cancelsim-models` crate through one closed `Event` enum; `scenario` loads RON files;
 //! `report` prints and writes results; `replay` runs op logs through the ownership controller.
 
+pub mod check;
+pub mod cli_check;
 pub mod dist;
 pub mod kernel;
 pub mod metrics;

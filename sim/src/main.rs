@@ -31,6 +31,26 @@ enum Command {
         #[command(flatten)]
         opts: RunOpts,
     },
+    /// Run scenarios and check invariants, properties, expectations, coverage and golden hashes.
+    Check {
+        /// Scenario files or directories (default: scenarios/library).
+        paths: Vec<PathBuf>,
+        /// Also run N swarm seeds of every scenario that declares swarm ranges.
+        #[arg(long, default_value_t = 0)]
+        swarm: u64,
+        /// First swarm seed.
+        #[arg(long, default_value_t = 1)]
+        first_seed: u64,
+        /// Worker threads for the swarm (0: all cores). Results do not depend on it.
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Where shrunk reproductions are written.
+        #[arg(long, default_value = "output/check")]
+        out: PathBuf,
+        /// Rewrite the golden run hashes of the checked scenarios.
+        #[arg(long)]
+        update_golden: bool,
+    },
     /// Replay a JSON Lines op log through the ownership controller: one JSON result per line.
     Replay {
         /// The op log, or `-` for standard input.
@@ -66,6 +86,23 @@ fn main() -> ExitCode {
         ),
         Some(Command::Run { scenario, opts }) => run(scenario, opts),
         Some(Command::Replay { file }) => return replay(&file),
+        Some(Command::Check {
+            paths,
+            swarm,
+            first_seed,
+            threads,
+            out,
+            update_golden,
+        }) => {
+            return cancelsim::cli_check::main(cancelsim::cli_check::Args {
+                paths,
+                swarm,
+                first_seed,
+                threads,
+                out,
+                update_golden,
+            })
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -293,6 +293,13 @@ pub struct CancelRpc {
     pub collateral_kills: u64,
 }
 
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Targets {
+    pub completed: u64,
+    pub cancelled: u64,
+    pub expired: u64,
+}
+
 /// Everything one run of one policy reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
@@ -320,6 +327,10 @@ pub struct Summary {
     pub workload: WorkloadEvents,
     pub playback: Playback,
     pub cancel_rpc: CancelRpc,
+    /// Storm targets by final disposition.
+    pub targets: Targets,
+    /// How often each rare path was hit (`check` fails a scenario whose declared marks stay 0).
+    pub coverage: BTreeMap<String, u64>,
     pub littles_law: LittlesLaw,
     pub events: u64,
     pub virtual_time_s: f64,

@@ -44,6 +44,18 @@ pub struct Scenario {
     pub backend: BackendConfig,
     #[serde(default)]
     pub playback: PlaybackConfig,
+    /// What `cancelsim check` expects of each policy's run.
+    #[serde(default)]
+    pub expect: Vec<Expect>,
+    /// Where the system properties must hold (checked in every run, swarm included).
+    #[serde(default)]
+    pub properties: Properties,
+    /// Rare paths this scenario must reach (see `COVERAGE_MARKS`).
+    #[serde(default)]
+    pub coverage: Vec<String>,
+    /// Ranges `check --swarm` draws this scenario's parameters from, per seed.
+    #[serde(default)]
+    pub swarm: Option<SwarmRanges>,
     /// The directory relative paths (traces) resolve against: the scenario file's directory, or
     /// the repository's `scenarios/` for the embedded default.
     #[serde(skip)]
@@ -251,6 +263,103 @@ pub enum Scheduler {
 fn yes() -> bool {
     true
 }
+
+/// Expectations of one policy's run (`policy` is a label such as `per_request`, or `*`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Expect {
+    pub policy: String,
+    /// Every storm target ends in this disposition.
+    pub targets: Option<TargetDisposition>,
+    pub sibling_survival_min: Option<f64>,
+    pub sibling_survival_max: Option<f64>,
+    pub leaked_gpu_s_min: Option<f64>,
+    pub leaked_gpu_s_max: Option<f64>,
+    pub late_discards_max: Option<u64>,
+    pub retained_peak_blocks_max: Option<u64>,
+    pub cleanup_pending_min: Option<u64>,
+    pub cleanup_pending_max: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TargetDisposition {
+    Completed,
+    Cancelled,
+    Expired,
+}
+
+/// The system properties a configuration must keep. Routing (each consumer receives only its own
+/// request's markers) is required everywhere unless turned off; sibling isolation (survival 1.0)
+/// is required for the listed policy labels.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Properties {
+    pub routing: bool,
+    pub sibling_isolation: Vec<String>,
+}
+
+impl Default for Properties {
+    fn default() -> Self {
+        Properties {
+            routing: true,
+            sibling_isolation: Vec::new(),
+        }
+    }
+}
+
+/// Inclusive ranges for swarm testing. Unset: the scenario's own value.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwarmRanges {
+    /// Requests (Poisson, OnOff), conversations, or trace rows.
+    pub requests: Option<(u64, u64)>,
+    pub fraction: Option<(f64, f64)>,
+    /// Draw the storm stage at random per request.
+    pub random_stage: bool,
+    pub window: Option<(u32, u32)>,
+    pub max_num_seqs: Option<(u32, u32)>,
+    pub loss: Option<(f64, f64)>,
+    pub writer_wait_ms: Option<(f64, f64)>,
+}
+
+/// The coverage marks a scenario can declare.
+pub const COVERAGE_MARKS: &[&str] = &[
+    "stage.before_admission",
+    "stage.queued",
+    "stage.prefill",
+    "stage.decode",
+    "stage.after_final_output",
+    "stage.after_completion",
+    "stage.after_arrival",
+    "race.cancel_won",
+    "race.completion_won",
+    "scope.request",
+    "scope.stream",
+    "scope.sequence",
+    "scope.prefix",
+    "scope.engine",
+    "evidence.intent",
+    "evidence.local_invalidation",
+    "evidence.cancel_submission",
+    "evidence.backend_observation",
+    "evidence.final_callback",
+    "evidence.resource_release",
+    "release.after_fence",
+    "release.corrupted_next_owner",
+    "rpc.retry",
+    "rpc.lost",
+    "rpc.duplicate",
+    "rpc.late_callback",
+    "rpc.budget_exhausted",
+    "rpc.unknown_abort",
+    "rpc.fallback",
+    "fault",
+    "collateral_kill",
+    "preemption",
+    "playback.blocked",
+    "playback.expired",
+    "playback.suppressed",
+];
 
 fn default_policies() -> Vec<Policy> {
     vec![Policy::PerRequest]
@@ -893,6 +1002,72 @@ impl Scenario {
         }
         probability("backend.abort_fault_probability", b.abort_fault_probability)?;
         non_negative("backend.clock_offset_ms", b.clock_offset_ms)?;
+        let labels: Vec<String> = self.policies.iter().map(Policy::label).collect();
+        for (i, e) in self.expect.iter().enumerate() {
+            if e.policy != "*" && !labels.contains(&e.policy) {
+                return err(
+                    &format!("expect[{i}].policy"),
+                    format!(
+                        "names no policy of this scenario (got {:?}; have {})",
+                        e.policy,
+                        labels.join(", ")
+                    ),
+                );
+            }
+        }
+        for (i, l) in self.properties.sibling_isolation.iter().enumerate() {
+            if !labels.contains(l) {
+                return err(
+                    &format!("properties.sibling_isolation[{i}]"),
+                    format!("names no policy of this scenario (got {l:?})"),
+                );
+            }
+        }
+        for (i, m) in self.coverage.iter().enumerate() {
+            if !COVERAGE_MARKS.contains(&m.as_str()) {
+                return err(
+                    &format!("coverage[{i}]"),
+                    format!("unknown mark {m:?}; known: {}", COVERAGE_MARKS.join(", ")),
+                );
+            }
+        }
+        if let Some(r) = &self.swarm {
+            let ordered = |f: &str, lo: f64, hi: f64| {
+                if !(lo.is_finite() && hi.is_finite() && lo <= hi && lo >= 0.0) {
+                    Err((
+                        f.to_string(),
+                        format!(
+                            "must be a range (low, high) with 0 <= low <= high (got ({lo}, {hi}))"
+                        ),
+                    ))
+                } else {
+                    Ok(())
+                }
+            };
+            if let Some((a, b)) = r.requests {
+                ordered("swarm.requests", a as f64, b as f64)?;
+                in_range("swarm.requests", a, 1, REQUESTS_MAX)?;
+            }
+            if let Some((a, b)) = r.fraction {
+                ordered("swarm.fraction", a, b)?;
+                probability("swarm.fraction", b)?;
+            }
+            if let Some((a, b)) = r.window {
+                ordered("swarm.window", a as f64, b as f64)?;
+                in_range("swarm.window", a as u64, 1, 64)?;
+            }
+            if let Some((a, b)) = r.max_num_seqs {
+                ordered("swarm.max_num_seqs", a as f64, b as f64)?;
+                in_range("swarm.max_num_seqs", a as u64, 1, 1 << 20)?;
+            }
+            if let Some((a, b)) = r.loss {
+                ordered("swarm.loss", a, b)?;
+                probability("swarm.loss", b)?;
+            }
+            if let Some((a, b)) = r.writer_wait_ms {
+                ordered("swarm.writer_wait_ms", a, b)?;
+            }
+        }
         let pb = &self.playback;
         in_range("playback.chunk_tokens", pb.chunk_tokens as u64, 1, 1 << 20)?;
         dist("playback.writer_wait_ms", &pb.writer_wait_ms)?;

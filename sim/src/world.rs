@@ -253,6 +253,15 @@ impl CfTable {
     }
 }
 
+/// Deliberately broken variants, to show that `check --swarm` catches real bugs. Only the library
+/// API sets them (tests); no scenario file or command-line flag can.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hooks {
+    pub controller_bug: Option<cancelsim_models::ownership::ControllerBug>,
+    /// The adapter aborts the whole engine under the per-request policy.
+    pub adapter_aborts_batch: bool,
+}
+
 /// The run's role.
 #[derive(Clone, Copy)]
 pub enum Mode<'a> {
@@ -332,6 +341,9 @@ struct Conv {
     outstanding: u32,
     /// (request id, tag) of the current turn's requests.
     members: Vec<(u64, u32)>,
+    /// Cancel intents of this owner's requests so far: its own requests are then its group, not
+    /// siblings (a sibling belongs to another owner).
+    intents: u32,
 }
 
 enum ReplicaConfig {
@@ -475,6 +487,10 @@ pub struct World<'s> {
     observed: Vec<Observed>,
     started: Vec<u32>,
     workload_hasher: blake3::Hasher,
+    /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
+    /// requests leave: folded into the run hash, so two runs whose events coincide but whose
+    /// outcomes differ (a killed sibling under a flat step cost) never share a hash.
+    outcome_hasher: blake3::Hasher,
     counts: RequestCounts,
     events: WorkloadEvents,
     playback: Playback,
@@ -504,6 +520,10 @@ pub struct World<'s> {
     cleanup: Vec<LatencyStats>,
     cleanup_unknown: [u64; 5],
     cf_out: Option<&'s mut CfTable>,
+    coverage: BTreeMap<&'static str, u64>,
+    targets: Targets,
+    /// Test-only deliberate bugs (see `Hooks`).
+    hooks: Hooks,
     /// Cancel intents so far per replica: a request that sees this move while it is on the
     /// replica shared its engine with a cancelled request (a sibling).
     intent_epoch: Vec<u64>,
@@ -559,6 +579,7 @@ impl<'s> World<'s> {
             observed: Vec::new(),
             started: Vec::new(),
             workload_hasher: blake3::Hasher::new(),
+            outcome_hasher: blake3::Hasher::new(),
             counts: RequestCounts::default(),
             events: WorkloadEvents::default(),
             playback: Playback::default(),
@@ -591,9 +612,24 @@ impl<'s> World<'s> {
             cleanup_unknown: [0; 5],
             cf_out,
             intent_epoch: vec![0; n],
+            coverage: BTreeMap::new(),
+            targets: Targets::default(),
+            hooks: Hooks::default(),
             clock_offset_ns: ms_to_ns(scenario.backend.clock_offset_ms),
             zero_writer_wait: scenario.playback.writer_wait_ms == crate::dist::Dist::Constant(0.0),
         })
+    }
+
+    /// Turn on deliberately broken variants (tests of the checker only).
+    pub fn with_hooks(mut self, hooks: Hooks) -> Self {
+        self.hooks = hooks;
+        self.owners.set_bug(hooks.controller_bug);
+        self
+    }
+
+    /// Count a rare path.
+    fn mark(&mut self, m: &'static str) {
+        *self.coverage.entry(m).or_insert(0) += 1;
     }
 
     fn policy(&self) -> Option<&'s Policy> {
@@ -686,6 +722,7 @@ impl<'s> World<'s> {
                             turn: 0,
                             outstanding: 0,
                             members: Vec::new(),
+                            intents: 0,
                         },
                     );
                     self.kernel
@@ -803,6 +840,13 @@ impl<'s> World<'s> {
                         .uniform_open01()
                         < p)
                     .then(|| radius(self.scenario.backend.abort_fault_radius));
+                self.mark(match scope {
+                    Scope::Request(_) => "scope.request",
+                    Scope::Stream(_) => "scope.stream",
+                    Scope::Sequence(_) => "scope.sequence",
+                    Scope::Prefix(_) => "scope.prefix",
+                    Scope::Engine => "scope.engine",
+                });
                 self.replicas[replica as usize].abort(Abort { scope, fault });
                 self.request_pass(replica)?;
             }
@@ -1114,8 +1158,30 @@ impl<'s> World<'s> {
             return Ok(()); // one intent per request: the first
         }
         let id = q.id;
+        let (tokens, output, plan, conv) = (q.tokens, q.output, q.plan, q.conv);
+        if let Some(c) = conv.and_then(|(c, _)| self.convs.get_mut(&c)) {
+            c.intents += 1;
+        }
         self.reqs[tag as usize].intent_ns = now_ns;
         self.rpc.intents += 1;
+        if cause == Cause::Storm {
+            if let Some((stage, _)) = plan {
+                self.mark(match stage {
+                    Stage::BeforeAdmission => "stage.before_admission",
+                    Stage::Queued => "stage.queued",
+                    Stage::Prefill => "stage.prefill",
+                    Stage::Decode => "stage.decode",
+                    Stage::AfterFinalOutput => "stage.after_final_output",
+                    Stage::AfterCompletion => "stage.after_completion",
+                    Stage::AfterArrival | Stage::Random => "stage.after_arrival",
+                });
+            }
+        }
+        if self.owners.state(&id) == Some(State::Completed) {
+            self.mark("race.completion_won");
+        } else if tokens == output && output > 0 {
+            self.mark("race.cancel_won");
+        }
         self.evidence(tag, EvidenceLevel::Intent, ClockDomain::Local)?;
         let disposition = match cause {
             Cause::Deadline | Cause::Playback => Disposition::Expired,
@@ -1203,6 +1269,8 @@ impl<'s> World<'s> {
             Policy::GroupAbort(GroupScope::Sequence) => Scope::Sequence(q.handle.sequence),
             Policy::GroupAbort(GroupScope::Prefix) => Scope::Prefix(q.handle.runtime_id),
             Policy::GroupAbort(GroupScope::Engine) => Scope::Engine,
+            // The deliberately broken adapter: "per-request" through the engine's handle.
+            _ if self.hooks.adapter_aborts_batch => Scope::Engine,
             _ => Scope::Request(q.handle.runtime_id),
         };
         let replica = q.replica;
@@ -1353,7 +1421,7 @@ impl<'s> World<'s> {
             // Terminated by the backend without an intent of its own: a group scope, a fault, or a
             // reused id. The adapter sees the request fail.
             self.reqs[o.tag as usize].collateral = true;
-            self.reqs[o.tag as usize].sibling = true;
+            self.reqs[o.tag as usize].sibling = !self.own_group_hit(o.tag);
             self.rpc.collateral_kills += 1;
             let before = self.owners.state(&o.id);
             let after = self
@@ -1676,6 +1744,14 @@ impl<'s> World<'s> {
         }
         q.evidence_ns[level as usize] = now_ns;
         let id = q.id;
+        self.mark(match level {
+            EvidenceLevel::Intent => "evidence.intent",
+            EvidenceLevel::LocalInvalidation => "evidence.local_invalidation",
+            EvidenceLevel::CancelSubmission => "evidence.cancel_submission",
+            EvidenceLevel::BackendObservation => "evidence.backend_observation",
+            EvidenceLevel::FinalCallback => "evidence.final_callback",
+            EvidenceLevel::ResourceRelease => "evidence.resource_release",
+        });
         let ns = if domain == ClockDomain::Backend {
             now_ns + self.clock_offset_ns
         } else {
@@ -1724,6 +1800,17 @@ impl<'s> World<'s> {
         self.reqs[tag as usize].playback_stream = None;
         let q = self.reqs[tag as usize].clone();
         let state = state.unwrap_or(State::Cancelled);
+        if q.plan.is_some() {
+            match state {
+                State::Completed => self.targets.completed += 1,
+                State::Cancelled => self.targets.cancelled += 1,
+                State::Expired => self.targets.expired += 1,
+                State::Running => {}
+            }
+        }
+        if q.observed_ns != NONE && q.released_ns != NONE && q.released_ns > q.observed_ns {
+            self.mark("release.after_fence");
+        }
         // Dispositions with their denominators.
         if q.rejected {
             self.counts.rejected += 1;
@@ -1756,7 +1843,9 @@ impl<'s> World<'s> {
                 if at == NONE {
                     self.cleanup_unknown[i] += 1;
                 } else {
-                    self.cleanup[i].record(at - q.intent_ns);
+                    // Evidence from before the intent (killed as someone else's collateral first):
+                    // the request was already clean when its own intent came.
+                    self.cleanup[i].record(at.saturating_sub(q.intent_ns));
                 }
             }
             let fd = matches!(self.policy(), Some(Policy::FinishAndDiscard));
@@ -1791,8 +1880,9 @@ impl<'s> World<'s> {
             Mode::Policy(_, cf) => {
                 // A sibling: no intent of its own, but it shared a replica with a request that
                 // got one while it was there, or it was killed or corrupted by someone's cancel.
-                let shared =
-                    q.enqueued && self.intent_epoch[q.replica as usize] > q.epoch_at_enqueue;
+                let shared = q.enqueued
+                    && self.intent_epoch[q.replica as usize] > q.epoch_at_enqueue
+                    && !self.own_group_hit(tag);
                 if q.intent_ns == NONE && (q.sibling || shared) {
                     self.siblings += 1;
                     if let Some(base) = cf.get(q.id) {
@@ -1810,6 +1900,11 @@ impl<'s> World<'s> {
                 }
             }
         }
+        self.outcome_hasher.update(&q.id.to_le_bytes());
+        self.outcome_hasher.update(&[state as u8]);
+        self.outcome_hasher.update(&q.digest.to_le_bytes());
+        self.outcome_hasher.update(&q.tokens.to_le_bytes());
+        self.outcome_hasher.update(&q.chunks_admitted.to_le_bytes());
         self.integrate(now_ns);
         self.in_system -= 1;
         self.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
@@ -1817,6 +1912,15 @@ impl<'s> World<'s> {
         self.reqs[tag as usize].live = false;
         self.free_tags.push(tag);
         Ok(())
+    }
+
+    /// Whether the request's own owner (its conversation) has had a cancel intent: then the owner's
+    /// group was hit, and the request is part of that group, not a sibling of it.
+    fn own_group_hit(&self, tag: u32) -> bool {
+        self.reqs[tag as usize]
+            .conv
+            .and_then(|(c, _)| self.convs.get(&c))
+            .is_some_and(|c| c.intents > 0)
     }
 
     /// A request of generation `g` of conversation `c` is done (or refused, or gone).
@@ -1942,6 +2046,35 @@ impl<'s> World<'s> {
                 finish_and_discard: self.leaked.by_cause.finish_and_discard / NS_PER_S as f64,
             },
         };
+        let derived: [(&'static str, u64); 14] = [
+            (
+                "rpc.retry",
+                self.rpc
+                    .attempts
+                    .saturating_sub(self.rpc.intents.min(self.rpc.attempts)),
+            ),
+            ("rpc.lost", self.rpc.lost),
+            ("rpc.duplicate", self.rpc.duplicates),
+            ("rpc.late_callback", self.rpc.late_callbacks),
+            ("rpc.budget_exhausted", self.rpc.budget_exhausted),
+            ("rpc.unknown_abort", self.rpc.unknown_aborts),
+            ("rpc.fallback", self.rpc.fallbacks),
+            ("fault", self.rpc.faults),
+            ("collateral_kill", self.rpc.collateral_kills),
+            ("preemption", stats.preemptions),
+            ("playback.blocked", self.playback.blocked),
+            ("playback.expired", self.playback.expired),
+            ("playback.suppressed", self.playback.suppressed),
+            (
+                "release.corrupted_next_owner",
+                self.playback.corrupted_requests,
+            ),
+        ];
+        for (m, n) in derived {
+            if n > 0 {
+                *self.coverage.entry(m).or_insert(0) += n;
+            }
+        }
         Ok(Summary {
             scenario: self.scenario.name.clone(),
             scenario_hash: self.scenario.hash(),
@@ -2013,6 +2146,12 @@ impl<'s> World<'s> {
             workload: self.events.clone(),
             playback: self.playback.clone(),
             cancel_rpc: self.rpc.clone(),
+            targets: self.targets.clone(),
+            coverage: self
+                .coverage
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
             littles_law: LittlesLaw {
                 lambda_per_s,
                 mean_in_system,
@@ -2026,7 +2165,12 @@ impl<'s> World<'s> {
             events: self.kernel.events_dispatched(),
             virtual_time_s: end_s,
             workload_hash: self.workload_hasher.finalize().to_hex().to_string(),
-            run_hash: self.kernel.run_hash(),
+            run_hash: {
+                let mut h = blake3::Hasher::new();
+                h.update(self.kernel.run_hash().as_bytes());
+                h.update(self.outcome_hasher.finalize().as_bytes());
+                h.finalize().to_hex().to_string()
+            },
         })
     }
 }
@@ -2046,6 +2190,11 @@ pub struct Report {
 
 /// Run the counterfactual, then every policy of the scenario, on `seed`.
 pub fn run(scenario: &Scenario, seed: u64) -> Result<Report, RunError> {
+    run_with(scenario, seed, Hooks::default())
+}
+
+/// `run` with deliberately broken variants turned on (tests of the checker only).
+pub fn run_with(scenario: &Scenario, seed: u64, hooks: Hooks) -> Result<Report, RunError> {
     let mut table = CfTable::default();
     let intents = has_intent_sources(scenario);
     let counterfactual = World::new(
@@ -2058,7 +2207,11 @@ pub fn run(scenario: &Scenario, seed: u64) -> Result<Report, RunError> {
     let mut policies = Vec::with_capacity(scenario.policies.len());
     for p in &scenario.policies {
         if intents {
-            policies.push(World::new(scenario, seed, Mode::Policy(p, &table), None)?.run()?);
+            policies.push(
+                World::new(scenario, seed, Mode::Policy(p, &table), None)?
+                    .with_hooks(hooks)
+                    .run()?,
+            );
         } else {
             // Without any source of cancel intents a policy run is the counterfactual event for
             // event (the same run hash; a test shows it), so it is not simulated again.

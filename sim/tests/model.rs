@@ -166,10 +166,10 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "99e2cbe70d35b125a4d78b984f00dbde07cdb114c6fa175cb91bbcd174a4d6c6";
-const GOLDEN_MD1_RHO08: &str = "829efb6b97d3f713daffe24a1f020f0176bed156e2db32d8b8f079e9a6317ac6";
+const GOLDEN_DEFAULT: &str = "c1a878da350504d000d2a15618dafc5f360bbf4aac81f3c8acb61da2dc17c01f";
+const GOLDEN_MD1_RHO08: &str = "731715079c1f9724b5109e3cce13829174f407ebe5efaf7efd8397d38e04f5fa";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "66ae5e4ccf80ee6cf5607fe1878c9fe777e16d941edc2f45cb1df8bfd6fa436f";
+    "50de7555772e2926619a81f2b3ec6a157920f80222ea506a7c7e6f808eb1c06f";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(

@@ -37,6 +37,8 @@ pub enum Purpose {
     AbortFault = 9,
     /// Playback waits and clear acknowledgements (entity = request or owner id, sub = counter).
     Playback = 10,
+    /// Swarm testing's draw of a scenario's parameters (entity 0, keyed by the swarm seed).
+    Swarm = 11,
 }
 
 /// One keyed random stream.

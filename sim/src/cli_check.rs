@@ -1,0 +1,213 @@
+//! The `cancelsim check` command: the I/O around `check`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use crate::check;
+use crate::scenario::Scenario;
+use crate::world::Hooks;
+
+pub struct Args {
+    pub paths: Vec<PathBuf>,
+    pub swarm: u64,
+    pub first_seed: u64,
+    pub threads: usize,
+    pub out: PathBuf,
+    pub update_golden: bool,
+}
+
+pub const COMMIT: &str = env!("CANCELSIM_COMMIT");
+const GOLDEN: &str = "golden.txt";
+/// Failing swarm seeds shrunk per scenario, at most.
+const SHRINK_MAX: usize = 3;
+
+fn scenario_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut files = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut here: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "ron"))
+                .collect();
+            here.sort();
+            files.extend(here);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    Ok(files)
+}
+
+/// `name seed run_hash` per line, next to the scenarios.
+fn read_golden(path: &Path) -> BTreeMap<String, (u64, String)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return BTreeMap::new();
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((
+                w.next()?.to_string(),
+                (w.next()?.parse().ok()?, w.next()?.to_string()),
+            ))
+        })
+        .collect()
+}
+
+fn write_golden(path: &Path, golden: &BTreeMap<String, (u64, String)>) -> Result<(), String> {
+    let mut text = String::from("# Golden run hashes: scenario file, seed, run_hash. Update with\n# `cancelsim check --update-golden`, in a commit of its own that says why the model changed.\n");
+    for (name, (seed, hash)) in golden {
+        text += &format!("{name} {seed} {hash}\n");
+    }
+    let tmp = path.with_extension("txt.tmp");
+    std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn fail_line(path: &Path, seed: u64, what: &str) -> String {
+    format!(
+        "FAIL {} seed {seed}: {what} | reproduce: cancelsim run {} --seed {seed} (commit {COMMIT})",
+        path.display(),
+        path.display()
+    )
+}
+
+pub fn main(args: Args) -> ExitCode {
+    let paths = if args.paths.is_empty() {
+        vec![PathBuf::from("scenarios/library")]
+    } else {
+        args.paths.clone()
+    };
+    let files = match scenario_files(&paths) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.threads > 0 {
+        // The global pool is set once per process; results never depend on its size.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(args.threads)
+            .build_global();
+    }
+    let mut failures = 0usize;
+    let mut goldens: BTreeMap<PathBuf, BTreeMap<String, (u64, String)>> = BTreeMap::new();
+    let (mut swarm_seeds, mut swarm_s) = (0u64, 0f64);
+    for file in &files {
+        let scenario = match Scenario::load(file) {
+            Ok(s) => s,
+            Err(e) => {
+                println!("FAIL {e}");
+                failures += 1;
+                continue;
+            }
+        };
+        let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let golden = goldens
+            .entry(dir.clone())
+            .or_insert_with(|| read_golden(&dir.join(GOLDEN)));
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("?")
+            .to_string();
+        match check::check_one(&scenario, scenario.seed, Hooks::default(), true) {
+            Ok(report) => {
+                match golden.get(&name) {
+                    Some((seed, hash)) if !args.update_golden => {
+                        if *seed == scenario.seed && *hash != report.run_hash {
+                            println!(
+                                "{}",
+                                fail_line(
+                                    file,
+                                    scenario.seed,
+                                    &format!(
+                                        "golden run hash {hash} changed to {}",
+                                        report.run_hash
+                                    )
+                                )
+                            );
+                            failures += 1;
+                        }
+                    }
+                    _ => {
+                        if args.update_golden {
+                            golden.insert(name.clone(), (scenario.seed, report.run_hash.clone()));
+                        }
+                    }
+                }
+                println!(
+                    "ok   {} seed {} run_hash={}",
+                    file.display(),
+                    scenario.seed,
+                    &report.run_hash[..16]
+                );
+            }
+            Err(fs) => {
+                for f in &fs {
+                    println!("{}", fail_line(file, scenario.seed, f));
+                }
+                failures += 1;
+            }
+        }
+        if args.swarm > 0 && scenario.swarm.is_some() {
+            let start = Instant::now();
+            let results = check::swarm(&scenario, args.first_seed, args.swarm, Hooks::default());
+            swarm_s += start.elapsed().as_secs_f64();
+            swarm_seeds += args.swarm;
+            let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
+            for r in &failed {
+                println!(
+                    "{}",
+                    fail_line(file, r.seed, &format!("swarm: {}", r.failures.join("; ")))
+                );
+            }
+            failures += failed.len();
+            for r in failed.iter().take(SHRINK_MAX) {
+                let variant = check::randomise(&scenario, r.seed);
+                let fails =
+                    |s: &Scenario| check::check_one(s, r.seed, Hooks::default(), false).is_err();
+                let small = check::shrink(&variant, r.seed, 200, &fails);
+                let out = args
+                    .out
+                    .join(format!("{}-seed{}.ron", scenario.name, r.seed));
+                let written = std::fs::create_dir_all(&args.out)
+                    .and_then(|_| std::fs::write(&out, check::to_ron(&small)));
+                match written {
+                    Ok(()) => println!(
+                        "     shrunk to {} requests: {}",
+                        check::requests(&small).map_or("?".into(), |n| n.to_string()),
+                        out.display()
+                    ),
+                    Err(e) => println!("     could not write {}: {e}", out.display()),
+                }
+            }
+        }
+    }
+    if args.update_golden {
+        for (dir, g) in &goldens {
+            if let Err(e) = write_golden(&dir.join(GOLDEN), g) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    print!("check: {} scenarios, {failures} failures", files.len());
+    if swarm_seeds > 0 {
+        print!(
+            "; swarm: {swarm_seeds} seeds in {swarm_s:.1} s ({:.0} seeds/s)",
+            swarm_seeds as f64 / swarm_s.max(1e-9)
+        );
+    }
+    println!(" (commit {COMMIT})");
+    if failures > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
