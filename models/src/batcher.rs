@@ -282,6 +282,11 @@ impl Batcher {
         report
     }
 
+    /// (queued, in the running batch).
+    pub fn lens(&self) -> (usize, usize) {
+        (self.queue.len(), self.batch.len())
+    }
+
     pub fn load(&self) -> u64 {
         (self.queue.len() + self.batch.len()) as u64
     }

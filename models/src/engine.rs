@@ -976,6 +976,11 @@ impl Engine {
         self.live
     }
 
+    /// Blocks held now by requests with a cancel intent (retained).
+    pub fn marked_blocks(&self) -> u64 {
+        self.marked_blocks
+    }
+
     pub fn waiting_len(&self) -> usize {
         self.waiting.len()
     }

@@ -113,6 +113,22 @@ impl Replica {
         }
     }
 
+    /// (waiting, running, KV blocks in use, KV blocks retained by cancelled requests) now.
+    pub fn gauges(&self) -> (u64, u64, u64, u64) {
+        match self {
+            Replica::Continuous(e) => (
+                e.waiting_len() as u64,
+                e.running_len() as u64,
+                e.kv().in_use(),
+                e.marked_blocks(),
+            ),
+            Replica::Dynamic(b) => {
+                let (queued, batch) = b.lens();
+                (queued as u64, batch as u64, b.kv().in_use(), 0)
+            }
+        }
+    }
+
     pub fn load(&self) -> u64 {
         match self {
             Replica::Continuous(e) => e.load(),

@@ -77,6 +77,19 @@ impl LatencyStats {
         }
     }
 
+    /// `points` + 1 points (value ms, cumulative fraction) of the distribution, from 0 to 1.
+    pub fn cdf_ms(&self, points: u32) -> Vec<(f64, f64)> {
+        if self.count == 0 {
+            return Vec::new();
+        }
+        (0..=points)
+            .map(|i| {
+                let q = i as f64 / points as f64;
+                (self.hist.value_at_quantile(q) as f64 / NS_PER_MS as f64, q)
+            })
+            .collect()
+    }
+
     pub fn summary(&self) -> LatencyMs {
         let ms = |ns: f64| ns / NS_PER_MS as f64;
         if self.count == 0 {

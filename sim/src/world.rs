@@ -253,6 +253,97 @@ impl CfTable {
     }
 }
 
+/// One sample of the system's gauges, on the virtual clock (summed over replicas).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Sample {
+    pub t_s: f64,
+    pub kv_blocks: u64,
+    /// Blocks held by requests with a cancel intent.
+    pub kv_retained: u64,
+    pub queue: u64,
+    pub running: u64,
+    /// Cancels whose backend has neither observed them nor released the request.
+    pub cancels_in_flight: u64,
+}
+
+/// One request's record, as `requests.csv` writes it. Times are virtual milliseconds from the
+/// start of the run; an empty cell is unknown, never zero.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RequestRow {
+    pub policy: String,
+    pub id: u64,
+    pub owner: u64,
+    pub generation: u32,
+    pub replica: u32,
+    pub runtime_id: u64,
+    pub disposition: &'static str,
+    pub target: bool,
+    pub sibling: bool,
+    pub survived: Option<bool>,
+    pub collateral: bool,
+    pub output_tokens: u32,
+    pub tokens_generated: u32,
+    pub chunks_played: u32,
+    pub arrival_ms: f64,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
+    pub intent_ms: Option<f64>,
+    pub local_invalidation_ms: Option<f64>,
+    pub cancel_submission_ms: Option<f64>,
+    pub backend_observation_ms: Option<f64>,
+    pub final_callback_ms: Option<f64>,
+    pub resource_release_ms: Option<f64>,
+    pub leaked_gpu_ms: f64,
+    pub late_discards: u32,
+    pub gpu_ms: f64,
+}
+
+/// Where a run streams its per-request rows (a CSV file, say). Rows arrive as requests leave.
+pub trait RequestSink {
+    fn row(&mut self, row: &RequestRow);
+}
+
+/// Chrome Trace Event records of one run: steps as slices per replica, requests as async tracks,
+/// cancels as flows from intent to observation to release. Integer microseconds.
+#[derive(Default)]
+pub struct TraceLog {
+    pub events: Vec<serde_json::Value>,
+    /// Events dropped past `TRACE_EVENTS_MAX`.
+    pub dropped: u64,
+}
+
+/// Trace events kept per run at most.
+pub const TRACE_EVENTS_MAX: usize = 400_000;
+
+/// What a run gives besides its summary, for files and plots.
+#[derive(Default)]
+pub struct Extras {
+    pub timeseries: Vec<Sample>,
+    /// (counterfactual TTFT, this run's TTFT) of siblings, in ms (the first `PAIRS_MAX`).
+    pub sibling_ttft_ms: Vec<(f64, f64)>,
+    /// Per evidence level, (latency ms, cumulative fraction) points of the cleanup-latency CDF.
+    pub cleanup_cdf_ms: BTreeMap<String, Vec<(f64, f64)>>,
+    pub trace: Option<TraceLog>,
+    /// The request sink, handed back so the next run can continue writing to it.
+    pub sink: Option<Box<dyn RequestSink>>,
+}
+
+/// Sibling pairs kept per run for plots, at most.
+pub const PAIRS_MAX: usize = 50_000;
+/// Time-series samples kept per run, at most (sampling stops there).
+pub const SAMPLES_MAX: usize = 100_000;
+
+/// Recording options of a run.
+#[derive(Default)]
+pub struct Recording {
+    /// Sample the gauges every this many virtual ns (0: never).
+    pub sample_ns: u64,
+    pub sink: Option<Box<dyn RequestSink>>,
+    pub trace: bool,
+    /// Process id of this run in a shared trace.
+    pub trace_pid: u32,
+}
+
 /// Deliberately broken variants, to show that `check --swarm` catches real bugs. Only the library
 /// API sets them (tests); no scenario file or command-line flag can.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -332,6 +423,9 @@ struct Req {
     epoch_at_enqueue: u64,
     leak_pre_ns: f64,
     leak_post_ns: f64,
+    late_tokens: u32,
+    /// Counted in `cancels_in_flight` (an intent the backend has not acted on yet).
+    cancel_in_flight: bool,
 }
 
 /// A conversation in progress.
@@ -524,6 +618,10 @@ pub struct World<'s> {
     targets: Targets,
     /// Test-only deliberate bugs (see `Hooks`).
     hooks: Hooks,
+    recording: Recording,
+    extras: Extras,
+    next_sample_ns: u64,
+    cancels_in_flight: u64,
     /// Cancel intents so far per replica: a request that sees this move while it is on the
     /// replica shared its engine with a cancelled request (a sibling).
     intent_epoch: Vec<u64>,
@@ -615,6 +713,10 @@ impl<'s> World<'s> {
             coverage: BTreeMap::new(),
             targets: Targets::default(),
             hooks: Hooks::default(),
+            recording: Recording::default(),
+            extras: Extras::default(),
+            next_sample_ns: 0,
+            cancels_in_flight: 0,
             clock_offset_ns: ms_to_ns(scenario.backend.clock_offset_ms),
             zero_writer_wait: scenario.playback.writer_wait_ms == crate::dist::Dist::Constant(0.0),
         })
@@ -625,6 +727,53 @@ impl<'s> World<'s> {
         self.hooks = hooks;
         self.owners.set_bug(hooks.controller_bug);
         self
+    }
+
+    /// Record samples, rows or a trace while running.
+    pub fn with_recording(mut self, r: Recording) -> Self {
+        if r.trace {
+            self.extras.trace = Some(TraceLog::default());
+        }
+        self.recording = r;
+        self
+    }
+
+    fn trace(&mut self, ev: serde_json::Value) {
+        if let Some(t) = &mut self.extras.trace {
+            if t.events.len() < TRACE_EVENTS_MAX {
+                t.events.push(ev);
+            } else {
+                t.dropped += 1;
+            }
+        }
+    }
+
+    /// Samples of the gauges at every boundary before `now_ns`: the state between events, so
+    /// sampling adds no event and cannot change a run.
+    fn sample_until(&mut self, now_ns: u64) {
+        let step = self.recording.sample_ns;
+        if step == 0 {
+            return;
+        }
+        while self.next_sample_ns < now_ns && self.extras.timeseries.len() < SAMPLES_MAX {
+            let mut s = Sample {
+                t_s: self.next_sample_ns as f64 / NS_PER_S as f64,
+                kv_blocks: 0,
+                kv_retained: 0,
+                queue: 0,
+                running: 0,
+                cancels_in_flight: self.cancels_in_flight,
+            };
+            for r in &self.replicas {
+                let (q, run, kv, kept) = r.gauges();
+                s.queue += q;
+                s.running += run;
+                s.kv_blocks += kv;
+                s.kv_retained += kept;
+            }
+            self.extras.timeseries.push(s);
+            self.next_sample_ns += step;
+        }
     }
 
     /// Count a rare path.
@@ -640,7 +789,12 @@ impl<'s> World<'s> {
     }
 
     /// Run to completion and summarise.
-    pub fn run(mut self) -> Result<Summary, RunError> {
+    pub fn run(self) -> Result<Summary, RunError> {
+        self.run_recorded().map(|(s, _)| s)
+    }
+
+    /// Run to completion; the summary and what was recorded.
+    pub fn run_recorded(mut self) -> Result<(Summary, Extras), RunError> {
         if self.open.is_some() {
             self.pull_arrival()?;
         } else {
@@ -648,8 +802,11 @@ impl<'s> World<'s> {
                 .schedule_at(0, Class::Arrival, Event::ConversationStart { conv: 0 })?;
         }
         while let Some(event) = self.kernel.next_event()? {
+            self.sample_until(self.kernel.now_ns());
             self.dispatch(event)?;
         }
+        let now = self.kernel.now_ns();
+        self.sample_until(now.saturating_add(1));
         self.finish()
     }
 
@@ -1043,6 +1200,8 @@ impl<'s> World<'s> {
             epoch_at_enqueue: 0,
             leak_pre_ns: 0.0,
             leak_post_ns: 0.0,
+            late_tokens: 0,
+            cancel_in_flight: false,
         };
         let tag = match self.free_tags.pop() {
             Some(t) => {
@@ -1219,6 +1378,10 @@ impl<'s> World<'s> {
         match policy {
             Policy::FinishAndDiscard => {}
             Policy::PerRequest | Policy::GroupAbort(_) | Policy::PerRequestWithFallback { .. } => {
+                if !released {
+                    self.reqs[tag as usize].cancel_in_flight = true;
+                    self.cancels_in_flight += 1;
+                }
                 let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, id, 1 << 20);
                 let delay = ms_to_ns(self.scenario.adapter.submit_delay_ms.sample(&mut s));
                 self.kernel.schedule_in(
@@ -1359,6 +1522,11 @@ impl<'s> World<'s> {
         self.observed.clear();
         self.drain_released()?;
         while let Some(d) = self.replicas[r].dispatch(now_ns) {
+            if self.extras.trace.is_some() {
+                let pid = self.recording.trace_pid;
+                self.trace(serde_json::json!({"name": "step", "cat": "gpu", "ph": "X", "pid": pid, "tid": replica,
+                    "ts": d.start_ns / 1000, "dur": d.end_ns / 1000 - d.start_ns / 1000, "args": {"step": d.step}}));
+            }
             self.kernel.schedule_at(
                 d.end_ns,
                 Class::Completion,
@@ -1397,6 +1565,9 @@ impl<'s> World<'s> {
             return Ok(());
         }
         self.reqs[o.tag as usize].observed_ns = now_ns;
+        if std::mem::take(&mut self.reqs[o.tag as usize].cancel_in_flight) {
+            self.cancels_in_flight -= 1;
+        }
         self.evidence(
             o.tag,
             EvidenceLevel::BackendObservation,
@@ -1525,6 +1696,7 @@ impl<'s> World<'s> {
         if self.reqs[tag as usize].terminal {
             debug_assert!(self.owners.state(&id).is_none_or(State::is_terminal));
             self.late_output_discards += 1;
+            self.reqs[tag as usize].late_tokens += 1;
             return Ok(());
         }
         let q = &mut self.reqs[tag as usize];
@@ -1718,6 +1890,9 @@ impl<'s> World<'s> {
         self.kv_block_ns += rel.kv_block_ns;
         self.kv_block_ns_retained += rel.kv_block_ns_marked;
         self.reqs[rel.tag as usize].engine_released = true;
+        if std::mem::take(&mut self.reqs[rel.tag as usize].cancel_in_flight) {
+            self.cancels_in_flight -= 1;
+        }
         self.reqs[rel.tag as usize].released_ns = self.kernel.now_ns();
         if self.reqs[rel.tag as usize].intent_ns != NONE {
             self.evidence(
@@ -1863,6 +2038,7 @@ impl<'s> World<'s> {
             }
             self.leaked.gpu_s += q.leak_pre_ns + q.leak_post_ns;
         }
+        let (mut is_sibling, mut survived) = (false, None);
         match self.mode {
             Mode::Counterfactual => {
                 if let Some(table) = self.cf_out.as_deref_mut() {
@@ -1884,12 +2060,20 @@ impl<'s> World<'s> {
                     && self.intent_epoch[q.replica as usize] > q.epoch_at_enqueue
                     && !self.own_group_hit(tag);
                 if q.intent_ns == NONE && (q.sibling || shared) {
+                    is_sibling = true;
                     self.siblings += 1;
                     if let Some(base) = cf.get(q.id) {
-                        if base.state == state && base.digest == q.digest {
+                        survived = Some(base.state == state && base.digest == q.digest);
+                        if survived == Some(true) {
                             self.survived += 1;
                         }
                         if base.state == State::Completed && state == State::Completed {
+                            if self.extras.sibling_ttft_ms.len() < PAIRS_MAX {
+                                self.extras.sibling_ttft_ms.push((
+                                    base.ttft_ns as f64 / 1e6,
+                                    (q.first_token_ns - q.arrival_ns) as f64 / 1e6,
+                                ));
+                            }
                             self.ttft_deltas.push(
                                 (q.first_token_ns - q.arrival_ns) as i64 - base.ttft_ns as i64,
                             );
@@ -1900,6 +2084,7 @@ impl<'s> World<'s> {
                 }
             }
         }
+        self.record_request(&q, state, is_sibling, survived, now_ns);
         self.outcome_hasher.update(&q.id.to_le_bytes());
         self.outcome_hasher.update(&[state as u8]);
         self.outcome_hasher.update(&q.digest.to_le_bytes());
@@ -1912,6 +2097,106 @@ impl<'s> World<'s> {
         self.reqs[tag as usize].live = false;
         self.free_tags.push(tag);
         Ok(())
+    }
+
+    /// A request leaves: its row to the sink, its track and cancel flow to the trace.
+    fn record_request(
+        &mut self,
+        q: &Req,
+        state: State,
+        sibling: bool,
+        survived: Option<bool>,
+        now_ns: u64,
+    ) {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let opt = |ns: u64| (ns != NONE).then(|| ms(ns));
+        let disposition = if q.rejected {
+            "rejected"
+        } else {
+            match state {
+                State::Completed => "completed",
+                State::Cancelled => "cancelled",
+                State::Expired => "expired",
+                State::Running => "running",
+            }
+        };
+        if let Some(sink) = self.recording.sink.as_deref_mut() {
+            let ev = |l: EvidenceLevel| opt(q.evidence_ns[l as usize]);
+            let completed = state == State::Completed && !q.rejected;
+            sink.row(&RequestRow {
+                policy: self.policy_label.clone(),
+                id: q.id,
+                owner: q.owner,
+                generation: q.generation,
+                replica: q.replica,
+                runtime_id: q.handle.runtime_id,
+                disposition,
+                target: q.plan.is_some(),
+                sibling,
+                survived,
+                collateral: q.collateral,
+                output_tokens: q.output,
+                tokens_generated: q.tokens,
+                chunks_played: q.chunks_admitted,
+                arrival_ms: ms(q.arrival_ns),
+                ttft_ms: completed.then(|| ms(q.first_token_ns - q.arrival_ns)),
+                e2e_ms: completed.then(|| ms(q.last_token_ns - q.arrival_ns)),
+                intent_ms: opt(q.intent_ns),
+                local_invalidation_ms: ev(EvidenceLevel::LocalInvalidation),
+                cancel_submission_ms: ev(EvidenceLevel::CancelSubmission),
+                backend_observation_ms: ev(EvidenceLevel::BackendObservation),
+                final_callback_ms: ev(EvidenceLevel::FinalCallback),
+                resource_release_ms: ev(EvidenceLevel::ResourceRelease),
+                leaked_gpu_ms: (q.leak_pre_ns + q.leak_post_ns) / 1e6,
+                late_discards: q.late_tokens,
+                gpu_ms: q.gpu_ns / 1e6,
+            });
+        }
+        if self.extras.trace.is_none() {
+            return;
+        }
+        let pid = self.recording.trace_pid;
+        let us = |ns: u64| ns / 1000;
+        let name = format!("request {}", q.id);
+        self.trace(serde_json::json!({"name": name, "cat": "request", "ph": "b", "id": q.id, "pid": pid, "tid": 0, "ts": us(q.arrival_ns)}));
+        self.trace(serde_json::json!({"name": name, "cat": "request", "ph": "e", "id": q.id, "pid": pid, "tid": 0, "ts": us(now_ns),
+            "args": {"disposition": disposition, "sibling": sibling, "survived": survived}}));
+        if q.intent_ns == NONE {
+            return;
+        }
+        // The cancel as a flow: intent, then backend observation, then resource release, each a
+        // 1 µs marker slice on the "cancels" thread that the flow binds to.
+        let mut points: Vec<(&str, u64)> = vec![("intent", q.intent_ns)];
+        for (label, l) in [
+            ("backend_observation", EvidenceLevel::BackendObservation),
+            ("resource_release", EvidenceLevel::ResourceRelease),
+        ] {
+            let at = q.evidence_ns[l as usize];
+            if at != NONE && at >= q.intent_ns {
+                points.push((label, at));
+            }
+        }
+        for (label, at) in &points {
+            self.trace(serde_json::json!({"name": label, "cat": "cancel", "ph": "X", "pid": pid, "tid": CANCELS_TID,
+                "ts": us(*at), "dur": 1, "args": {"request": q.id}}));
+        }
+        if points.len() >= 2 {
+            let last = points.len() - 1;
+            for (i, (_, at)) in points.iter().enumerate() {
+                let ph = if i == 0 {
+                    "s"
+                } else if i == last {
+                    "f"
+                } else {
+                    "t"
+                };
+                let mut ev = serde_json::json!({"name": "cancel", "cat": "cancel", "ph": ph, "id": q.id, "pid": pid, "tid": CANCELS_TID, "ts": us(*at)});
+                if ph == "f" {
+                    ev["bp"] = serde_json::json!("e");
+                }
+                self.trace(ev);
+            }
+        }
     }
 
     /// Whether the request's own owner (its conversation) has had a cancel intent: then the owner's
@@ -1957,7 +2242,7 @@ impl<'s> World<'s> {
         self.last_change_ns = now_ns;
     }
 
-    fn finish(mut self) -> Result<Summary, RunError> {
+    fn finish(mut self) -> Result<(Summary, Extras), RunError> {
         let end_ns = self.kernel.now_ns();
         self.integrate(end_ns);
         // Conservation, checked on every run (invariant 5): everyone who arrived ended in exactly
@@ -2021,6 +2306,12 @@ impl<'s> World<'s> {
         let makespan_s = self.last_completion_ns as f64 / NS_PER_S as f64;
         let mut cleanup = BTreeMap::new();
         for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
+            let cdf = self.cleanup[i].cdf_ms(50);
+            if !cdf.is_empty() {
+                self.extras
+                    .cleanup_cdf_ms
+                    .insert(level.as_str().to_string(), cdf);
+            }
             let l = self.cleanup[i].summary();
             cleanup.insert(
                 level.as_str().to_string(),
@@ -2075,7 +2366,7 @@ impl<'s> World<'s> {
                 *self.coverage.entry(m).or_insert(0) += n;
             }
         }
-        Ok(Summary {
+        let summary = Summary {
             scenario: self.scenario.name.clone(),
             scenario_hash: self.scenario.hash(),
             seed: self.seed,
@@ -2171,7 +2462,10 @@ impl<'s> World<'s> {
                 h.update(self.outcome_hasher.finalize().as_bytes());
                 h.finalize().to_hex().to_string()
             },
-        })
+        };
+        let mut extras = std::mem::take(&mut self.extras);
+        extras.sink = self.recording.sink.take();
+        Ok((summary, extras))
     }
 }
 
@@ -2182,6 +2476,8 @@ pub struct Report {
     pub scenario_hash: String,
     pub seed: u64,
     pub version: String,
+    /// The git commit cancelsim was built from.
+    pub commit: String,
     pub counterfactual: Summary,
     pub policies: Vec<Summary>,
     /// BLAKE3 over the counterfactual's and every policy run's hash, in order.
@@ -2191,6 +2487,81 @@ pub struct Report {
 /// Run the counterfactual, then every policy of the scenario, on `seed`.
 pub fn run(scenario: &Scenario, seed: u64) -> Result<Report, RunError> {
     run_with(scenario, seed, Hooks::default())
+}
+
+/// The trace thread of the cancel flows' marker slices.
+pub const CANCELS_TID: u32 = 1_000_000;
+
+/// `run`, streaming per-request rows into `sink`, sampling gauges every `sample_ns` and, if
+/// asked, keeping a trace. Returns the report and each run's extras (the counterfactual's
+/// first, which also hands the sink back).
+pub fn run_recorded(
+    scenario: &Scenario,
+    seed: u64,
+    sample_ns: u64,
+    mut sink: Option<Box<dyn RequestSink>>,
+    trace: bool,
+) -> Result<(Report, Vec<Extras>), RunError> {
+    let mut table = CfTable::default();
+    let intents = has_intent_sources(scenario);
+    let mut extras = Vec::new();
+    let rec = |pid: u32, sink: Option<Box<dyn RequestSink>>| Recording {
+        sample_ns,
+        sink,
+        trace,
+        trace_pid: pid,
+    };
+    let (counterfactual, mut e) = World::new(
+        scenario,
+        seed,
+        Mode::Counterfactual,
+        intents.then_some(&mut table),
+    )?
+    .with_recording(rec(0, sink.take()))
+    .run_recorded()?;
+    sink = e.sink.take();
+    extras.push(e);
+    let mut policies = Vec::with_capacity(scenario.policies.len());
+    for (i, p) in scenario.policies.iter().enumerate() {
+        if intents {
+            let (summary, mut e) = World::new(scenario, seed, Mode::Policy(p, &table), None)?
+                .with_recording(rec(i as u32 + 1, sink.take()))
+                .run_recorded()?;
+            sink = e.sink.take();
+            policies.push(summary);
+            extras.push(e);
+        } else {
+            let mut same = counterfactual.clone();
+            same.policy = p.label();
+            policies.push(same);
+            extras.push(Extras::default());
+        }
+    }
+    extras[0].sink = sink;
+    Ok((assemble(scenario, seed, counterfactual, policies), extras))
+}
+
+fn assemble(
+    scenario: &Scenario,
+    seed: u64,
+    counterfactual: Summary,
+    policies: Vec<Summary>,
+) -> Report {
+    let mut h = blake3::Hasher::new();
+    h.update(counterfactual.run_hash.as_bytes());
+    for p in &policies {
+        h.update(p.run_hash.as_bytes());
+    }
+    Report {
+        scenario: scenario.name.clone(),
+        scenario_hash: scenario.hash(),
+        seed,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        commit: env!("CANCELSIM_COMMIT").to_string(),
+        counterfactual,
+        policies,
+        run_hash: h.finalize().to_hex().to_string(),
+    }
 }
 
 /// `run` with deliberately broken variants turned on (tests of the checker only).
@@ -2220,20 +2591,7 @@ pub fn run_with(scenario: &Scenario, seed: u64, hooks: Hooks) -> Result<Report, 
             policies.push(same);
         }
     }
-    let mut h = blake3::Hasher::new();
-    h.update(counterfactual.run_hash.as_bytes());
-    for p in &policies {
-        h.update(p.run_hash.as_bytes());
-    }
-    Ok(Report {
-        scenario: scenario.name.clone(),
-        scenario_hash: scenario.hash(),
-        seed,
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        counterfactual,
-        policies,
-        run_hash: h.finalize().to_hex().to_string(),
-    })
+    Ok(assemble(scenario, seed, counterfactual, policies))
 }
 
 /// Whether anything in the scenario can produce a cancel intent.
