@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use cancelsim::report::{self, Written};
+use cancelsim::report;
 use cancelsim::scenario::Scenario;
 use cancelsim::world;
 
@@ -72,7 +72,16 @@ struct RunOpts {
     /// Print the summary only; write no files.
     #[arg(long)]
     no_write: bool,
+    /// Write trace.json even for a large run (by default only up to 20,000 requests).
+    #[arg(long)]
+    trace: bool,
+    /// Gauges sampling interval for timeseries.csv, in virtual milliseconds.
+    #[arg(long, default_value_t = 100.0)]
+    sample_ms: f64,
 }
+
+/// Runs up to this many requests get a trace.json by default.
+const TRACE_REQUESTS_DEFAULT: u64 = 20_000;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -81,6 +90,7 @@ fn main() -> ExitCode {
             None,
             RunOpts {
                 out: "output".into(),
+                sample_ms: 100.0,
                 ..RunOpts::default()
             },
         ),
@@ -144,28 +154,42 @@ fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
         None => Scenario::default_embedded(),
     };
     let seed = opts.seed.unwrap_or(scenario.seed);
-    let report = world::run(&scenario, seed).map_err(|e| {
-        format!(
-            "scenario {} seed {seed}: {e}",
-            path.as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| "<embedded default>".into())
-        )
-    })?;
+    let shown = path
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "<embedded default>".into());
+    let fail = |e: world::RunError| format!("scenario {shown} seed {seed}: {e}");
+    if opts.no_write {
+        let report = world::run(&scenario, seed).map_err(fail)?;
+        print!("{}", report::render(&report));
+        return Ok(());
+    }
+    // A trace of a small run opens in ui.perfetto.dev; a huge one would not, so it is opt-in.
+    let requests = cancelsim::check::requests(&scenario).unwrap_or(u64::MAX);
+    let trace = opts.trace || requests <= TRACE_REQUESTS_DEFAULT;
+    let dir = report::RunDir::begin(&opts.out, &scenario.name)?;
+    let sink = dir.requests_sink()?;
+    let sample_ns = (opts.sample_ms * 1e6).round() as u64;
+    let (report, extras) =
+        world::run_recorded(&scenario, seed, sample_ns, Some(sink), trace).map_err(fail)?;
     let rendered = report::render(&report);
     let (body, hash_line) = rendered
         .trim_end()
         .rsplit_once('\n')
         .expect("the summary has several lines");
     println!("{body}");
-    if !opts.no_write {
-        match report::write_run(&opts.out, &report, opts.force)? {
-            Written::New(dir) => println!("wrote {}", dir.display()),
-            Written::Replaced(dir) => println!("replaced {}", dir.display()),
-            Written::Kept(dir) => println!(
-                "kept {} (same run_hash already there; --force replaces it)",
-                dir.display()
-            ),
+    let (written, plots) = dir.finish(&report, extras, opts.force)?;
+    match &written {
+        report::Written::New(d) => println!("wrote {}", d.display()),
+        report::Written::Replaced(d) => println!("replaced {}", d.display()),
+        report::Written::Kept(d) => println!(
+            "kept {} (same run_hash already there; --force replaces it)",
+            d.display()
+        ),
+    }
+    if !matches!(written, report::Written::Kept(_)) {
+        for p in &plots {
+            println!("plot {}", p.display());
         }
     }
     println!("{hash_line}");

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::metrics::Summary;
-use crate::world::Report;
+use crate::world::{Extras, Report, RequestRow, RequestSink};
 
 /// The human report: one column per policy, beside the counterfactual. Its last line is always
 /// `run_hash=<hex>`.
@@ -144,7 +144,7 @@ pub fn run_dir(root: &Path, s: &Report) -> PathBuf {
         .join(format!("seed{}-{}", s.seed, &s.run_hash[..12]))
 }
 
-/// What `write_run` did.
+/// What finishing a run directory did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Written {
     New(PathBuf),
@@ -153,40 +153,194 @@ pub enum Written {
     Replaced(PathBuf),
 }
 
-/// Write the run directory atomically: everything goes to a hidden temporary directory next to
-/// the target, which is renamed into place at the end. An interrupted write leaves only a
-/// `.tmp-*` directory, never a half-written run.
-pub fn write_run(root: &Path, s: &Report, force: bool) -> Result<Written, String> {
-    let dir = run_dir(root, s);
-    let exists = dir.exists();
-    if exists && !force {
-        return Ok(Written::Kept(dir));
+/// `requests.csv`, written row by row as requests leave.
+struct CsvSink {
+    w: csv::Writer<std::io::BufWriter<std::fs::File>>,
+    error: Option<String>,
+}
+
+impl RequestSink for CsvSink {
+    fn row(&mut self, row: &RequestRow) {
+        if self.error.is_none() {
+            if let Err(e) = self.w.serialize(row) {
+                self.error = Some(e.to_string());
+            }
+        }
     }
-    let parent = dir.parent().expect("run dir has a parent");
-    std::fs::create_dir_all(parent)
-        .map_err(|e| format!("{}: cannot create: {e}", parent.display()))?;
-    let tmp = parent.join(format!(
-        ".tmp-{}-{}",
-        dir.file_name().and_then(|n| n.to_str()).unwrap_or("run"),
-        std::process::id()
-    ));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)
-            .map_err(|e| format!("{}: cannot clear: {e}", tmp.display()))?;
+
+    fn finish(&mut self) -> Result<(), String> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.w.flush().map_err(|e| e.to_string())
     }
-    std::fs::create_dir(&tmp).map_err(|e| format!("{}: cannot create: {e}", tmp.display()))?;
-    let json = serde_json::to_string_pretty(s).expect("summary serialises") + "\n";
-    std::fs::write(tmp.join("summary.json"), json)
-        .map_err(|e| format!("{}: cannot write: {e}", tmp.join("summary.json").display()))?;
-    if exists {
-        std::fs::remove_dir_all(&dir)
-            .map_err(|e| format!("{}: cannot replace: {e}", dir.display()))?;
+}
+
+/// A run directory being written. Everything goes to a hidden temporary directory next to the
+/// final one and is renamed into place by `finish`; if the run fails or is interrupted, nothing
+/// but that temporary directory can be left, and `Drop` removes it.
+pub struct RunDir {
+    parent: PathBuf,
+    tmp: PathBuf,
+    done: bool,
+}
+
+impl RunDir {
+    pub fn begin(root: &Path, scenario: &str) -> Result<RunDir, String> {
+        let parent = root.join(scenario);
+        std::fs::create_dir_all(&parent)
+            .map_err(|e| format!("{}: cannot create: {e}", parent.display()))?;
+        let tmp = parent.join(format!(".tmp-run-{}", std::process::id()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)
+                .map_err(|e| format!("{}: cannot clear: {e}", tmp.display()))?;
+        }
+        std::fs::create_dir(&tmp).map_err(|e| format!("{}: cannot create: {e}", tmp.display()))?;
+        Ok(RunDir {
+            parent,
+            tmp,
+            done: false,
+        })
     }
-    std::fs::rename(&tmp, &dir)
-        .map_err(|e| format!("{}: cannot move into place: {e}", dir.display()))?;
-    Ok(if exists {
-        Written::Replaced(dir)
-    } else {
-        Written::New(dir)
-    })
+
+    /// The sink that streams `requests.csv` into the directory.
+    pub fn requests_sink(&self) -> Result<Box<dyn RequestSink>, String> {
+        let path = self.tmp.join("requests.csv");
+        let f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Box::new(CsvSink {
+            w: csv::Writer::from_writer(std::io::BufWriter::new(f)),
+            error: None,
+        }))
+    }
+
+    /// Write the summary, time series, trace and plots, then move the directory into place.
+    pub fn finish(
+        mut self,
+        report: &Report,
+        mut extras: Vec<Extras>,
+        force: bool,
+    ) -> Result<(Written, Vec<PathBuf>), String> {
+        if let Some(mut sink) = extras.first_mut().and_then(|e| e.sink.take()) {
+            sink.finish().map_err(|e| format!("requests.csv: {e}"))?;
+        }
+        let file = |name: &str| self.tmp.join(name);
+        let json = serde_json::to_string_pretty(report).expect("report serialises") + "\n";
+        std::fs::write(file("summary.json"), json).map_err(|e| format!("summary.json: {e}"))?;
+        write_timeseries(&file("timeseries.csv"), report, &extras)?;
+        if extras.iter().any(|e| e.trace.is_some()) {
+            write_trace(&file("trace.json"), report, &extras)?;
+        }
+        let plots = crate::plots::draw_all(&file("plots"), report, &extras)?;
+        let dir = run_dir(self.parent.parent().unwrap_or(Path::new(".")), report);
+        let exists = dir.exists();
+        let written = if exists && !force {
+            std::fs::remove_dir_all(&self.tmp)
+                .map_err(|e| format!("{}: {e}", self.tmp.display()))?;
+            Written::Kept(dir.clone())
+        } else {
+            if exists {
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|e| format!("{}: cannot replace: {e}", dir.display()))?;
+            }
+            std::fs::rename(&self.tmp, &dir)
+                .map_err(|e| format!("{}: cannot move into place: {e}", dir.display()))?;
+            if exists {
+                Written::Replaced(dir.clone())
+            } else {
+                Written::New(dir.clone())
+            }
+        };
+        self.done = true;
+        let plots = plots
+            .iter()
+            .filter_map(|p| p.file_name())
+            .map(|n| dir.join("plots").join(n))
+            .collect();
+        Ok((written, plots))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+fn write_timeseries(path: &Path, report: &Report, extras: &[Extras]) -> Result<(), String> {
+    let err = |e: csv::Error| format!("{}: {e}", path.display());
+    let mut w = csv::Writer::from_path(path).map_err(err)?;
+    w.write_record([
+        "policy",
+        "t_s",
+        "kv_blocks",
+        "kv_retained",
+        "queue",
+        "running",
+        "cancels_in_flight",
+    ])
+    .map_err(err)?;
+    let names = std::iter::once(&report.counterfactual)
+        .chain(&report.policies)
+        .map(|s| s.policy.clone());
+    for (name, e) in names.zip(extras) {
+        for s in &e.timeseries {
+            w.write_record([
+                name.clone(),
+                format!("{}", s.t_s),
+                s.kv_blocks.to_string(),
+                s.kv_retained.to_string(),
+                s.queue.to_string(),
+                s.running.to_string(),
+                s.cancels_in_flight.to_string(),
+            ])
+            .map_err(err)?;
+        }
+    }
+    w.flush().map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// All runs in one Chrome trace: one process per run (the counterfactual first), a thread per
+/// replica, the requests' async tracks and a "cancels" thread with the flows.
+fn write_trace(path: &Path, report: &Report, extras: &[Extras]) -> Result<(), String> {
+    use serde_json::json;
+    let mut events = Vec::new();
+    let names = std::iter::once(&report.counterfactual)
+        .chain(&report.policies)
+        .map(|s| s.policy.clone());
+    let mut dropped = 0;
+    for (pid, (name, e)) in names.zip(extras).enumerate() {
+        let Some(t) = &e.trace else { continue };
+        events.push(json!({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}));
+        events.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}}));
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": crate::world::CANCELS_TID, "args": {"name": "cancels"}}));
+        let replicas: std::collections::BTreeSet<u64> = t
+            .events
+            .iter()
+            .filter(|e| e["cat"] == "gpu")
+            .filter_map(|e| e["tid"].as_u64())
+            .collect();
+        for r in replicas {
+            events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": r, "args": {"name": format!("replica {r}")}}));
+        }
+        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "replica 0 / requests"}}));
+        events.extend(t.events.iter().cloned());
+        dropped += t.dropped;
+    }
+    let doc = json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"scenario": report.scenario, "seed": report.seed, "run_hash": report.run_hash, "events_dropped": dropped},
+    });
+    let problems = crate::trace_check::check(&doc);
+    if !problems.is_empty() {
+        return Err(format!(
+            "trace.json failed its structural check (a cancelsim bug): {}",
+            problems[0]
+        ));
+    }
+    let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::to_writer(std::io::BufWriter::new(f), &doc)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -301,6 +301,10 @@ pub struct RequestRow {
 /// Where a run streams its per-request rows (a CSV file, say). Rows arrive as requests leave.
 pub trait RequestSink {
     fn row(&mut self, row: &RequestRow);
+    /// Flush, and report any write error held back so far.
+    fn finish(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Chrome Trace Event records of one run: steps as slices per replica, requests as async tracks,
@@ -622,6 +626,8 @@ pub struct World<'s> {
     extras: Extras,
     next_sample_ns: u64,
     cancels_in_flight: u64,
+    /// Flows drawn so far: flow ids are global in a trace, so each is `pid << 32 | counter`.
+    flows: u32,
     /// Cancel intents so far per replica: a request that sees this move while it is on the
     /// replica shared its engine with a cancelled request (a sibling).
     intent_epoch: Vec<u64>,
@@ -717,6 +723,7 @@ impl<'s> World<'s> {
             extras: Extras::default(),
             next_sample_ns: 0,
             cancels_in_flight: 0,
+            flows: 0,
             clock_offset_ns: ms_to_ns(scenario.backend.clock_offset_ms),
             zero_writer_wait: scenario.playback.writer_wait_ms == crate::dist::Dist::Constant(0.0),
         })
@@ -2182,6 +2189,8 @@ impl<'s> World<'s> {
         }
         if points.len() >= 2 {
             let last = points.len() - 1;
+            self.flows += 1;
+            let flow_id = ((pid as u64) << 32) | self.flows as u64;
             for (i, (_, at)) in points.iter().enumerate() {
                 let ph = if i == 0 {
                     "s"
@@ -2190,7 +2199,7 @@ impl<'s> World<'s> {
                 } else {
                     "t"
                 };
-                let mut ev = serde_json::json!({"name": "cancel", "cat": "cancel", "ph": ph, "id": q.id, "pid": pid, "tid": CANCELS_TID, "ts": us(*at)});
+                let mut ev = serde_json::json!({"name": "cancel", "cat": "cancel", "ph": ph, "id": flow_id, "pid": pid, "tid": CANCELS_TID, "ts": us(*at), "args": {"request": q.id}});
                 if ph == "f" {
                     ev["bp"] = serde_json::json!("e");
                 }

@@ -1,0 +1,378 @@
+//! The report's plots, as PNG and SVG, drawn with plotters and an embedded DejaVu font (so no
+//! system font is needed):
+//! - `policies`: leaked GPU-seconds, late discards and sibling survival per policy;
+//! - `cleanup_cdf`: the cleanup-latency CDF per evidence level;
+//! - `kv_retained`: KV blocks held by cancelled requests over time, per policy;
+//! - `sibling_ttft`: siblings' TTFT against the counterfactual's.
+
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+
+use crate::world::{Extras, Report};
+
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+fn fonts() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_err() {
+            panic!("the embedded DejaVu Sans font is a valid TTF");
+        }
+    });
+}
+
+const SIZE: (u32, u32) = (1200, 700);
+
+fn palette(i: usize) -> RGBColor {
+    const C: [RGBColor; 6] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+    ];
+    C[i % C.len()]
+}
+
+/// Draw every plot into `dir`, as `<name>.png` and `<name>.svg`; returns the PNG paths.
+pub fn draw_all(dir: &Path, report: &Report, extras: &[Extras]) -> Result<Vec<PathBuf>, String> {
+    fonts();
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut written = Vec::new();
+    type Draw<'a> = Box<dyn Fn(DrawingArea<BitMapBackend, Shift>) -> Res + 'a>;
+    type DrawSvg<'a> = Box<dyn Fn(DrawingArea<SVGBackend, Shift>) -> Res + 'a>;
+    let charts: Vec<(&str, Draw, DrawSvg)> = vec![
+        (
+            "policies",
+            Box::new(|a| policies_impl(a, report)),
+            Box::new(|a| policies_impl(a, report)),
+        ),
+        (
+            "cleanup_cdf",
+            Box::new(|a| cleanup_cdf_impl(a, report, extras)),
+            Box::new(|a| cleanup_cdf_impl(a, report, extras)),
+        ),
+        (
+            "kv_retained",
+            Box::new(|a| kv_retained_impl(a, report, extras)),
+            Box::new(|a| kv_retained_impl(a, report, extras)),
+        ),
+        (
+            "sibling_ttft",
+            Box::new(|a| sibling_ttft_impl(a, report, extras)),
+            Box::new(|a| sibling_ttft_impl(a, report, extras)),
+        ),
+    ];
+    for (name, png, svg) in charts {
+        let p = dir.join(format!("{name}.png"));
+        let area = BitMapBackend::new(&p, SIZE).into_drawing_area();
+        png(area).map_err(|e| format!("{}: {e}", p.display()))?;
+        let s = dir.join(format!("{name}.svg"));
+        let area = SVGBackend::new(&s, SIZE).into_drawing_area();
+        svg(area).map_err(|e| format!("{}: {e}", s.display()))?;
+        written.push(p);
+    }
+    Ok(written)
+}
+
+/// Three panels: leaked GPU-s, late discards, sibling survival; one bar per policy.
+fn policies_impl<DB: DrawingBackend>(area: DrawingArea<DB, Shift>, report: &Report) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    area.fill(&WHITE)?;
+    let (title, rest) = area.split_vertically(90);
+    title.draw_text(
+        &format!(
+            "Policy comparison: {} (seed {}), against one counterfactual",
+            report.scenario, report.seed
+        ),
+        &("sans-serif", 26).into_font().color(&BLACK),
+        (20, 12),
+    )?;
+    // The legend names the bars: policy labels are too long for the x axis.
+    let mut x = 20;
+    for (i, p) in report.policies.iter().enumerate() {
+        title.draw(&Rectangle::new(
+            [(x, 58), (x + 16, 74)],
+            palette(i).filled(),
+        ))?;
+        let name = p.policy.replace('_', " ");
+        title.draw_text(
+            &name,
+            &("sans-serif", 18).into_font().color(&BLACK),
+            (x + 22, 56),
+        )?;
+        x += 40 + 10 * name.len() as i32;
+    }
+    let panels = rest.split_evenly((1, 3));
+    let metrics: [(&str, &str, Vec<f64>); 3] = [
+        (
+            "Leaked GPU work",
+            "GPU-seconds after the cancel intent",
+            report
+                .policies
+                .iter()
+                .map(|p| p.leaked_work.gpu_s)
+                .collect(),
+        ),
+        (
+            "Late outputs discarded",
+            "tokens produced after the terminal transition",
+            report
+                .policies
+                .iter()
+                .map(|p| p.late_output_discards as f64)
+                .collect(),
+        ),
+        (
+            "Sibling survival",
+            "siblings survived / siblings",
+            report
+                .policies
+                .iter()
+                .map(|p| p.sibling_survival.rate)
+                .collect(),
+        ),
+    ];
+    for (panel, (caption, unit, values)) in panels.iter().zip(metrics.iter()) {
+        let max = values.iter().cloned().fold(0.0f64, f64::max);
+        let top = if *caption == "Sibling survival" {
+            1.05
+        } else if max > 0.0 {
+            max * 1.15
+        } else {
+            1.0
+        };
+        let n = values.len().max(1) as f64;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(*caption, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(20)
+            .y_label_area_size(80)
+            .build_cartesian_2d(-0.5f64..n - 0.5, 0f64..top)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .disable_x_axis()
+            .y_desc(*unit)
+            .y_label_style(("sans-serif", 14))
+            .draw()?;
+        chart.draw_series(values.iter().enumerate().map(|(i, v)| {
+            let x = i as f64;
+            Rectangle::new([(x - 0.35, 0.0), (x + 0.35, *v)], palette(i).filled())
+        }))?;
+    }
+    area.present()?;
+    Ok(())
+}
+
+fn cleanup_cdf_impl<DB: DrawingBackend>(
+    area: DrawingArea<DB, Shift>,
+    report: &Report,
+    extras: &[Extras],
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    area.fill(&WHITE)?;
+    // The first policy whose backend observed cancels (the most evidence levels), else the first.
+    let idx = (0..report.policies.len())
+        .find(|&i| {
+            extras
+                .get(i + 1)
+                .is_some_and(|e| e.cleanup_cdf_ms.contains_key("backend_observation"))
+        })
+        .unwrap_or(0);
+    let cdfs = extras.get(idx + 1).map(|e| &e.cleanup_cdf_ms);
+    let policy = report
+        .policies
+        .get(idx)
+        .map(|p| p.policy.clone())
+        .unwrap_or_default();
+    let xmax = cdfs
+        .map(|c| {
+            c.values()
+                .flat_map(|v| v.iter().map(|p| p.0))
+                .fold(0.0f64, f64::max)
+        })
+        .unwrap_or(0.0)
+        .max(1.0);
+    let mut chart = ChartBuilder::on(&area)
+        .caption(
+            format!("Cleanup latency from intent, per evidence level ({policy})"),
+            ("sans-serif", 24),
+        )
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..xmax * 1.05, 0f64..1.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("latency from intent (ms, virtual time)")
+        .y_desc("fraction of cancelled requests with this evidence")
+        .draw()?;
+    if let Some(cdfs) = cdfs {
+        for (i, (level, points)) in cdfs.iter().enumerate() {
+            let unknown = report.policies[idx]
+                .cleanup_latency_ms
+                .get(level)
+                .map_or(0, |l| l.unknown);
+            let c = palette(i);
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(3)))?
+                .label(format!("{} ({} unknown)", level.replace('_', " "), unknown))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
+                });
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font(("sans-serif", 16))
+        .draw()?;
+    area.present()?;
+    Ok(())
+}
+
+fn kv_retained_impl<DB: DrawingBackend>(
+    area: DrawingArea<DB, Shift>,
+    report: &Report,
+    extras: &[Extras],
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    area.fill(&WHITE)?;
+    let series: Vec<(&str, &[crate::world::Sample])> = report
+        .policies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            extras
+                .get(i + 1)
+                .map(|e| (p.policy.as_str(), e.timeseries.as_slice()))
+        })
+        .collect();
+    let tmax = series
+        .iter()
+        .flat_map(|(_, s)| s.last().map(|x| x.t_s))
+        .fold(0.0f64, f64::max)
+        .max(1.0);
+    let ymax = series
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|x| x.kv_retained))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let mut chart = ChartBuilder::on(&area)
+        .caption(
+            "KV blocks retained by cancelled requests, over time",
+            ("sans-serif", 24),
+        )
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..tmax, 0f64..ymax * 1.1)?;
+    chart
+        .configure_mesh()
+        .x_desc("virtual time (s)")
+        .y_desc("KV blocks held after intent (all replicas)")
+        .draw()?;
+    for (i, (name, samples)) in series.iter().enumerate() {
+        let c = palette(i);
+        chart
+            .draw_series(LineSeries::new(
+                samples.iter().map(|s| (s.t_s, s.kv_retained as f64)),
+                c.stroke_width(1),
+            ))?
+            .label(name.replace('_', " "))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 16))
+        .draw()?;
+    area.present()?;
+    Ok(())
+}
+
+fn sibling_ttft_impl<DB: DrawingBackend>(
+    area: DrawingArea<DB, Shift>,
+    report: &Report,
+    extras: &[Extras],
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    area.fill(&WHITE)?;
+    let series: Vec<(&str, &[(f64, f64)])> = report
+        .policies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            extras
+                .get(i + 1)
+                .map(|e| (p.policy.as_str(), e.sibling_ttft_ms.as_slice()))
+        })
+        .collect();
+    let max = series
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|&(a, b)| a.max(b)))
+        .fold(0.0f64, f64::max)
+        .max(1.0)
+        * 1.05;
+    let mut chart = ChartBuilder::on(&area)
+        .caption(
+            "Sibling TTFT during the storm against the counterfactual",
+            ("sans-serif", 24),
+        )
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..max, 0f64..max)?;
+    chart
+        .configure_mesh()
+        .x_desc("TTFT without cancellations (ms)")
+        .y_desc("TTFT with cancellations (ms)")
+        .draw()?;
+    chart.draw_series(LineSeries::new(
+        vec![(0.0, 0.0), (max, max)],
+        BLACK.stroke_width(1),
+    ))?;
+    for (i, (name, pairs)) in series.iter().enumerate() {
+        let c = palette(i);
+        chart
+            .draw_series(
+                pairs
+                    .iter()
+                    .map(|&(x, y)| Circle::new((x, y), 2, c.mix(0.6).filled())),
+            )?
+            .label(format!(
+                "{} ({} siblings)",
+                name.replace('_', " "),
+                pairs.len()
+            ))
+            .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 16))
+        .draw()?;
+    area.present()?;
+    Ok(())
+}

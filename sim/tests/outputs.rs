@@ -1,0 +1,133 @@
+//! What a run leaves on disk: every file is there, `trace.json` passes the structural checker,
+//! `requests.csv` has one row per request and run, and the plots are byte-identical across runs.
+
+use std::path::{Path, PathBuf};
+
+use cancelsim::report::{RunDir, Written};
+use cancelsim::scenario::Scenario;
+use cancelsim::{trace_check, world};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cancelsim-out-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn write(root: &Path, scenario: &Scenario, force: bool) -> (Written, world::Report) {
+    let dir = RunDir::begin(root, &scenario.name).unwrap();
+    let sink = dir.requests_sink().unwrap();
+    let (report, extras) =
+        world::run_recorded(scenario, scenario.seed, 100_000_000, Some(sink), true).unwrap();
+    let (written, plots) = dir.finish(&report, extras, force).unwrap();
+    if !matches!(written, Written::Kept(_)) {
+        assert_eq!(plots.len(), 4);
+    }
+    (written, report)
+}
+
+#[test]
+fn a_run_directory_has_every_output_and_a_valid_trace() {
+    let root = scratch("all");
+    let scenario = Scenario::default_embedded();
+    let (written, report) = write(&root, &scenario, false);
+    let Written::New(dir) = written else {
+        panic!("{written:?}")
+    };
+    for f in [
+        "summary.json",
+        "requests.csv",
+        "timeseries.csv",
+        "trace.json",
+        "plots/policies.png",
+        "plots/policies.svg",
+        "plots/cleanup_cdf.png",
+        "plots/kv_retained.png",
+        "plots/sibling_ttft.png",
+    ] {
+        assert!(dir.join(f).is_file(), "missing {f}");
+    }
+    // The trace opens in Perfetto: known phases, balanced and nested slices, paired flows.
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("trace.json")).unwrap()).unwrap();
+    assert_eq!(trace_check::check(&trace), Vec::<String>::new());
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(
+        events.iter().any(|e| e["ph"] == "s") && events.iter().any(|e| e["ph"] == "f"),
+        "cancel flows"
+    );
+    assert!(
+        events.iter().all(|e| e["ph"] == "M" || e["ts"].is_u64()),
+        "integer µs timestamps"
+    );
+    // One row per request per run (the counterfactual and each policy).
+    let rows = std::fs::read_to_string(dir.join("requests.csv"))
+        .unwrap()
+        .lines()
+        .count()
+        - 1;
+    let runs = 1 + report.policies.len() as u64;
+    assert_eq!(rows as u64, runs * report.counterfactual.requests.scheduled);
+    // summary.json carries what reproduces the run.
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    for key in ["scenario_hash", "seed", "run_hash", "version", "commit"] {
+        assert!(!summary[key].is_null(), "summary.json lacks {key}");
+    }
+    // The DESIGN keys, per policy.
+    for key in [
+        "requests",
+        "leaked_work",
+        "late_output_discards",
+        "late_outputs_admitted",
+        "sibling_survival",
+        "sibling_latency_delta_ms",
+        "retained",
+        "cleanup_latency_ms",
+        "ttft_ms",
+        "tpot_ms",
+        "e2e_ms",
+    ] {
+        assert!(
+            !summary["policies"][1][key].is_null(),
+            "policy summary lacks {key}"
+        );
+    }
+    // Nothing temporary is left.
+    let leftovers: Vec<_> = std::fs::read_dir(root.join("default"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty());
+}
+
+#[test]
+fn an_existing_run_is_kept_unless_forced_and_plots_are_reproducible() {
+    let root = scratch("again");
+    let scenario = Scenario::default_embedded();
+    let (first, _) = write(&root, &scenario, false);
+    let Written::New(dir) = first else { panic!() };
+    let png = std::fs::read(dir.join("plots/policies.png")).unwrap();
+    let (second, _) = write(&root, &scenario, false);
+    assert_eq!(second, Written::Kept(dir.clone()));
+    let (third, _) = write(&root, &scenario, true);
+    assert_eq!(third, Written::Replaced(dir.clone()));
+    assert_eq!(
+        std::fs::read(dir.join("plots/policies.png")).unwrap(),
+        png,
+        "plots are byte-identical"
+    );
+}
+
+#[test]
+fn a_failed_run_leaves_no_partial_directory() {
+    let root = scratch("failed");
+    let mut scenario = Scenario::default_embedded();
+    scenario.limits.max_events = 500;
+    let dir = RunDir::begin(&root, &scenario.name).unwrap();
+    let sink = dir.requests_sink().unwrap();
+    assert!(world::run_recorded(&scenario, 1, 0, Some(sink), false).is_err());
+    drop(dir);
+    let left: Vec<_> = std::fs::read_dir(root.join("default")).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
