@@ -14,6 +14,7 @@ pub mod plots;
 pub mod replay;
 pub mod report;
 pub mod scenario;
+pub mod sweep;
 pub mod trace;
 pub mod trace_check;
 pub mod workload;

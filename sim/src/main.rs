@@ -51,6 +51,29 @@ enum Command {
         #[arg(long)]
         update_golden: bool,
     },
+    /// Run a grid of parameters x seeds (SWEEP.ron); resumable, shardable.
+    Sweep {
+        sweep: PathBuf,
+        /// Output directory (parts/, manifest.json, results.csv).
+        #[arg(long)]
+        out: PathBuf,
+        /// Run only slice i of n (1-based), e.g. 2/8, for a job array; `merge` joins them.
+        #[arg(long, default_value = "1/1")]
+        shard: String,
+        /// Worker threads (0: all cores). Results do not depend on it.
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+    },
+    /// Join the parts of a sharded sweep into one results.csv.
+    Merge {
+        sweep: PathBuf,
+        /// The shards' output directories.
+        dirs: Vec<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Compare two sweeps (or two run directories), paired by seed, with 95 % intervals.
+    Compare { a: PathBuf, b: PathBuf },
     /// Replay a JSON Lines op log through the ownership controller: one JSON result per line.
     Replay {
         /// The op log, or `-` for standard input.
@@ -96,6 +119,20 @@ fn main() -> ExitCode {
         ),
         Some(Command::Run { scenario, opts }) => run(scenario, opts),
         Some(Command::Replay { file }) => return replay(&file),
+        Some(Command::Sweep {
+            sweep,
+            out,
+            shard,
+            threads,
+        }) => sweep_cmd(&sweep, &out, &shard, threads),
+        Some(Command::Merge { sweep, dirs, out }) => {
+            cancelsim::sweep::Plan::load(&sweep).and_then(|plan| {
+                cancelsim::sweep::assemble(&plan, &dirs, &out)?;
+                println!("wrote {}", out.join("results.csv").display());
+                Ok(())
+            })
+        }
+        Some(Command::Compare { a, b }) => cancelsim::sweep::compare(&a, &b).map(|t| print!("{t}")),
         Some(Command::Check {
             paths,
             swarm,
@@ -121,6 +158,42 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn sweep_cmd(
+    path: &std::path::Path,
+    out: &std::path::Path,
+    shard: &str,
+    threads: usize,
+) -> Result<(), String> {
+    let plan = cancelsim::sweep::Plan::load(path)?;
+    let (i, n) = shard
+        .split_once('/')
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
+        .ok_or_else(|| format!("--shard {shard}: expected i/n"))?;
+    if threads > 0 {
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    }
+    let (ran, done) = cancelsim::sweep::run(&plan, out, (i, n), true)?;
+    println!(
+        "sweep {}: {} points x {} seeds = {} tasks; ran {ran} now, {done} done in {}",
+        plan.sweep.name,
+        plan.points,
+        plan.sweep.seeds,
+        plan.tasks(),
+        out.display()
+    );
+    if done == plan.tasks() {
+        println!("wrote {}", out.join("results.csv").display());
+    } else {
+        println!(
+            "{} tasks remain (other shards, or resume)",
+            plan.tasks() - done
+        );
+    }
+    Ok(())
 }
 
 /// Exit 0 when every line was processed (a rejected op is a result), 2 when the input cannot be

@@ -1,0 +1,159 @@
+//! Sweeps: killed with SIGKILL halfway and resumed, or split into shards and merged, they give a
+//! results.csv byte-identical to one uninterrupted run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn sweep_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/sweeps/grid-200x5.ron")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cancelsim-sweep-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn cancelsim(args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args(args)
+        .env("CI", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn results(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join("results.csv")).unwrap()
+}
+
+fn uninterrupted(tag: &str) -> Vec<u8> {
+    let dir = scratch(&format!("full-{tag}"));
+    cancelsim(&[
+        "sweep",
+        sweep_file().to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let r = results(&dir);
+    assert_eq!(
+        r.iter().filter(|&&b| b == b'\n').count(),
+        1001,
+        "a header and 1,000 rows"
+    );
+    r
+}
+
+#[test]
+fn a_sweep_killed_halfway_resumes_to_the_same_csv() {
+    let full = uninterrupted("killed");
+    let dir = scratch("killed");
+    let parts = dir.join("parts");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args([
+            "sweep",
+            sweep_file().to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+            "--threads",
+            "2",
+        ])
+        .env("CI", "1")
+        .spawn()
+        .unwrap();
+    // Kill it with SIGKILL once part of the work is on disk.
+    let start = Instant::now();
+    loop {
+        let n = std::fs::read_dir(&parts).map(|d| d.count()).unwrap_or(0);
+        if n >= 300 || start.elapsed() > Duration::from_secs(120) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let done = std::fs::read_dir(&parts)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "csv")
+        })
+        .count();
+    assert!(
+        done < 1000,
+        "the sweep finished before it was killed ({done} parts); the test needs it halfway"
+    );
+    assert!(!dir.join("results.csv").exists());
+    // Resume: only the missing tasks run.
+    let out = cancelsim(&[
+        "sweep",
+        sweep_file().to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains(&format!("ran {} now", 1000 - done)), "{text}");
+    assert_eq!(
+        results(&dir),
+        full,
+        "resumed results differ from an uninterrupted run"
+    );
+}
+
+#[test]
+fn shards_merge_to_the_unsharded_csv() {
+    let full = uninterrupted("shards");
+    let dirs: Vec<PathBuf> = (1..=3).map(|i| scratch(&format!("shard{i}"))).collect();
+    for (i, d) in dirs.iter().enumerate() {
+        let shard = format!("{}/3", i + 1);
+        cancelsim(&[
+            "sweep",
+            sweep_file().to_str().unwrap(),
+            "--out",
+            d.to_str().unwrap(),
+            "--shard",
+            &shard,
+            "--threads",
+            "1",
+        ]);
+        assert!(
+            !d.join("results.csv").exists(),
+            "a shard alone is not the whole sweep"
+        );
+    }
+    let merged = scratch("merged");
+    let mut args = vec![
+        "merge".to_string(),
+        sweep_file().to_str().unwrap().to_string(),
+    ];
+    args.extend(dirs.iter().map(|d| d.to_str().unwrap().to_string()));
+    args.extend(["--out".to_string(), merged.to_str().unwrap().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cancelsim(&args);
+    assert_eq!(results(&merged), full);
+}
+
+#[test]
+fn compare_pairs_by_seed_and_reports_intervals() {
+    let dir = scratch("cmp");
+    cancelsim(&[
+        "sweep",
+        sweep_file().to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    // A sweep against itself: every difference is exactly 0, so none is significant.
+    let out = cancelsim(&["compare", dir.to_str().unwrap(), dir.to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("leaked_gpu_s"), "{text}");
+    assert!(!text.lines().skip(1).any(|l| l.ends_with(" yes")), "{text}");
+}
