@@ -305,21 +305,13 @@ pub fn shrink(s: &Scenario, seed: u64, budget: u32, fails: &dyn Fn(&Scenario) ->
     // variant's parameters unchanged. A bug that needs one target and one sibling is found here
     // in a few dozen small runs, whatever request of the big run first showed it.
     if let (Some(_), Some(c)) = (requests(&best), best.cancellation.clone()) {
-        let stages = [
-            c.stage,
-            Stage::BeforeAdmission,
-            Stage::Queued,
-            Stage::Prefill,
-            Stage::Decode,
-            Stage::AfterFinalOutput,
-            Stage::AfterCompletion,
-        ];
+        let stages: Vec<Stage> = std::iter::once(c.stage).chain(Stage::LIFECYCLE).collect();
         // The variant's delay, and none: an intent in the very tick a stage is reached is the
         // sharpest race (a chunk made in that tick is still waiting for the writer).
         let delays = [c.delay_ms.clone(), crate::dist::Dist::Constant(0.0)];
         for n in 1..=3u64 {
             for delay in &delays {
-                for stage in stages {
+                for &stage in &stages {
                     for mask in 1u64..(1 << n) {
                         let mut cand = best.clone();
                         set_requests(&mut cand, n);

@@ -408,6 +408,18 @@ pub enum Stage {
     AfterArrival,
 }
 
+impl Stage {
+    /// The six lifecycle stages of the contract's protocol, in order; `Random` picks among them.
+    pub const LIFECYCLE: [Stage; 6] = [
+        Stage::BeforeAdmission,
+        Stage::Queued,
+        Stage::Prefill,
+        Stage::Decode,
+        Stage::AfterFinalOutput,
+        Stage::AfterCompletion,
+    ];
+}
+
 /// What the adapter does with a cancel intent. Local invalidation is immediate under every
 /// policy; they differ in what they ask of the backend.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

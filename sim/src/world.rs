@@ -1142,18 +1142,11 @@ impl<'s> World<'s> {
                 } else {
                     c.requests.contains(&a.id)
                 };
-                let pick = s.below(6);
+                let pick = s.below(Stage::LIFECYCLE.len() as u64);
                 let delay = ms_to_ns(c.delay_ms.sample(&mut s));
                 hit.then(|| {
                     let stage = match c.stage {
-                        Stage::Random => [
-                            Stage::BeforeAdmission,
-                            Stage::Queued,
-                            Stage::Prefill,
-                            Stage::Decode,
-                            Stage::AfterFinalOutput,
-                            Stage::AfterCompletion,
-                        ][pick as usize],
+                        Stage::Random => Stage::LIFECYCLE[pick as usize],
                         s => s,
                     };
                     (stage, delay)
