@@ -39,6 +39,24 @@ fn palette(i: usize) -> RGBColor {
     C[i % C.len()]
 }
 
+/// The legend box every chart uses.
+fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .position(position)
+        .label_font(("sans-serif", 16))
+        .draw()?;
+    Ok(())
+}
+
 /// Draw every plot into `dir`, as `<name>.png` and `<name>.svg`; returns the PNG paths.
 pub fn draw_all(dir: &Path, report: &Report, extras: &[Extras]) -> Result<Vec<PathBuf>, String> {
     fonts();
@@ -232,13 +250,7 @@ where
                 });
         }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 16))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     area.present()?;
     Ok(())
 }
@@ -297,13 +309,7 @@ where
             .label(name.replace('_', " "))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 16))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     area.present()?;
     Ok(())
 }
@@ -366,13 +372,7 @@ where
             ))
             .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 16))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     area.present()?;
     Ok(())
 }

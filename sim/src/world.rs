@@ -1448,28 +1448,18 @@ impl<'s> World<'s> {
         if lost {
             self.rpc.lost += 1;
         } else {
-            self.kernel.schedule_in(
-                latency,
-                Class::Control,
-                Event::CancelDeliver {
-                    request,
-                    replica,
-                    scope,
-                    attempt,
-                },
-            )?;
+            let deliver = Event::CancelDeliver {
+                request,
+                replica,
+                scope,
+                attempt,
+            };
+            self.kernel.schedule_in(latency, Class::Control, deliver)?;
             if dup {
+                // The same attempt delivered twice: the backend must treat it idempotently.
                 self.rpc.duplicates += 1;
-                self.kernel.schedule_in(
-                    dup_latency,
-                    Class::Control,
-                    Event::CancelDeliver {
-                        request,
-                        replica,
-                        scope,
-                        attempt,
-                    },
-                )?;
+                self.kernel
+                    .schedule_in(dup_latency, Class::Control, deliver)?;
             }
         }
         self.kernel.schedule_in(
