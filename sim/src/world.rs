@@ -295,7 +295,11 @@ pub struct RequestRow {
     pub resource_release_ms: Option<f64>,
     pub leaked_gpu_ms: f64,
     pub late_discards: u32,
+    /// GPU time shared to this request (each step's time split by tokens), in ms.
     pub gpu_ms: f64,
+    pub token_steps: u64,
+    /// KV blocks held over time, in block-seconds.
+    pub kv_block_s: f64,
 }
 
 /// Where a run streams its per-request rows (a CSV file, say). Rows arrive as requests leave.
@@ -430,6 +434,9 @@ struct Req {
     late_tokens: u32,
     /// Counted in `cancels_in_flight` (an intent the backend has not acted on yet).
     cancel_in_flight: bool,
+    /// Tokens this request had in steps (prefill chunks and decode slots, discarded ones too).
+    token_steps: u64,
+    kv_block_ns: u128,
 }
 
 /// A conversation in progress.
@@ -1202,6 +1209,8 @@ impl<'s> World<'s> {
             leak_post_ns: 0.0,
             late_tokens: 0,
             cancel_in_flight: false,
+            token_steps: 0,
+            kv_block_ns: 0,
         };
         let tag = match self.free_tags.pop() {
             Some(t) => {
@@ -1621,6 +1630,7 @@ impl<'s> World<'s> {
             self.token_steps += o.tokens as u64;
             let share = report.duration_ns as f64 * o.tokens as f64 / total;
             let q = &mut self.reqs[o.tag as usize];
+            q.token_steps += o.tokens as u64;
             if q.intent_ns != NONE && now_ns > q.intent_ns && report.duration_ns > 0 {
                 // GPU work after the intent: the part of this step that ran after it.
                 let after = now_ns - q.intent_ns.max(start_ns);
@@ -1878,6 +1888,7 @@ impl<'s> World<'s> {
             return Err(self.violation(vec![rel.id], "release of a request that is not here"));
         }
         self.kv_block_ns += rel.kv_block_ns;
+        self.reqs[rel.tag as usize].kv_block_ns = rel.kv_block_ns;
         self.kv_block_ns_retained += rel.kv_block_ns_marked;
         self.reqs[rel.tag as usize].engine_released = true;
         if std::mem::take(&mut self.reqs[rel.tag as usize].cancel_in_flight) {
@@ -2140,6 +2151,8 @@ impl<'s> World<'s> {
                 leaked_gpu_ms: (q.leak_pre_ns + q.leak_post_ns) / 1e6,
                 late_discards: q.late_tokens,
                 gpu_ms: q.gpu_ns / 1e6,
+                token_steps: q.token_steps,
+                kv_block_s: q.kv_block_ns as f64 / NS_PER_S as f64,
             });
         }
         if self.extras.trace.is_none() {

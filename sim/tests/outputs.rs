@@ -67,6 +67,18 @@ fn a_run_directory_has_every_output_and_a_valid_trace() {
         - 1;
     let runs = 1 + report.policies.len() as u64;
     assert_eq!(rows as u64, runs * report.counterfactual.requests.scheduled);
+    // Per request: token-steps and KV block-seconds add up to the run's totals.
+    let mut r = csv::Reader::from_path(dir.join("requests.csv")).unwrap();
+    let (mut steps, mut block_s) = (0u64, 0f64);
+    for row in r.deserialize::<std::collections::BTreeMap<String, String>>() {
+        let row = row.unwrap();
+        if row["policy"] == "counterfactual" {
+            steps += row["token_steps"].parse::<u64>().unwrap();
+            block_s += row["kv_block_s"].parse::<f64>().unwrap();
+        }
+    }
+    assert_eq!(steps, report.counterfactual.gpu.token_steps);
+    assert!((block_s - report.counterfactual.kv.block_s).abs() < 1e-6 * block_s.max(1.0));
     // summary.json carries what reproduces the run.
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
