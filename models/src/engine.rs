@@ -495,18 +495,15 @@ impl Engine {
             if self_preempted {
                 break;
             }
-            self.on_alloc(slot, grow);
-            let seq = &mut self.seqs[slot as usize];
-            seq.touch(now_ns);
-            seq.blocks += grow;
-            let sample = Self::advance(seq, tokens);
-            Self::shape_add(&mut shape, seq, prefill, tokens);
-            entries.push(Entry {
+            self.place(
                 slot,
-                incarnation: seq.incarnation,
+                now_ns,
+                grow,
+                prefill,
                 tokens,
-                sample,
-            });
+                &mut shape,
+                &mut entries,
+            );
             budget -= tokens;
             i += 1;
         }
@@ -543,19 +540,8 @@ impl Engine {
             }
             self.waiting.pop_front();
             self.running.push(slot);
-            self.on_alloc(slot, blocks);
-            let seq = &mut self.seqs[slot as usize];
-            seq.phase = Phase::Running;
-            seq.touch(now_ns);
-            seq.blocks += blocks;
-            let sample = Self::advance(seq, tokens);
-            Self::shape_add(&mut shape, seq, true, tokens);
-            entries.push(Entry {
-                slot,
-                incarnation: seq.incarnation,
-                tokens,
-                sample,
-            });
+            self.seqs[slot as usize].phase = Phase::Running;
+            self.place(slot, now_ns, blocks, true, tokens, &mut shape, &mut entries);
             budget -= tokens;
         }
 
@@ -586,6 +572,33 @@ impl Engine {
             start_ns,
             end_ns,
         })
+    }
+
+    /// Put `tokens` of a request into the step being composed, with `blocks` newly allocated
+    /// for them: the one path for running and newly admitted requests alike.
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &mut self,
+        slot: u32,
+        now_ns: u64,
+        blocks: u64,
+        prefill: bool,
+        tokens: u32,
+        shape: &mut StepShape,
+        entries: &mut Vec<Entry>,
+    ) {
+        self.on_alloc(slot, blocks);
+        let seq = &mut self.seqs[slot as usize];
+        seq.touch(now_ns);
+        seq.blocks += blocks;
+        let sample = Self::advance(seq, tokens);
+        Self::shape_add(shape, seq, prefill, tokens);
+        entries.push(Entry {
+            slot,
+            incarnation: seq.incarnation,
+            tokens,
+            sample,
+        });
     }
 
     /// Advance a sequence by `tokens` scheduled tokens; returns the output index sampled, or 0.
