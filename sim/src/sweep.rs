@@ -199,31 +199,50 @@ impl Plan {
     pub fn header(&self) -> Vec<String> {
         let mut h = vec!["task".to_string(), "point".into(), "seed".into()];
         h.extend(self.sweep.grid.iter().map(|a| a.name().to_string()));
-        h.extend(METRICS.iter().map(|m| m.to_string()));
+        h.extend(METRICS.iter().map(|(name, _)| name.to_string()));
         h
     }
 }
 
-const METRICS: [&str; 19] = [
-    "run_policy",
-    "scenario_hash",
-    "report_run_hash",
-    "run_hash",
-    "completed",
-    "cancelled",
-    "expired",
-    "cleanup_pending",
-    "leaked_gpu_s",
-    "leaked_token_steps",
-    "late_output_discards",
-    "late_outputs_admitted",
-    "siblings",
-    "sibling_survival_rate",
-    "sibling_ttft_delta_p99_ms",
-    "retained_kv_block_s",
-    "ttft_p99_ms",
-    "e2e_p50_ms",
-    "e2e_p99_ms",
+/// The metric columns of a sweep row: name and value, in one table so they cannot drift apart.
+type Column = (
+    &'static str,
+    fn(&crate::world::Report, &crate::metrics::Summary) -> String,
+);
+const METRICS: [Column; 19] = [
+    ("run_policy", |_, p| p.policy.clone()),
+    ("scenario_hash", |r, _| r.scenario_hash.clone()),
+    ("report_run_hash", |r, _| r.run_hash.clone()),
+    ("run_hash", |_, p| p.run_hash.clone()),
+    ("completed", |_, p| p.requests.completed.to_string()),
+    ("cancelled", |_, p| p.requests.cancelled.to_string()),
+    ("expired", |_, p| p.requests.expired.to_string()),
+    ("cleanup_pending", |_, p| {
+        p.requests.cleanup_pending.to_string()
+    }),
+    ("leaked_gpu_s", |_, p| p.leaked_work.gpu_s.to_string()),
+    ("leaked_token_steps", |_, p| {
+        p.leaked_work.token_steps.to_string()
+    }),
+    ("late_output_discards", |_, p| {
+        p.late_output_discards.to_string()
+    }),
+    ("late_outputs_admitted", |_, p| {
+        p.late_outputs_admitted.to_string()
+    }),
+    ("siblings", |_, p| p.sibling_survival.siblings.to_string()),
+    ("sibling_survival_rate", |_, p| {
+        p.sibling_survival.rate.to_string()
+    }),
+    ("sibling_ttft_delta_p99_ms", |_, p| {
+        p.sibling_latency_delta_ms.ttft_p99.to_string()
+    }),
+    ("retained_kv_block_s", |_, p| {
+        p.retained.kv_block_s.to_string()
+    }),
+    ("ttft_p99_ms", |_, p| p.ttft_ms.p99.to_string()),
+    ("e2e_p50_ms", |_, p| p.e2e_ms.p50.to_string()),
+    ("e2e_p99_ms", |_, p| p.e2e_ms.p99.to_string()),
 ];
 
 /// Run one task and render its rows (one per policy) as CSV text.
@@ -237,27 +256,7 @@ fn run_task(plan: &Plan, t: u64) -> Result<String, String> {
     for p in &report.policies {
         let mut row = vec![t.to_string(), point.to_string(), seed.to_string()];
         row.extend(values.iter().cloned());
-        row.extend([
-            p.policy.clone(),
-            report.scenario_hash.clone(),
-            report.run_hash.clone(),
-            p.run_hash.clone(),
-            p.requests.completed.to_string(),
-            p.requests.cancelled.to_string(),
-            p.requests.expired.to_string(),
-            p.requests.cleanup_pending.to_string(),
-            p.leaked_work.gpu_s.to_string(),
-            p.leaked_work.token_steps.to_string(),
-            p.late_output_discards.to_string(),
-            p.late_outputs_admitted.to_string(),
-            p.sibling_survival.siblings.to_string(),
-            p.sibling_survival.rate.to_string(),
-            p.sibling_latency_delta_ms.ttft_p99.to_string(),
-            p.retained.kv_block_s.to_string(),
-            p.ttft_ms.p99.to_string(),
-            p.e2e_ms.p50.to_string(),
-            p.e2e_ms.p99.to_string(),
-        ]);
+        row.extend(METRICS.iter().map(|(_, value)| value(&report, p)));
         w.write_record(&row).map_err(|e| e.to_string())?;
     }
     String::from_utf8(w.into_inner().map_err(|e| e.to_string())?).map_err(|e| e.to_string())
@@ -400,7 +399,7 @@ pub fn compare(a: &Path, b: &Path) -> Result<String, String> {
     let (ra, rb) = (load(a)?, load(b)?);
     let key_cols = |row: &BTreeMap<String, String>| -> String {
         row.iter()
-            .filter(|(k, _)| !METRICS.contains(&k.as_str()) || *k == "run_policy")
+            .filter(|(k, _)| !METRICS.iter().any(|(m, _)| m == k) || *k == "run_policy")
             .filter(|(k, _)| *k != "task" && *k != "seed" && *k != "point")
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
