@@ -5,7 +5,7 @@ use std::path::Path;
 
 use cancelsim::dist::Dist;
 use cancelsim::metrics::Summary;
-use cancelsim::scenario::{Scenario, Source};
+use cancelsim::scenario::Scenario;
 use cancelsim::workload;
 use cancelsim::world;
 
@@ -367,10 +367,13 @@ fn least_loaded_router_beats_round_robin_on_skewed_load() {
     );
 }
 
+/// A scenario that omits the lengths gets the defaults the README documents.
 #[test]
-fn dist_means_are_what_the_docs_say() {
-    // The default lengths documented in the README.
-    let s = load("default");
+fn omitted_lengths_take_the_documented_defaults() {
+    let s = load(
+        "Scenario(name: \"d\", workload: (source: Poisson(rate_per_s: 1.0, requests: 1)), \
+         cluster: (profile: Named(\"llama-3.1-8b-h100\"), scheduler: Continuous()))",
+    );
     assert_eq!(
         s.workload.prompt_tokens,
         Dist::LogNormal {
@@ -378,5 +381,22 @@ fn dist_means_are_what_the_docs_say() {
             sigma: 0.8
         }
     );
-    assert!(matches!(s.workload.source, Source::Poisson { .. }));
+    assert_eq!(
+        s.workload.output_tokens,
+        Dist::LogNormal {
+            median: 130.0,
+            sigma: 0.8
+        }
+    );
+    assert_eq!(s.workload.deadline_ms, None);
+    assert_eq!(s.policies.len(), 1);
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    assert!(
+        readme.contains("prompt_tokens: LogNormal(median: 1000.0, sigma: 0.8),   // the default")
+    );
+    assert!(
+        readme.contains("output_tokens: LogNormal(median: 130.0, sigma: 0.8),    // the default")
+    );
 }
