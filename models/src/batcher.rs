@@ -12,12 +12,12 @@
 
 use std::collections::VecDeque;
 
-use crate::engine::{
+use crate::gpu::{StepCost, StepShape};
+use crate::kv::KvPool;
+use crate::protocol::{
     Abort, CheckpointReport, Dispatch, NewRequest, Observed, Outcome, Rejection, Released,
     StepOutput, StepReport,
 };
-use crate::gpu::{StepCost, StepShape};
-use crate::kv::KvPool;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatcherConfig {

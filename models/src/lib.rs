@@ -5,8 +5,8 @@
 
 pub mod batcher;
 pub mod engine;
-pub mod fxhash;
 pub mod gpu;
 pub mod kv;
 pub mod ownership;
+pub mod protocol;
 pub mod replica;

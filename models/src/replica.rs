@@ -1,11 +1,12 @@
 //! One replica: either scheduler kind behind one interface, so the world wires them alike.
 
 use crate::batcher::{Batcher, BatcherConfig};
-use crate::engine::{
-    Abort, CheckpointReport, Dispatch, Engine, EngineConfig, NewRequest, Observed, Rejection,
-    Released, StepOutput, StepReport,
-};
+use crate::engine::{Engine, EngineConfig};
 use crate::kv::KvPool;
+use crate::protocol::{
+    Abort, CheckpointReport, Dispatch, NewRequest, Observed, Rejection, Released, StepOutput,
+    StepReport,
+};
 
 /// Counters common to both kinds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,6 +28,27 @@ pub struct ReplicaStats {
     pub corrupted_allocations: u64,
     pub admission_stalls: u64,
     pub marked_blocks_peak: u64,
+}
+
+impl ReplicaStats {
+    /// Sum another replica's counters into these (peaks take the larger).
+    pub fn add(&mut self, s: &ReplicaStats) {
+        self.steps += s.steps;
+        self.busy_ns += s.busy_ns;
+        self.preemptions += s.preemptions;
+        self.tokens_delivered += s.tokens_delivered;
+        self.tokens_discarded += s.tokens_discarded;
+        self.padding_token_steps += s.padding_token_steps;
+        self.rejected += s.rejected;
+        self.batches += s.batches;
+        self.aborts_handled += s.aborts_handled;
+        self.aborts_unknown += s.aborts_unknown;
+        self.aborts_unobserved += s.aborts_unobserved;
+        self.faults += s.faults;
+        self.corrupted_allocations += s.corrupted_allocations;
+        self.admission_stalls += s.admission_stalls;
+        self.marked_blocks_peak = self.marked_blocks_peak.max(s.marked_blocks_peak);
+    }
 }
 
 // A handful of replicas live in one Vec for the whole run; boxing the larger variant would only

@@ -13,10 +13,11 @@ use rayon::prelude::*;
 
 use crate::kernel::rng::{Purpose, Stream};
 use crate::metrics::Summary;
+use crate::run::{self, Report, RunOptions};
 use crate::scenario::{
     Cancellation, Policy, Scenario, Scheduler, Source, Stage, TargetDisposition,
 };
-use crate::world::{self, Hooks, Report};
+use crate::world::Hooks;
 
 /// Judge one report against the scenario: properties always; expectations and coverage only for
 /// the scenario as written (`full`), not for swarm variants whose parameters moved.
@@ -145,7 +146,11 @@ fn expect_one(e: &crate::scenario::Expect, p: &Summary, out: &mut Vec<String>) {
 
 /// Run and judge. `Err` carries the failure messages.
 pub fn check_one(s: &Scenario, seed: u64, hooks: Hooks, full: bool) -> Result<Report, Vec<String>> {
-    match world::run_with(s, seed, hooks) {
+    let opts = RunOptions {
+        hooks,
+        ..RunOptions::default()
+    };
+    match run::run(s, seed, opts).map(|(r, _)| r) {
         Err(e) => Err(vec![e.to_string()]),
         Ok(report) => {
             let failures = judge(s, &report, full);

@@ -7,12 +7,15 @@
 
 pub mod check;
 pub mod cli_check;
+pub mod coverage;
 pub mod dist;
 pub mod kernel;
 pub mod metrics;
 pub mod plots;
+pub mod record;
 pub mod replay;
 pub mod report;
+pub mod run;
 pub mod scenario;
 pub mod sweep;
 pub mod trace;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use cancelsim::report;
+use cancelsim::run::{self, RunOptions};
 use cancelsim::scenario::Scenario;
 use cancelsim::world;
 
@@ -233,7 +234,7 @@ fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
         .unwrap_or_else(|| "<embedded default>".into());
     let fail = |e: world::RunError| format!("scenario {shown} seed {seed}: {e}");
     if opts.no_write {
-        let report = world::run(&scenario, seed).map_err(fail)?;
+        let report = run::report(&scenario, seed).map_err(fail)?;
         print!("{}", report::render(&report));
         return Ok(());
     }
@@ -243,15 +244,21 @@ fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
     let dir = report::RunDir::begin(&opts.out, &scenario.name)?;
     let sink = dir.requests_sink()?;
     let sample_ns = (opts.sample_ms * 1e6).round() as u64;
-    let (report, extras) =
-        world::run_recorded(&scenario, seed, sample_ns, Some(sink), trace).map_err(fail)?;
+    let force = opts.force;
+    let opts = RunOptions {
+        sample_ns,
+        sink: Some(sink),
+        trace,
+        ..RunOptions::default()
+    };
+    let (report, extras) = run::run(&scenario, seed, opts).map_err(fail)?;
     let rendered = report::render(&report);
     let (body, hash_line) = rendered
         .trim_end()
         .rsplit_once('\n')
         .expect("the summary has several lines");
     println!("{body}");
-    let (written, plots) = dir.finish(&report, extras, opts.force)?;
+    let (written, plots) = dir.finish(&report, extras, force)?;
     match &written {
         report::Written::New(d) => println!("wrote {}", d.display()),
         report::Written::Replaced(d) => println!("replaced {}", d.display()),

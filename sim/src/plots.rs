@@ -12,7 +12,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::world::{Extras, Report};
+use crate::record::{Extras, Sample};
+use crate::run::Report;
 
 type Res = Result<(), Box<dyn std::error::Error>>;
 
@@ -264,7 +265,7 @@ where
     DB::ErrorType: 'static,
 {
     area.fill(&WHITE)?;
-    let series: Vec<(&str, &[crate::world::Sample])> = report
+    let series: Vec<(&str, &[Sample])> = report
         .policies
         .iter()
         .enumerate()

@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::metrics::Summary;
-use crate::world::{Extras, Report, RequestRow, RequestSink};
+use crate::record::{Extras, RequestRow, RequestSink, TraceArgs, TraceEvent, CANCELS_TID};
+use crate::run::Report;
 
 /// The human report: one column per policy, beside the counterfactual. Its last line is always
 /// `run_hash=<hex>`.
@@ -304,31 +305,40 @@ fn write_timeseries(path: &Path, report: &Report, extras: &[Extras]) -> Result<(
 /// All runs in one Chrome trace: one process per run (the counterfactual first), a thread per
 /// replica, the requests' async tracks and a "cancels" thread with the flows.
 fn write_trace(path: &Path, report: &Report, extras: &[Extras]) -> Result<(), String> {
-    use serde_json::json;
-    let mut events = Vec::new();
+    let mut events: Vec<TraceEvent> = Vec::new();
     let names = std::iter::once(&report.counterfactual)
         .chain(&report.policies)
         .map(|s| s.policy.clone());
     let mut dropped = 0;
     for (pid, (name, e)) in names.zip(extras).enumerate() {
         let Some(t) = &e.trace else { continue };
-        events.push(json!({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}));
-        events.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}}));
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": crate::world::CANCELS_TID, "args": {"name": "cancels"}}));
-        let replicas: std::collections::BTreeSet<u64> = t
+        let pid = pid as u32;
+        let thread = |tid: u32, name: String| {
+            TraceEvent::meta("thread_name", pid, Some(tid), TraceArgs::Name { name })
+        };
+        events.push(TraceEvent::meta(
+            "process_name",
+            pid,
+            None,
+            TraceArgs::Name { name },
+        ));
+        let sort = TraceArgs::SortIndex { sort_index: pid };
+        events.push(TraceEvent::meta("process_sort_index", pid, None, sort));
+        events.push(thread(CANCELS_TID, "cancels".into()));
+        let replicas: std::collections::BTreeSet<u32> = t
             .events
             .iter()
-            .filter(|e| e["cat"] == "gpu")
-            .filter_map(|e| e["tid"].as_u64())
+            .filter(|e| e.cat == Some("gpu"))
+            .filter_map(|e| e.tid)
             .collect();
         for r in replicas {
-            events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": r, "args": {"name": format!("replica {r}")}}));
+            events.push(thread(r, format!("replica {r}")));
         }
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "replica 0 / requests"}}));
+        events.push(thread(0, "replica 0 / requests".into()));
         events.extend(t.events.iter().cloned());
         dropped += t.dropped;
     }
-    let doc = json!({
+    let doc = serde_json::json!({
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"scenario": report.scenario, "seed": report.seed, "run_hash": report.run_hash, "events_dropped": dropped},

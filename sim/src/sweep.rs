@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::run;
 use crate::scenario::{Policy, Scenario, Scheduler, Source};
-use crate::world;
 
 /// A sweep file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -207,7 +207,7 @@ impl Plan {
 /// The metric columns of a sweep row: name and value, in one table so they cannot drift apart.
 type Column = (
     &'static str,
-    fn(&crate::world::Report, &crate::metrics::Summary) -> String,
+    fn(&crate::run::Report, &crate::metrics::Summary) -> String,
 );
 const METRICS: [Column; 19] = [
     ("run_policy", |_, p| p.policy.clone()),
@@ -250,7 +250,7 @@ fn run_task(plan: &Plan, t: u64) -> Result<String, String> {
     let (s, values, seed) = plan.task(t);
     s.validate()
         .map_err(|(f, m)| format!("task {t}: field `{f}` {m}"))?;
-    let report = world::run(&s, seed).map_err(|e| format!("task {t} (seed {seed}): {e}"))?;
+    let report = run::report(&s, seed).map_err(|e| format!("task {t} (seed {seed}): {e}"))?;
     let mut w = csv::Writer::from_writer(Vec::new());
     let point = t / plan.sweep.seeds;
     for p in &report.policies {

@@ -41,6 +41,27 @@ pub enum Purpose {
     Swarm = 11,
 }
 
+/// Entity and sub-key values that name one stream among an entity's several. Part of the key
+/// like `Purpose`: never change a value, append.
+pub mod key {
+    /// `Arrival` entity of the open-loop process.
+    pub const OPEN_LOOP: u64 = 0;
+    /// `Arrival` entity of the conversation-start process.
+    pub const CONVERSATION_STARTS: u64 = 1;
+    /// `Conversation` entity of one turn's draws is `conv << TURN_SHIFT | turn`.
+    pub const TURN_SHIFT: u32 = 20;
+    /// `Conversation` "turn" of the conversation's turn count (no real turn reaches it).
+    pub const TURN_COUNT: u64 = 0xF_FFFF;
+    /// `CancelRpc` sub-key of the adapter's submission delay (attempts use `attempt + 1`).
+    pub const SUBMIT_DELAY: u64 = 1 << 20;
+    /// `CancelRpc` sub-key of the acknowledgement's latency after a backend observation.
+    pub const ACK_LATENCY: u64 = 1 << 21;
+    /// `Playback` entity flag of a request's blocked-admission retries (`id ^ RETRY_FLAG`,
+    /// sub-key `retry + 1`); without it, the entity is the request (writer waits) or the owner
+    /// (clear acknowledgements, sub-key = epoch).
+    pub const RETRY_FLAG: u64 = 1 << 63;
+}
+
 /// One keyed random stream.
 #[derive(Clone)]
 pub struct Stream {

@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use cancelsim::report::{RunDir, Written};
+use cancelsim::run::{self, Report, RunOptions};
 use cancelsim::scenario::Scenario;
-use cancelsim::{trace_check, world};
+use cancelsim::trace_check;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("cancelsim-out-{}-{name}", std::process::id()));
@@ -13,11 +14,16 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn write(root: &Path, scenario: &Scenario, force: bool) -> (Written, world::Report) {
+fn write(root: &Path, scenario: &Scenario, force: bool) -> (Written, Report) {
     let dir = RunDir::begin(root, &scenario.name).unwrap();
     let sink = dir.requests_sink().unwrap();
-    let (report, extras) =
-        world::run_recorded(scenario, scenario.seed, 100_000_000, Some(sink), true).unwrap();
+    let opts = RunOptions {
+        sample_ns: 100_000_000,
+        sink: Some(sink),
+        trace: true,
+        ..RunOptions::default()
+    };
+    let (report, extras) = run::run(scenario, scenario.seed, opts).unwrap();
     let (written, plots) = dir.finish(&report, extras, force).unwrap();
     if !matches!(written, Written::Kept(_)) {
         assert_eq!(plots.len(), 4);
@@ -138,7 +144,15 @@ fn a_failed_run_leaves_no_partial_directory() {
     scenario.limits.max_events = 500;
     let dir = RunDir::begin(&root, &scenario.name).unwrap();
     let sink = dir.requests_sink().unwrap();
-    assert!(world::run_recorded(&scenario, 1, 0, Some(sink), false).is_err());
+    assert!(run::run(
+        &scenario,
+        1,
+        RunOptions {
+            sink: Some(sink),
+            ..RunOptions::default()
+        }
+    )
+    .is_err());
     drop(dir);
     let left: Vec<_> = std::fs::read_dir(root.join("default")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");

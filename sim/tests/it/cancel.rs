@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 
 use cancelsim::metrics::Summary;
+use cancelsim::run::{self, Report};
 use cancelsim::scenario::Scenario;
-use cancelsim::world::{self, Report};
 
 /// A trace of requests all arriving at t = 0: `(prompt, output)` each.
 fn cohort(name: &str, requests: &[(u32, u32)]) -> PathBuf {
@@ -71,7 +71,7 @@ fn run(s: Setup) -> Report {
         s.playback
     );
     let scenario = Scenario::parse(&text, "<test>").unwrap();
-    let report = world::run(&scenario, 1).unwrap();
+    let report = run::report(&scenario, 1).unwrap();
     // What every run must show, whatever the policy.
     for p in std::iter::once(&report.counterfactual).chain(&report.policies) {
         assert_eq!(
@@ -88,7 +88,7 @@ fn run(s: Setup) -> Report {
             p.policy
         );
     }
-    let again = world::run(&scenario, 1).unwrap();
+    let again = run::report(&scenario, 1).unwrap();
     assert_eq!(
         report.run_hash, again.run_hash,
         "same scenario and seed, same hash"

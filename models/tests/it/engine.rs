@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 
 use cancelsim_models::batcher::{Batcher, BatcherConfig};
-use cancelsim_models::engine::{
-    Abort, BlastRadius, Checkpoint, Dispatch, Engine, EngineConfig, Handle, NewRequest, Observed,
-    Outcome, Rejection, ReleaseMode, Released, Scope, StepOutput, UnknownAbort,
-};
+use cancelsim_models::engine::{Engine, EngineConfig};
 use cancelsim_models::gpu::StepCost;
+use cancelsim_models::protocol::{
+    Abort, BlastRadius, Checkpoint, Dispatch, Handle, NewRequest, Observed, Outcome, Rejection,
+    ReleaseMode, Released, Scope, StepOutput, UnknownAbort,
+};
 
 const MS: u64 = 1_000_000;
 

@@ -5,16 +5,16 @@ use std::path::Path;
 
 use cancelsim::dist::Dist;
 use cancelsim::metrics::Summary;
+use cancelsim::run;
 use cancelsim::scenario::Scenario;
 use cancelsim::workload;
-use cancelsim::world;
 
 /// Load `scenarios/<name>.ron` (or parse inline RON), run it with `seed`, assert what every run
 /// must satisfy, and compare the run hash with `expect_hash` when one is given.
 fn check(source: &str, seed: Option<u64>, expect_hash: Option<&str>) -> Summary {
     let scenario = load(source);
     let seed = seed.unwrap_or(scenario.seed);
-    let s = world::run_counterfactual(&scenario, seed).unwrap();
+    let s = run::counterfactual(&scenario, seed).unwrap();
     // Conservation beyond what the run asserts itself: GPU time is fully attributed.
     let attributed = s.gpu.gpu_s_requests + s.gpu.gpu_s_discarded + s.gpu.gpu_s_padding;
     assert!(
@@ -37,7 +37,7 @@ fn check(source: &str, seed: Option<u64>, expect_hash: Option<&str>) -> Summary 
     );
     assert!(s.ttft_ms.mean <= s.e2e_ms.mean);
     // Determinism: the same scenario and seed give the same summary in the same process.
-    let again = world::run_counterfactual(&scenario, seed).unwrap();
+    let again = run::counterfactual(&scenario, seed).unwrap();
     assert_eq!(s, again);
     if let Some(expect) = expect_hash {
         assert_eq!(
@@ -158,7 +158,7 @@ fn golden_run_hashes() {
         ("trace-azure-conv", GOLDEN_TRACE_AZURE_CONV),
     ] {
         let scenario = load(name);
-        let report = world::run(&scenario, scenario.seed).unwrap();
+        let report = run::report(&scenario, scenario.seed).unwrap();
         assert_eq!(
             report.run_hash, golden,
             "golden run hash of {name} changed; if the model change is deliberate, update it in a visible commit"
@@ -264,7 +264,7 @@ fn conversations_issue_every_turn_and_barge_ins_supersede() {
     let scenario = load(&conv(
         ", barge_in: (probability: 1.0, after_ms: Constant(100.0))",
     ));
-    let report = world::run(&scenario, 4).unwrap();
+    let report = run::report(&scenario, 4).unwrap();
     assert_eq!(report.counterfactual.workload.interruptions, 0);
     let loud = &report.policies[0];
     assert_eq!(
@@ -285,7 +285,7 @@ fn deadlines_and_disconnects_fire_only_before_completion() {
         "Continuous()",
         ", deadline_ms: Constant(0.001), disconnect_ms: Constant(1000000.0)",
     );
-    let report = world::run(&load(&text), 6).unwrap();
+    let report = run::report(&load(&text), 6).unwrap();
     let s = &report.policies[0];
     assert_eq!(s.workload.deadlines_missed, s.requests.admitted);
     assert_eq!(

@@ -1,0 +1,492 @@
+//! The continuous-batching engine of one replica (vLLM-like), as a sans-IO state machine.
+//!
+//! - A waiting queue and a running set bounded by `max_num_seqs`.
+//! - A token budget per step (`max_num_batched_tokens`), with optional chunked prefill.
+//! - A paged KV allocator: a request is admitted only when the blocks for its first chunk are
+//!   free; a running request that cannot grow preempts the newest running request, which is
+//!   recomputed later (preemption by recompute).
+//! - An in-flight window `W`: up to `W` dispatched steps whose outputs are not yet processed.
+//!   A dispatched step runs with exactly the requests it was dispatched with. The scheduler
+//!   advances progress optimistically at dispatch, and learns that a request hit its end of
+//!   sequence only when the step that sampled that token is processed, so with `W` > 1 a finished
+//!   request can still be in the next, already dispatched step: that token-step is discarded.
+//! - Blocks are returned to the pool only when no dispatched step still uses them (fenced).
+//!
+//! The world calls `enqueue`, `dispatch` and `step_done` with the current time; the engine
+//! answers with what to schedule (a step's end time) and what came out (tokens, releases). The
+//! cancel side (`abort`, `checkpoint`, `mark_intent`) is in `abort.rs`.
+
+mod abort;
+mod seq;
+
+use std::collections::VecDeque;
+
+use crate::gpu::{StepCost, StepShape};
+use crate::kv::KvPool;
+use crate::protocol::{
+    Abort, Checkpoint, Dispatch, NewRequest, Outcome, Rejection, ReleaseMode, Released, StepOutput,
+    StepReport, UnknownAbort,
+};
+
+pub use seq::{EngineStats, TOMBSTONES_MAX};
+use seq::{Entry, Phase, RuntimeTombstones, Seq, Step, Taint};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub max_num_seqs: u32,
+    pub max_num_batched_tokens: u32,
+    pub chunked_prefill: bool,
+    pub block_tokens: u32,
+    pub kv_blocks: u64,
+    /// In-flight window W: 1 for a synchronous loop, 2 for async scheduling, or the pipeline
+    /// depth.
+    pub window: u32,
+    pub cost: StepCost,
+    /// Where pending aborts are observed.
+    pub checkpoint: Checkpoint,
+    /// How an aborted request's blocks go back to the pool.
+    pub release: ReleaseMode,
+    /// What an abort for an id with no live request does.
+    pub unknown_abort: UnknownAbort,
+    /// Whether the runtime generates ids and tombstones terminated ones (TensorRT-LLM), so a late
+    /// abort for a finished id is recognised and ignored. Without, ids are the client's and may be
+    /// reused (vLLM, SGLang).
+    pub tombstones: bool,
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    kv: KvPool,
+    seqs: Vec<Seq>,
+    free_slots: Vec<u32>,
+    waiting: VecDeque<u32>,
+    running: Vec<u32>,
+    inflight: VecDeque<Step>,
+    spare_entries: Vec<Vec<Entry>>,
+    gpu_free_ns: u64,
+    step_next: u64,
+    live: u64,
+    stats: EngineStats,
+    pending_aborts: Vec<Abort>,
+    passes: u64,
+    /// A step ended since the last checkpoint: the engine loop is between steps.
+    at_boundary: bool,
+    taint: Taint,
+    /// Terminated runtime ids (with `tombstones`).
+    tombstones: RuntimeTombstones,
+    /// Engine slot of each caller tag, for `mark_intent`.
+    slot_of_tag: Vec<Option<u32>>,
+    /// Blocks held by marked requests, now.
+    marked_blocks: u64,
+    /// Tags of requests dispatched for the first time, drained by `take_started`.
+    started: Vec<u32>,
+}
+
+/// The step being composed.
+struct Compose {
+    entries: Vec<Entry>,
+    shape: StepShape,
+    budget: u32,
+    /// A request was preempted for room in this step.
+    preempted: bool,
+}
+
+/// Give `blocks` back to the pool; the retained count follows if the owner is marked.
+fn free_blocks(kv: &mut KvPool, marked_blocks: &mut u64, marked: bool, blocks: u64) {
+    kv.free(blocks);
+    if marked {
+        *marked_blocks -= blocks;
+    }
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.window > 0);
+        Engine {
+            kv: KvPool::new(cfg.kv_blocks, cfg.block_tokens),
+            cfg,
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            inflight: VecDeque::new(),
+            spare_entries: Vec::new(),
+            gpu_free_ns: 0,
+            step_next: 0,
+            live: 0,
+            stats: EngineStats::default(),
+            pending_aborts: Vec::new(),
+            passes: 0,
+            at_boundary: false,
+            taint: Taint::default(),
+            tombstones: RuntimeTombstones::default(),
+            slot_of_tag: Vec::new(),
+            marked_blocks: 0,
+            started: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Accept a request into the waiting queue, or refuse it if it can never run here.
+    pub fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
+        assert!(
+            r.prompt_tokens > 0 && r.output_tokens > 0,
+            "empty request {r:?}"
+        );
+        let total = r.prompt_tokens as u64 + r.output_tokens as u64;
+        if self.kv.blocks_for(total) > self.kv.capacity_blocks() {
+            self.stats.rejected += 1;
+            return Err(Rejection::TooLongForKv);
+        }
+        if !self.cfg.chunked_prefill && total > self.cfg.max_num_batched_tokens as u64 {
+            self.stats.rejected += 1;
+            return Err(Rejection::TooLongForBudget);
+        }
+        let seq = Seq::new(&r, now_ns);
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.seqs[s as usize] = seq;
+                s
+            }
+            None => {
+                self.seqs.push(seq);
+                (self.seqs.len() - 1) as u32
+            }
+        };
+        self.waiting.push_back(slot);
+        self.live += 1;
+        let t = r.tag as usize;
+        if self.slot_of_tag.len() <= t {
+            self.slot_of_tag.resize(t + 1, None);
+        }
+        self.slot_of_tag[t] = Some(slot);
+        Ok(())
+    }
+
+    /// Compose and dispatch the next step if the window has room and there is work.
+    pub fn dispatch(&mut self, now_ns: u64) -> Option<Dispatch> {
+        if self.inflight.len() as u32 >= self.cfg.window {
+            return None;
+        }
+        let entries = self.spare_entries.pop().unwrap_or_default();
+        debug_assert!(entries.is_empty());
+        let mut c = Compose {
+            entries,
+            shape: StepShape::default(),
+            budget: self.cfg.max_num_batched_tokens,
+            preempted: false,
+        };
+        self.compose_running(now_ns, &mut c);
+        self.admit_waiting(now_ns, &mut c);
+        if c.entries.is_empty() {
+            self.spare_entries.push(c.entries);
+            return None;
+        }
+        Some(self.launch(now_ns, c))
+    }
+
+    /// Running requests first, oldest first: a prefill chunk or one decode token each.
+    fn compose_running(&mut self, now_ns: u64, c: &mut Compose) {
+        let mut i = 0;
+        while i < self.running.len() && c.budget > 0 {
+            let slot = self.running[i];
+            let seq = &self.seqs[slot as usize];
+            let prefill = seq.ctx < seq.need;
+            let tokens = if prefill {
+                let rem = seq.need - seq.ctx;
+                if self.cfg.chunked_prefill {
+                    rem.min(c.budget)
+                } else if rem <= c.budget {
+                    rem
+                } else {
+                    i += 1;
+                    continue;
+                }
+            } else {
+                1
+            };
+            let grow = self.kv.blocks_for((seq.ctx + tokens) as u64) - seq.blocks;
+            if !self.make_room(slot, grow, now_ns, c) {
+                break;
+            }
+            self.place(slot, now_ns, grow, prefill, tokens, c);
+            c.budget -= tokens;
+            i += 1;
+        }
+    }
+
+    /// Allocate `grow` blocks for `slot`, preempting the newest running request (possibly `slot`
+    /// itself) until they fit. False if `slot` preempted itself.
+    fn make_room(&mut self, slot: u32, grow: u64, now_ns: u64, c: &mut Compose) -> bool {
+        while !self.kv.try_alloc(grow) {
+            let victim = *self.running.last().expect("running is not empty");
+            self.preempt(victim, now_ns);
+            c.preempted = true;
+            if victim == slot {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Then waiting requests, in order, while nothing was preempted this step (vLLM's rule),
+    /// unless the step would otherwise be empty: a lone request that preempted itself has freed
+    /// everything and must be readmitted, or nothing would ever dispatch again.
+    fn admit_waiting(&mut self, now_ns: u64, c: &mut Compose) {
+        while (!c.preempted || c.entries.is_empty())
+            && c.budget > 0
+            && (self.running.len() as u32) < self.cfg.max_num_seqs
+        {
+            let Some(&slot) = self.waiting.front() else {
+                break;
+            };
+            let seq = &self.seqs[slot as usize];
+            debug_assert_eq!(seq.ctx, 0);
+            let rem = seq.need;
+            let tokens = if self.cfg.chunked_prefill {
+                rem.min(c.budget)
+            } else if rem <= c.budget {
+                rem
+            } else {
+                break;
+            };
+            let blocks = self.kv.blocks_for(tokens as u64);
+            if !self.kv.try_alloc(blocks) {
+                if self.marked_blocks > 0 {
+                    self.stats.admission_stalls += 1;
+                }
+                break; // admission only when the blocks are there
+            }
+            if seq.incarnation == 0 {
+                self.started.push(seq.tag);
+            }
+            self.waiting.pop_front();
+            self.running.push(slot);
+            self.seqs[slot as usize].phase = Phase::Running;
+            self.place(slot, now_ns, blocks, true, tokens, c);
+            c.budget -= tokens;
+        }
+    }
+
+    /// Put the composed step in flight: it ends when the GPU is free plus its duration.
+    fn launch(&mut self, now_ns: u64, c: Compose) -> Dispatch {
+        for e in &c.entries {
+            self.seqs[e.slot as usize].inflight += 1;
+        }
+        let duration_ns = self.cfg.cost.step_ns(c.shape);
+        let start_ns = now_ns.max(self.gpu_free_ns);
+        let end_ns = start_ns + duration_ns;
+        self.gpu_free_ns = end_ns;
+        let step = self.step_next;
+        self.step_next += 1;
+        self.stats.steps += 1;
+        self.stats.busy_ns += duration_ns;
+        self.stats.prefill_tokens += c.shape.prefill_tokens;
+        self.inflight.push_back(Step {
+            id: step,
+            end_ns,
+            duration_ns,
+            entries: c.entries,
+        });
+        Dispatch {
+            step,
+            start_ns,
+            end_ns,
+        }
+    }
+
+    /// Put `tokens` of a request into the step being composed, with `blocks` newly allocated
+    /// for them: the one path for running and newly admitted requests alike.
+    fn place(
+        &mut self,
+        slot: u32,
+        now_ns: u64,
+        blocks: u64,
+        prefill: bool,
+        tokens: u32,
+        c: &mut Compose,
+    ) {
+        self.on_alloc(slot, blocks);
+        let seq = &mut self.seqs[slot as usize];
+        seq.touch(now_ns);
+        seq.blocks += blocks;
+        let sample = seq.advance(tokens);
+        if prefill {
+            c.shape.prefill_tokens += tokens as u64;
+        } else {
+            c.shape.decode_seqs += 1;
+            c.shape.kv_tokens_read += seq.ctx as u64;
+        }
+        c.entries.push(Entry {
+            slot,
+            incarnation: seq.incarnation,
+            tokens,
+            sample,
+        });
+    }
+
+    fn preempt(&mut self, slot: u32, now_ns: u64) {
+        let last = self.running.pop();
+        debug_assert_eq!(last, Some(slot));
+        let seq = &mut self.seqs[slot as usize];
+        seq.touch(now_ns);
+        seq.fenced_blocks += seq.blocks;
+        seq.blocks = 0;
+        if seq.inflight == 0 {
+            free_blocks(
+                &mut self.kv,
+                &mut self.marked_blocks,
+                seq.marked,
+                seq.fenced_blocks,
+            );
+            seq.fenced_blocks = 0;
+        }
+        seq.restart();
+        self.waiting.push_front(slot);
+        self.stats.preemptions += 1;
+    }
+
+    /// Process the oldest dispatched step, which ends now. Pushes one `StepOutput` per entry and
+    /// one `Released` per request that left the engine.
+    pub fn step_done(
+        &mut self,
+        now_ns: u64,
+        step: u64,
+        outputs: &mut Vec<StepOutput>,
+        released: &mut Vec<Released>,
+    ) -> StepReport {
+        let s = self.inflight.pop_front().expect("a step in flight");
+        assert_eq!(s.id, step, "steps complete in dispatch order");
+        self.at_boundary = true;
+        assert_eq!(s.end_ns, now_ns, "step processed at its end time");
+        let mut tokens_total = 0u64;
+        let mut finished_any = false;
+        for e in &s.entries {
+            tokens_total += e.tokens as u64;
+            finished_any |= self.process_entry(e, now_ns, outputs);
+            // A request appears at most once per step, so it is retired at most once here.
+            self.try_retire(e.slot, released);
+        }
+        self.taint.step_ended(step);
+        if finished_any {
+            let seqs = &self.seqs;
+            self.running
+                .retain(|&slot| seqs[slot as usize].phase == Phase::Running);
+        }
+        let mut entries = s.entries;
+        entries.clear();
+        self.spare_entries.push(entries);
+        StepReport {
+            step,
+            duration_ns: s.duration_ns,
+            tokens: tokens_total,
+        }
+    }
+
+    /// One request's share of a processed step: its outcome, and its fenced blocks back to the
+    /// pool once no step in flight uses them. True if it finished with this token.
+    fn process_entry(&mut self, e: &Entry, now_ns: u64, outputs: &mut Vec<StepOutput>) -> bool {
+        let seq = &mut self.seqs[e.slot as usize];
+        seq.inflight -= 1;
+        let outcome = seq.outcome(e, now_ns);
+        match outcome {
+            Outcome::Token { .. } => self.stats.tokens_delivered += 1,
+            Outcome::Discarded if e.sample > 0 => self.stats.tokens_discarded += 1,
+            _ => {}
+        }
+        outputs.push(StepOutput {
+            id: seq.id,
+            tag: seq.tag,
+            corrupted: seq.corrupted,
+            tokens: e.tokens,
+            outcome,
+        });
+        if seq.inflight == 0 && seq.fenced_blocks > 0 {
+            seq.touch(now_ns);
+            free_blocks(
+                &mut self.kv,
+                &mut self.marked_blocks,
+                seq.marked,
+                seq.fenced_blocks,
+            );
+            seq.fenced_blocks = 0;
+        }
+        matches!(outcome, Outcome::Token { last: true, .. })
+    }
+
+    /// A request whose blocks were just allocated: if the pool handed out blocks that a step in
+    /// flight still writes (an immediate release), its output is corrupted from now on.
+    fn on_alloc(&mut self, slot: u32, blocks: u64) {
+        if self.seqs[slot as usize].marked {
+            self.marked_blocks += blocks;
+            self.stats.marked_blocks_peak = self.stats.marked_blocks_peak.max(self.marked_blocks);
+        }
+        if self.taint.allocate(blocks) {
+            self.seqs[slot as usize].corrupted = true;
+            self.stats.corrupted_allocations += 1;
+        }
+    }
+
+    /// Leave the engine once finished or aborted and no step in flight uses the request.
+    fn try_retire(&mut self, slot: u32, released: &mut Vec<Released>) {
+        let seq = &mut self.seqs[slot as usize];
+        if !matches!(seq.phase, Phase::Finished | Phase::Aborted) || seq.inflight > 0 {
+            return;
+        }
+        debug_assert_eq!(seq.blocks + seq.fenced_blocks, 0);
+        if !seq.released_sent {
+            seq.released_sent = true;
+            released.push(seq.released());
+        }
+        if self.slot_of_tag.get(seq.tag as usize) == Some(&Some(slot)) {
+            self.slot_of_tag[seq.tag as usize] = None;
+        }
+        if self.cfg.tombstones {
+            self.tombstones.insert(seq.handle.runtime_id);
+        }
+        self.free_slots.push(slot);
+        self.live -= 1;
+    }
+
+    /// Tags of requests dispatched for the first time since the last call.
+    pub fn take_started(&mut self, into: &mut Vec<u32>) {
+        into.append(&mut self.started);
+    }
+
+    /// Requests waiting, running or draining here: what a least-loaded router compares.
+    pub fn load(&self) -> u64 {
+        self.live
+    }
+
+    /// Blocks held now by requests with a cancel intent (retained).
+    pub fn marked_blocks(&self) -> u64 {
+        self.marked_blocks
+    }
+
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn running_len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn inflight_len(&self) -> usize {
+        self.inflight.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.live == 0 && self.inflight.is_empty()
+    }
+
+    pub fn kv(&self) -> &KvPool {
+        &self.kv
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+}

@@ -1,0 +1,263 @@
+//! An engine's per-request and per-step records, its counters, and the two small ledgers of its
+//! cancel side: runtime-id tombstones and blocks released while a step still wrote them.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashSet;
+
+use crate::protocol::{Handle, NewRequest, Outcome, Released};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    Waiting,
+    Running,
+    /// End of sequence delivered; waiting for in-flight steps to drain.
+    Finished,
+    /// Removed by an abort; waiting for in-flight steps to drain.
+    Aborted,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Seq {
+    pub(super) id: u64,
+    pub(super) tag: u32,
+    pub(super) handle: Handle,
+    pub(super) corrupted: bool,
+    pub(super) released_sent: bool,
+    pub(super) prompt: u32,
+    pub(super) output: u32,
+    /// Tokens to compute before the next sample: the prompt, or prompt + delivered tokens after a
+    /// preemption (recompute).
+    pub(super) need: u32,
+    /// Tokens whose KV is computed or scheduled.
+    pub(super) ctx: u32,
+    /// Output tokens sampled by dispatched steps of this incarnation.
+    pub(super) sched_out: u32,
+    /// Output tokens delivered.
+    pub(super) done_out: u32,
+    pub(super) blocks: u64,
+    /// Blocks of a finished or preempted incarnation, returned once no step in flight uses them.
+    pub(super) fenced_blocks: u64,
+    pub(super) inflight: u32,
+    pub(super) incarnation: u32,
+    pub(super) phase: Phase,
+    pub(super) kv_block_ns: u128,
+    pub(super) blocks_since_ns: u64,
+    pub(super) marked: bool,
+    pub(super) kv_block_ns_marked: u128,
+}
+
+impl Seq {
+    pub(super) fn touch(&mut self, now_ns: u64) {
+        debug_assert!(now_ns >= self.blocks_since_ns);
+        let held = (self.blocks + self.fenced_blocks) as u128;
+        let area = held * (now_ns - self.blocks_since_ns) as u128;
+        self.kv_block_ns += area;
+        if self.marked {
+            self.kv_block_ns_marked += area;
+        }
+        self.blocks_since_ns = now_ns;
+    }
+
+    pub(super) fn new(r: &NewRequest, now_ns: u64) -> Seq {
+        Seq {
+            id: r.id,
+            tag: r.tag,
+            handle: r.handle,
+            corrupted: false,
+            released_sent: false,
+            prompt: r.prompt_tokens,
+            output: r.output_tokens,
+            need: r.prompt_tokens,
+            ctx: 0,
+            sched_out: 0,
+            done_out: 0,
+            blocks: 0,
+            fenced_blocks: 0,
+            inflight: 0,
+            incarnation: 0,
+            phase: Phase::Waiting,
+            kv_block_ns: 0,
+            blocks_since_ns: now_ns,
+            marked: false,
+            kv_block_ns_marked: 0,
+        }
+    }
+
+    /// Advance by `tokens` scheduled tokens; returns the output index sampled, or 0.
+    pub(super) fn advance(&mut self, tokens: u32) -> u32 {
+        self.ctx += tokens;
+        if self.ctx >= self.need {
+            self.sched_out += 1;
+            self.sched_out
+        } else {
+            0
+        }
+    }
+
+    /// Preempted: a new incarnation recomputes the prompt and the tokens delivered so far.
+    pub(super) fn restart(&mut self) {
+        self.incarnation += 1;
+        self.need = self.prompt + self.done_out;
+        self.ctx = 0;
+        self.sched_out = self.done_out;
+        self.phase = Phase::Waiting;
+    }
+
+    /// What entry `e` of a step that ends now did for this request. A token of an old
+    /// incarnation, or past the end or an abort, is discarded.
+    pub(super) fn outcome(&mut self, e: &Entry, now_ns: u64) -> Outcome {
+        if e.incarnation != self.incarnation
+            || self.phase == Phase::Finished
+            || self.phase == Phase::Aborted
+        {
+            return Outcome::Discarded;
+        }
+        if e.sample == 0 {
+            return Outcome::Prefill;
+        }
+        debug_assert_eq!(e.sample, self.done_out + 1);
+        debug_assert!(e.sample <= self.output);
+        self.done_out += 1;
+        let last = self.done_out == self.output;
+        if last {
+            self.phase = Phase::Finished;
+            self.touch(now_ns);
+            self.fenced_blocks += self.blocks;
+            self.blocks = 0;
+        }
+        Outcome::Token {
+            index: e.sample,
+            last,
+        }
+    }
+
+    /// The record of its blocks going back to the pool.
+    pub(super) fn released(&self) -> Released {
+        Released {
+            id: self.id,
+            tag: self.tag,
+            kv_block_ns: self.kv_block_ns,
+            kv_block_ns_marked: self.kv_block_ns_marked,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Entry {
+    pub(super) slot: u32,
+    pub(super) incarnation: u32,
+    pub(super) tokens: u32,
+    /// The output index this entry samples, 0 if none (a non-final prefill chunk).
+    pub(super) sample: u32,
+}
+
+#[derive(Debug)]
+pub(super) struct Step {
+    pub(super) id: u64,
+    pub(super) end_ns: u64,
+    pub(super) duration_ns: u64,
+    pub(super) entries: Vec<Entry>,
+}
+
+/// Counters of one engine, for reports and conservation checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub busy_ns: u64,
+    pub preemptions: u64,
+    pub tokens_delivered: u64,
+    pub tokens_discarded: u64,
+    pub prefill_tokens: u64,
+    pub rejected: u64,
+    pub aborts_handled: u64,
+    pub aborts_unknown: u64,
+    pub aborts_tombstoned: u64,
+    /// Aborts dropped unobserved (a backend that never checks).
+    pub aborts_unobserved: u64,
+    pub faults: u64,
+    /// Allocations that reused blocks a step in flight still wrote.
+    pub corrupted_allocations: u64,
+    /// Admissions refused for want of blocks while requests with a cancel intent held some.
+    pub admission_stalls: u64,
+    /// Most blocks held at once by requests with a cancel intent.
+    pub marked_blocks_peak: u64,
+}
+
+/// Terminated runtime ids remembered at most per engine (the runtime's tombstone retention). A late
+/// abort comes seconds after its request ended; at a few hundred requests per second per replica
+/// this covers many minutes, and memory stays bounded however long the run.
+pub const TOMBSTONES_MAX: usize = 1 << 13;
+
+/// Terminated runtime ids, oldest first, bounded by `TOMBSTONES_MAX`.
+#[derive(Default)]
+pub(super) struct RuntimeTombstones {
+    order: VecDeque<u64>,
+    set: FxHashSet<u64>,
+}
+
+impl RuntimeTombstones {
+    pub(super) fn insert(&mut self, runtime_id: u64) {
+        if self.set.insert(runtime_id) {
+            self.order.push_back(runtime_id);
+            if self.order.len() > TOMBSTONES_MAX {
+                let old = self.order.pop_front().expect("non-empty");
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    pub(super) fn contains(&self, runtime_id: u64) -> bool {
+        self.set.contains(&runtime_id)
+    }
+}
+
+/// Blocks released while a step in flight still wrote them, each batch with the id of the last
+/// step that can write it. Freed blocks are reused first (a LIFO free list), so an allocation
+/// takes tainted blocks before clean ones: that is what makes an immediate release a hazard.
+#[derive(Default)]
+pub(super) struct Taint {
+    batches: VecDeque<(u64, u64)>,
+    blocks: u64,
+}
+
+impl Taint {
+    pub(super) fn push(&mut self, blocks: u64, fence_step: u64) {
+        self.batches.push_back((blocks, fence_step));
+        self.blocks += blocks;
+    }
+
+    /// Step `step` ended: blocks fenced by it or earlier are clean again.
+    pub(super) fn step_ended(&mut self, step: u64) {
+        while self
+            .batches
+            .front()
+            .is_some_and(|&(_, fence)| fence <= step)
+        {
+            let (blocks, _) = self.batches.pop_front().expect("front exists");
+            self.blocks -= blocks;
+        }
+    }
+
+    /// An allocation of `blocks` takes the most recently freed blocks first. Returns whether it
+    /// got any tainted block.
+    pub(super) fn allocate(&mut self, blocks: u64) -> bool {
+        if blocks == 0 || self.blocks == 0 {
+            return false;
+        }
+        let mut need = blocks;
+        while need > 0 {
+            let Some(last) = self.batches.back_mut() else {
+                break;
+            };
+            let taken = last.0.min(need);
+            last.0 -= taken;
+            need -= taken;
+            self.blocks -= taken;
+            if last.0 == 0 {
+                self.batches.pop_back();
+            }
+        }
+        true
+    }
+}

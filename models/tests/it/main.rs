@@ -1,0 +1,5 @@
+//! The models' integration tests, in one binary (one link instead of three).
+
+mod engine;
+mod properties;
+mod reference;

@@ -1,0 +1,192 @@
+//! What a run records besides its summary, for files and plots: per-request rows, gauge samples,
+//! Chrome trace events and CDF points. A leaf: the output side (`report`, `plots`) reads these
+//! types and never the simulation's.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// One sample of the system's gauges, on the virtual clock (summed over replicas).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Sample {
+    pub t_s: f64,
+    pub kv_blocks: u64,
+    /// Blocks held by requests with a cancel intent.
+    pub kv_retained: u64,
+    pub queue: u64,
+    pub running: u64,
+    /// Cancels whose backend has neither observed them nor released the request.
+    pub cancels_in_flight: u64,
+}
+
+/// One request's record, as `requests.csv` writes it. Times are virtual milliseconds from the
+/// start of the run; an empty cell is unknown, never zero.
+#[derive(Clone, Debug, Serialize)]
+pub struct RequestRow {
+    pub policy: String,
+    pub id: u64,
+    pub owner: u64,
+    pub generation: u32,
+    pub replica: u32,
+    pub runtime_id: u64,
+    pub disposition: &'static str,
+    pub target: bool,
+    pub sibling: bool,
+    pub survived: Option<bool>,
+    pub collateral: bool,
+    pub output_tokens: u32,
+    pub tokens_generated: u32,
+    pub chunks_played: u32,
+    pub arrival_ms: f64,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
+    pub intent_ms: Option<f64>,
+    pub local_invalidation_ms: Option<f64>,
+    pub cancel_submission_ms: Option<f64>,
+    pub backend_observation_ms: Option<f64>,
+    pub final_callback_ms: Option<f64>,
+    pub resource_release_ms: Option<f64>,
+    pub leaked_gpu_ms: f64,
+    pub late_discards: u32,
+    /// GPU time shared to this request (each step's time split by tokens), in ms.
+    pub gpu_ms: f64,
+    pub token_steps: u64,
+    /// KV blocks held over time, in block-seconds.
+    pub kv_block_s: f64,
+}
+
+/// Where a run streams its per-request rows (a CSV file, say). Rows arrive as requests leave.
+pub trait RequestSink {
+    fn row(&mut self, row: &RequestRow);
+    /// Flush, and report any write error held back so far.
+    fn finish(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The arguments of a trace event, as Perfetto shows them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum TraceArgs {
+    Step {
+        step: u64,
+    },
+    Request {
+        request: u64,
+    },
+    /// A request's async track ends: how it ended.
+    Outcome {
+        disposition: &'static str,
+        sibling: bool,
+        survived: Option<bool>,
+    },
+    Name {
+        name: String,
+    },
+    SortIndex {
+        sort_index: u32,
+    },
+}
+
+/// One Chrome Trace Event. Integer microseconds; absent fields are not written.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TraceEvent {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cat: Option<&'static str>,
+    pub ph: &'static str,
+    pub pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ts: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dur: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    /// Flow binding point (`"e"`: the enclosing slice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bp: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args: Option<TraceArgs>,
+}
+
+impl TraceEvent {
+    /// An event of phase `ph` at `ts_us` on thread `tid` of process `pid`, nothing else set.
+    pub fn at(ph: &'static str, name: impl Into<String>, pid: u32, tid: u32, ts_us: u64) -> Self {
+        TraceEvent {
+            name: name.into(),
+            cat: None,
+            ph,
+            pid,
+            tid: Some(tid),
+            ts: Some(ts_us),
+            dur: None,
+            id: None,
+            bp: None,
+            args: None,
+        }
+    }
+
+    /// A metadata record (`ph: "M"`) naming or ordering a process or thread.
+    pub fn meta(name: &'static str, pid: u32, tid: Option<u32>, args: TraceArgs) -> Self {
+        TraceEvent {
+            tid,
+            ts: None,
+            args: Some(args),
+            ..TraceEvent::at("M", name, pid, 0, 0)
+        }
+    }
+}
+
+/// Chrome Trace Event records of one run: steps as slices per replica, requests as async tracks,
+/// cancels as flows from intent to observation to release.
+#[derive(Default)]
+pub struct TraceLog {
+    pub events: Vec<TraceEvent>,
+    /// Events dropped past `TRACE_EVENTS_MAX`.
+    pub dropped: u64,
+}
+
+/// Trace events kept per run at most.
+pub const TRACE_EVENTS_MAX: usize = 400_000;
+/// The trace thread of the cancel flows' marker slices.
+pub const CANCELS_TID: u32 = 1_000_000;
+/// Sibling pairs kept per run for plots, at most.
+pub const PAIRS_MAX: usize = 50_000;
+/// Time-series samples kept per run, at most (sampling stops there).
+pub const SAMPLES_MAX: usize = 100_000;
+
+impl TraceLog {
+    pub fn push(&mut self, ev: TraceEvent) {
+        if self.events.len() < TRACE_EVENTS_MAX {
+            self.events.push(ev);
+        } else {
+            self.dropped += 1;
+        }
+    }
+}
+
+/// What a run gives besides its summary, for files and plots.
+#[derive(Default)]
+pub struct Extras {
+    pub timeseries: Vec<Sample>,
+    /// (counterfactual TTFT, this run's TTFT) of siblings, in ms (the first `PAIRS_MAX`).
+    pub sibling_ttft_ms: Vec<(f64, f64)>,
+    /// Per evidence level, (latency ms, cumulative fraction) points of the cleanup-latency CDF.
+    pub cleanup_cdf_ms: BTreeMap<String, Vec<(f64, f64)>>,
+    pub trace: Option<TraceLog>,
+    /// The request sink, handed back so the next run can continue writing to it.
+    pub sink: Option<Box<dyn RequestSink>>,
+}
+
+/// Recording options of a run.
+#[derive(Default)]
+pub struct Recording {
+    /// Sample the gauges every this many virtual ns (0: never).
+    pub sample_ns: u64,
+    pub sink: Option<Box<dyn RequestSink>>,
+    pub trace: bool,
+    /// Process id of this run in a shared trace.
+    pub trace_pid: u32,
+}

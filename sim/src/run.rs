@@ -1,0 +1,126 @@
+//! The one entry point of a simulation: the counterfactual, then one run per policy, on one
+//! seed. `main`, `check` and `sweep` all come through `run`.
+
+use crate::metrics::Summary;
+use crate::record::{Extras, Recording, RequestSink};
+use crate::scenario::{Scenario, Source};
+use crate::world::{CfTable, Hooks, Mode, RunError, World};
+
+/// The counterfactual and one run per policy, on one seed.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub scenario_hash: String,
+    pub seed: u64,
+    pub version: String,
+    /// The git commit cancelsim was built from.
+    pub commit: String,
+    pub counterfactual: Summary,
+    pub policies: Vec<Summary>,
+    /// BLAKE3 over the counterfactual's and every policy run's hash, in order.
+    pub run_hash: String,
+}
+
+/// How to run: what to record, and (tests only) deliberately broken variants.
+#[derive(Default)]
+pub struct RunOptions {
+    /// Sample the gauges every this many virtual ns (0: never).
+    pub sample_ns: u64,
+    /// Where per-request rows stream, across all the runs of the report.
+    pub sink: Option<Box<dyn RequestSink>>,
+    /// Keep a Chrome trace of each run.
+    pub trace: bool,
+    /// Broken variants of the policy runs (never set by a scenario or a flag).
+    pub hooks: Hooks,
+}
+
+/// Run the counterfactual, then every policy of the scenario, on `seed`. Returns the report and
+/// each run's extras (the counterfactual's first, which also hands the sink back).
+pub fn run(
+    scenario: &Scenario,
+    seed: u64,
+    mut opts: RunOptions,
+) -> Result<(Report, Vec<Extras>), RunError> {
+    let mut table = CfTable::default();
+    let intents = has_intent_sources(scenario);
+    let rec = |pid: u32, opts: &mut RunOptions| Recording {
+        sample_ns: opts.sample_ns,
+        sink: opts.sink.take(),
+        trace: opts.trace,
+        trace_pid: pid,
+    };
+    let cf_table = intents.then_some(&mut table);
+    let world = World::new(scenario, seed, Mode::Counterfactual, cf_table)?;
+    let (counterfactual, mut first) = world.with_recording(rec(0, &mut opts)).run_recorded()?;
+    opts.sink = first.sink.take();
+    let mut extras = vec![first];
+    let mut policies = Vec::with_capacity(scenario.policies.len());
+    for (i, p) in scenario.policies.iter().enumerate() {
+        if !intents {
+            // Without any source of cancel intents a policy run is the counterfactual event for
+            // event (the same run hash; a test shows it), so it is not simulated again.
+            let mut same = counterfactual.clone();
+            same.policy = p.label();
+            policies.push(same);
+            extras.push(Extras::default());
+            continue;
+        }
+        let world = World::new(scenario, seed, Mode::Policy(p, &table), None)?;
+        let recording = rec(i as u32 + 1, &mut opts);
+        let world = world.with_hooks(opts.hooks).with_recording(recording);
+        let (summary, mut e) = world.run_recorded()?;
+        opts.sink = e.sink.take();
+        policies.push(summary);
+        extras.push(e);
+    }
+    extras[0].sink = opts.sink;
+    Ok((assemble(scenario, seed, counterfactual, policies), extras))
+}
+
+/// `run` with nothing recorded: the report alone.
+pub fn report(scenario: &Scenario, seed: u64) -> Result<Report, RunError> {
+    run(scenario, seed, RunOptions::default()).map(|(r, _)| r)
+}
+
+/// Run only the counterfactual (no cancel intents): the runtime alone.
+pub fn counterfactual(scenario: &Scenario, seed: u64) -> Result<Summary, RunError> {
+    World::new(scenario, seed, Mode::Counterfactual, None)?.run()
+}
+
+fn assemble(
+    scenario: &Scenario,
+    seed: u64,
+    counterfactual: Summary,
+    policies: Vec<Summary>,
+) -> Report {
+    let mut h = blake3::Hasher::new();
+    h.update(counterfactual.run_hash.as_bytes());
+    for p in &policies {
+        h.update(p.run_hash.as_bytes());
+    }
+    Report {
+        scenario: scenario.name.clone(),
+        scenario_hash: scenario.hash(),
+        seed,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        commit: env!("CANCELSIM_COMMIT").to_string(),
+        counterfactual,
+        policies,
+        run_hash: h.finalize().to_hex().to_string(),
+    }
+}
+
+/// Whether anything in the scenario can produce a cancel intent.
+pub fn has_intent_sources(s: &Scenario) -> bool {
+    let barge_in = matches!(
+        &s.workload.source,
+        Source::Conversations {
+            barge_in: Some(_),
+            ..
+        }
+    );
+    s.cancellation.is_some()
+        || s.workload.deadline_ms.is_some()
+        || s.workload.disconnect_ms.is_some()
+        || barge_in
+}

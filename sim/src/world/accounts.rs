@@ -1,0 +1,270 @@
+//! The run's books: dispositions, latencies, GPU time and KV shares, leaked work by cause,
+//! cleanup latencies, Little's law, coverage marks and the outcome hash. Requests are folded in
+//! as they leave, so memory does not grow with the run.
+
+use cancelsim_models::ownership::{EvidenceLevel, State};
+use cancelsim_models::protocol::{Outcome, StepOutput, StepReport};
+
+use super::cancel::CancelState;
+use super::requests::Req;
+use crate::coverage::{Coverage, Mark};
+use crate::metrics::{LatencyStats, LeakCauses, LeakedWork, RequestCounts, Targets};
+
+/// Evidence levels whose latency from intent is reported.
+pub(crate) const CLEANUP_LEVELS: [EvidenceLevel; 5] = [
+    EvidenceLevel::LocalInvalidation,
+    EvidenceLevel::CancelSubmission,
+    EvidenceLevel::BackendObservation,
+    EvidenceLevel::FinalCallback,
+    EvidenceLevel::ResourceRelease,
+];
+
+/// What one request cost, as its steps and releases come in.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Cost {
+    /// GPU time shared to its own tokens (each step's time split by tokens).
+    pub gpu_ns: f64,
+    /// GPU time after its intent, before and after the backend observed the cancel.
+    pub leak_pre_ns: f64,
+    pub leak_post_ns: f64,
+    /// Tokens produced after its terminal transition (all discarded).
+    pub late_tokens: u32,
+    /// Tokens it had in steps (prefill chunks and decode slots, discarded ones too).
+    pub token_steps: u64,
+    pub kv_block_ns: u128,
+}
+
+/// Little's law, measured as the time average of the number in the system and as λ·W.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Little {
+    pub in_system: u64,
+    pub area_ns: u128,
+    pub sojourn_sum_ns: u128,
+    pub sojourns: u64,
+    last_change_ns: u64,
+}
+
+impl Little {
+    pub fn integrate(&mut self, now_ns: u64) {
+        self.area_ns += (now_ns - self.last_change_ns) as u128 * self.in_system as u128;
+        self.last_change_ns = now_ns;
+    }
+}
+
+/// GPU time by where it went, in ns (reduced in dispatch order).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GpuTime {
+    pub token_steps: u64,
+    pub requests_ns: f64,
+    pub discarded_ns: f64,
+    pub padding_ns: f64,
+}
+
+pub(crate) struct Accounts {
+    pub counts: RequestCounts,
+    pub targets: Targets,
+    pub little: Little,
+    pub ttft: LatencyStats,
+    pub tpot: LatencyStats,
+    pub e2e: LatencyStats,
+    pub gpu: GpuTime,
+    pub kv_block_ns: u128,
+    pub kv_block_ns_retained: u128,
+    pub last_completion_ns: u64,
+    /// Leaked work with `gpu_s` and the causes still in ns.
+    pub leaked: LeakedWork,
+    pub late_output_discards: u64,
+    pub cleanup: Vec<LatencyStats>,
+    pub cleanup_unknown: [u64; 5],
+    pub deadlines_missed: u64,
+    pub disconnects: u64,
+    pub storm_targets: u64,
+    pub coverage: Coverage,
+    /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
+    /// requests leave: folded into the run hash, so two runs whose events coincide but whose
+    /// outcomes differ (a killed sibling under a flat step cost) never share a hash.
+    outcomes: blake3::Hasher,
+}
+
+impl Accounts {
+    pub fn new() -> Accounts {
+        Accounts {
+            counts: RequestCounts::default(),
+            targets: Targets::default(),
+            little: Little::default(),
+            ttft: LatencyStats::new(),
+            tpot: LatencyStats::new(),
+            e2e: LatencyStats::new(),
+            gpu: GpuTime::default(),
+            kv_block_ns: 0,
+            kv_block_ns_retained: 0,
+            last_completion_ns: 0,
+            leaked: LeakedWork::default(),
+            late_output_discards: 0,
+            cleanup: (0..CLEANUP_LEVELS.len())
+                .map(|_| LatencyStats::new())
+                .collect(),
+            cleanup_unknown: [0; 5],
+            deadlines_missed: 0,
+            disconnects: 0,
+            storm_targets: 0,
+            coverage: Coverage::default(),
+            outcomes: blake3::Hasher::new(),
+        }
+    }
+
+    /// A request enters the system.
+    pub fn arrived(&mut self, now_ns: u64) {
+        self.little.integrate(now_ns);
+        self.little.in_system += 1;
+    }
+
+    /// One request's share of a processed step: GPU time split by tokens, and the part after
+    /// its intent as leaked work.
+    pub fn step_share(
+        &mut self,
+        cost: &mut Cost,
+        cancel: &CancelState,
+        o: &StepOutput,
+        step: &StepReport,
+        now_ns: u64,
+    ) {
+        let total = step.tokens.max(1) as f64;
+        let start_ns = now_ns - step.duration_ns;
+        self.gpu.token_steps += o.tokens as u64;
+        let share = step.duration_ns as f64 * o.tokens as f64 / total;
+        cost.token_steps += o.tokens as u64;
+        if let Some(intent_ns) = cancel.intent_ns {
+            if now_ns > intent_ns && step.duration_ns > 0 {
+                // GPU work after the intent: the part of this step that ran after it.
+                let after = now_ns - intent_ns.max(start_ns);
+                let leak = share * after as f64 / step.duration_ns as f64;
+                self.leaked.token_steps += o.tokens as u64;
+                if cancel.observed_ns.is_none() {
+                    cost.leak_pre_ns += leak;
+                } else {
+                    cost.leak_post_ns += leak;
+                }
+            }
+        }
+        match o.outcome {
+            Outcome::Discarded => self.gpu.discarded_ns += share,
+            Outcome::Padding => self.gpu.padding_ns += share,
+            Outcome::Prefill | Outcome::Token { .. } => cost.gpu_ns += share,
+        }
+    }
+
+    /// A token came out after the request's terminal transition.
+    pub fn late_token(&mut self, cost: &mut Cost) {
+        self.late_output_discards += 1;
+        cost.late_tokens += 1;
+    }
+
+    /// A request leaves in `state`: its disposition, latencies and costs are folded in.
+    pub fn left(&mut self, q: &Req, state: State, finish_and_discard: bool, now_ns: u64) {
+        if q.cancel.plan.is_some() {
+            match state {
+                State::Completed => self.targets.completed += 1,
+                State::Cancelled => self.targets.cancelled += 1,
+                State::Expired => self.targets.expired += 1,
+                State::Running => {}
+            }
+        }
+        if let (Some(o), Some(r)) = (q.cancel.observed_ns, q.life.released_ns) {
+            if r > o {
+                self.coverage.hit(Mark::ReleaseAfterFence);
+            }
+        }
+        self.disposition(q, state);
+        self.gpu.requests_ns += q.cost.gpu_ns;
+        if let Some(intent_ns) = q.cancel.intent_ns {
+            self.cancelled_left(q, state, intent_ns, finish_and_discard);
+        }
+        self.outcomes.update(&q.id.to_le_bytes());
+        self.outcomes.update(&[state as u8]);
+        self.outcomes.update(&q.chunks.digest.to_le_bytes());
+        self.outcomes.update(&q.life.tokens.to_le_bytes());
+        self.outcomes.update(&q.chunks.admitted.to_le_bytes());
+        self.little.integrate(now_ns);
+        self.little.in_system -= 1;
+        self.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
+        self.little.sojourns += 1;
+    }
+
+    /// Dispositions with their denominators, and latencies of completed requests.
+    fn disposition(&mut self, q: &Req, state: State) {
+        if q.life.rejected {
+            self.counts.rejected += 1;
+            return;
+        }
+        match state {
+            State::Completed => self.counts.completed += 1,
+            State::Cancelled => self.counts.cancelled += 1,
+            State::Expired => self.counts.expired += 1,
+            State::Running => unreachable!("finalized while running"),
+        }
+        if state == State::Completed {
+            let l = &q.life;
+            self.ttft.record(l.first_token_ns - q.arrival_ns);
+            self.e2e.record(l.last_token_ns - q.arrival_ns);
+            if q.output > 1 {
+                let tpot = (l.last_token_ns - l.first_token_ns) / (q.output as u64 - 1);
+                self.tpot.record(tpot);
+            }
+        }
+    }
+
+    /// A request with an intent leaves: cleanup evidence and leaked work by cause.
+    fn cancelled_left(&mut self, q: &Req, state: State, intent_ns: u64, fd: bool) {
+        let c = &q.cancel;
+        // Cleanup pending: the backend still held the request at the intent, and never
+        // observed the cancel (its work ran on, and nobody confirmed that it stopped).
+        let held_at_intent = q.life.released_ns.is_none_or(|r| r > intent_ns);
+        if q.life.enqueued && c.observed_ns.is_none() && held_at_intent && state != State::Completed
+        {
+            self.counts.cleanup_pending += 1;
+        }
+        for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
+            match c.evidence(*level) {
+                None => self.cleanup_unknown[i] += 1,
+                // Evidence from before the intent (killed as someone else's collateral first):
+                // the request was already clean when its own intent came.
+                Some(at) => self.cleanup[i].record(at.saturating_sub(intent_ns)),
+            }
+        }
+        let (pre, post) = (q.cost.leak_pre_ns, q.cost.leak_post_ns);
+        let by = &mut self.leaked.by_cause;
+        if fd {
+            by.finish_and_discard += pre + post;
+        } else if c.fallback && c.observed_ns.is_none() {
+            by.finish_and_discard += pre;
+            by.in_flight_window += post;
+        } else if c.observed_ns.is_some() {
+            by.checkpoint_delay += pre;
+            by.in_flight_window += post;
+        } else {
+            by.unobserved_or_lost += pre + post;
+        }
+        self.leaked.gpu_s += pre + post;
+    }
+
+    /// Leaked work in GPU-seconds (the books keep ns).
+    pub fn leaked_s(&self) -> LeakedWork {
+        let s = |ns: f64| ns / crate::kernel::NS_PER_S as f64;
+        let by = &self.leaked.by_cause;
+        LeakedWork {
+            token_steps: self.leaked.token_steps,
+            gpu_s: s(self.leaked.gpu_s),
+            by_cause: LeakCauses {
+                in_flight_window: s(by.in_flight_window),
+                checkpoint_delay: s(by.checkpoint_delay),
+                unobserved_or_lost: s(by.unobserved_or_lost),
+                finish_and_discard: s(by.finish_and_discard),
+            },
+        }
+    }
+
+    pub fn outcome_hash(&self) -> blake3::Hash {
+        self.outcomes.finalize()
+    }
+}

@@ -1,0 +1,405 @@
+//! The adapter's cancel client: which requests a storm targets, the handle each request is named
+//! by, and the cancel RPC (submission delay, attempts with loss, duplicates and timeouts, bounded
+//! retries, acknowledgements, the finish-and-discard fallback). Its random draws come from
+//! streams keyed by the request, so nothing here can shift anyone else's workload.
+
+use cancelsim_models::ownership::EvidenceLevel;
+use cancelsim_models::protocol::{Abort, Handle, Scope};
+
+use super::cluster::radius;
+use super::event::Event;
+use super::requests::Tag;
+use crate::coverage::Mark;
+use crate::dist::ms_to_ns;
+use crate::kernel::rng::{key, Purpose, Stream};
+use crate::kernel::{Class, Kernel, LimitError};
+use crate::metrics::CancelRpc;
+use crate::scenario::{CheckpointConfig, GroupScope, IdentityMode, Policy, Scenario, Stage};
+
+/// One request's cancel path. Times are virtual ns; `None` is unknown.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CancelState {
+    /// The storm's plan for it: the stage its intent waits for, and the delay after it.
+    pub plan: Option<(Stage, u64)>,
+    /// An `Intent` event is scheduled and has not fired yet.
+    pub intent_pending: bool,
+    pub intent_ns: Option<u64>,
+    pub attempts: u8,
+    pub acked: bool,
+    pub exhausted: bool,
+    pub fallback: bool,
+    pub observed_ns: Option<u64>,
+    /// Terminated by the backend without an intent of its own.
+    pub collateral: bool,
+    /// Harmed by someone else's cancel (killed or corrupted): a sibling.
+    pub sibling: bool,
+    /// Its evidence timeline, by level.
+    pub evidence_ns: [Option<u64>; 6],
+    /// Counted in the client's cancels in flight (an intent the backend has not acted on yet).
+    pub in_flight: bool,
+}
+
+impl CancelState {
+    pub fn new(plan: Option<(Stage, u64)>) -> CancelState {
+        CancelState {
+            plan,
+            ..CancelState::default()
+        }
+    }
+
+    /// No more attempts will be made: acknowledged, out of budget, or fallen back.
+    pub fn done(&self) -> bool {
+        self.acked || self.exhausted || self.fallback
+    }
+
+    pub fn evidence(&self, level: EvidenceLevel) -> Option<u64> {
+        self.evidence_ns[level as usize]
+    }
+}
+
+/// What the adapter does with an acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ack {
+    /// After the retry budget or the fallback: late evidence, reopening nothing.
+    Late,
+    /// The first acknowledgement: final-callback evidence.
+    First,
+    Repeat,
+}
+
+pub(crate) struct CancelClient<'s> {
+    seed: u64,
+    scenario: &'s Scenario,
+    /// None in the counterfactual run, which has no intents.
+    policy: Option<&'s Policy>,
+    /// Test-only broken variant: "per-request" through the engine's handle.
+    aborts_batch: bool,
+    rpc: CancelRpc,
+    /// Intents the backend has neither observed nor released yet.
+    in_flight: u64,
+}
+
+impl<'s> CancelClient<'s> {
+    pub fn new(
+        scenario: &'s Scenario,
+        seed: u64,
+        policy: Option<&'s Policy>,
+        aborts_batch: bool,
+    ) -> Self {
+        CancelClient {
+            seed,
+            scenario,
+            policy,
+            aborts_batch,
+            rpc: CancelRpc::default(),
+            in_flight: 0,
+        }
+    }
+
+    pub fn policy(&self) -> Option<&'s Policy> {
+        self.policy
+    }
+
+    pub fn finish_and_discard(&self) -> bool {
+        matches!(self.policy, Some(Policy::FinishAndDiscard))
+    }
+
+    /// The storm's plan for request `id`: whether it is a target, at which stage, after which
+    /// delay. All three draws are made for every request, so the plan of one never shifts another.
+    pub fn plan(&self, id: u64) -> Option<(Stage, u64)> {
+        let c = self.scenario.cancellation.as_ref()?;
+        self.policy?;
+        let mut s = Stream::new(self.seed, Purpose::CancelPlan, id);
+        let draw = s.uniform_open01();
+        let hit = if c.requests.is_empty() {
+            draw < c.fraction
+        } else {
+            c.requests.contains(&id)
+        };
+        let pick = s.below(Stage::LIFECYCLE.len() as u64);
+        let delay = ms_to_ns(c.delay_ms.sample(&mut s));
+        hit.then(|| {
+            let stage = match c.stage {
+                Stage::Random => Stage::LIFECYCLE[pick as usize],
+                s => s,
+            };
+            (stage, delay)
+        })
+    }
+
+    /// How the runtime names request `id` of `owner`.
+    pub fn handle(&self, id: u64, owner: u64) -> Handle {
+        let a = &self.scenario.adapter;
+        let runtime_id = match a.identity {
+            IdentityMode::ServerGenerated => id.wrapping_add(1),
+            IdentityMode::ClientReused { pool } => id % pool + 1,
+        };
+        Handle {
+            runtime_id,
+            stream: if a.streams == 0 {
+                owner
+            } else {
+                owner % a.streams
+            },
+            sequence: owner,
+        }
+    }
+
+    pub fn count_intent(&mut self) {
+        self.rpc.intents += 1;
+    }
+
+    /// After the local invalidation: ask the backend by policy. `holds` says whether the backend
+    /// still holds the request; a request that never reached a backend gets nothing.
+    pub fn on_intent(
+        &mut self,
+        k: &mut Kernel<Event>,
+        st: &mut CancelState,
+        id: u64,
+        tag: Tag,
+        holds: bool,
+    ) -> Result<(), LimitError> {
+        let Some(policy) = self.policy else {
+            return Ok(());
+        };
+        if matches!(policy, Policy::FinishAndDiscard) {
+            return Ok(());
+        }
+        if holds {
+            st.in_flight = true;
+            self.in_flight += 1;
+        }
+        let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, id, key::SUBMIT_DELAY);
+        let delay = ms_to_ns(self.scenario.adapter.submit_delay_ms.sample(&mut s));
+        let submit = Event::CancelSubmit {
+            request: id,
+            tag,
+            attempt: 0,
+        };
+        k.schedule_in(delay, Class::Control, submit)?;
+        if let Policy::PerRequestWithFallback { fallback_after_ms } = policy {
+            let at = ms_to_ns(*fallback_after_ms);
+            k.schedule_in(at, Class::Control, Event::Fallback { request: id, tag })?;
+        }
+        Ok(())
+    }
+
+    /// At the first submission under `PerRequestWithFallback`, a backend that cannot observe
+    /// means falling back to finish-and-discard at once, never touching the abort path.
+    pub fn falls_back_at_submit(&self) -> bool {
+        matches!(self.policy, Some(Policy::PerRequestWithFallback { .. }))
+            && self.scenario.backend.checkpoint == CheckpointConfig::Never
+    }
+
+    pub fn fall_back(&mut self, st: &mut CancelState) {
+        st.fallback = true;
+        self.rpc.fallbacks += 1;
+    }
+
+    /// The scope the adapter's cancel goes through, by policy.
+    fn scope(&self, h: &Handle) -> Scope {
+        match self.policy {
+            Some(Policy::GroupAbort(GroupScope::Stream)) => Scope::Stream(h.stream),
+            Some(Policy::GroupAbort(GroupScope::Sequence)) => Scope::Sequence(h.sequence),
+            Some(Policy::GroupAbort(GroupScope::Prefix)) => Scope::Prefix(h.runtime_id),
+            Some(Policy::GroupAbort(GroupScope::Engine)) => Scope::Engine,
+            _ if self.aborts_batch => Scope::Engine,
+            _ => Scope::Request(h.runtime_id),
+        }
+    }
+
+    /// Send cancel attempt `attempt` of request `(request, tag)` on `replica`: it may be lost or
+    /// duplicated, and it times out unless acknowledged.
+    pub fn send(
+        &mut self,
+        k: &mut Kernel<Event>,
+        st: &mut CancelState,
+        (request, tag): (u64, Tag),
+        (replica, handle): (u32, &Handle),
+        attempt: u8,
+    ) -> Result<(), LimitError> {
+        let scope = self.scope(handle);
+        st.attempts = attempt + 1;
+        self.rpc.attempts += 1;
+        let a = &self.scenario.adapter;
+        let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, request, attempt as u64 + 1);
+        let lost = s.uniform_open01() < a.loss;
+        let latency = ms_to_ns(a.rpc_latency_ms.sample(&mut s));
+        let dup = s.uniform_open01() < a.duplicate;
+        let dup_latency = ms_to_ns(a.rpc_latency_ms.sample(&mut s));
+        if lost {
+            self.rpc.lost += 1;
+        } else {
+            let deliver = Event::CancelDeliver {
+                request,
+                replica,
+                scope,
+                attempt,
+            };
+            k.schedule_in(latency, Class::Control, deliver)?;
+            if dup {
+                // The same attempt delivered twice: the backend must treat it idempotently.
+                self.rpc.duplicates += 1;
+                k.schedule_in(dup_latency, Class::Control, deliver)?;
+            }
+        }
+        let timeout = Event::CancelTimeout {
+            request,
+            tag,
+            attempt,
+        };
+        k.schedule_in(ms_to_ns(a.timeout_ms), Class::Control, timeout)?;
+        Ok(())
+    }
+
+    /// The abort a delivered attempt makes, with its fault drawn (the backend's randomness is
+    /// keyed by the request and attempt too).
+    pub fn abort(&self, request: u64, scope: Scope, attempt: u8) -> Abort {
+        let b = &self.scenario.backend;
+        let p = b.abort_fault_probability;
+        let fault = (p > 0.0
+            && Stream::keyed(self.seed, Purpose::AbortFault, request, attempt as u64 + 1)
+                .uniform_open01()
+                < p)
+            .then(|| radius(b.abort_fault_radius));
+        Abort { scope, fault }
+    }
+
+    /// Attempt `attempt` timed out. Returns `Some(true)` if the client gave up now (the request
+    /// may settle), `Some(false)` if it retries, `None` if the timeout is stale.
+    pub fn timeout(
+        &mut self,
+        k: &mut Kernel<Event>,
+        st: &mut CancelState,
+        (request, tag): (u64, Tag),
+        attempt: u8,
+    ) -> Result<Option<bool>, LimitError> {
+        if st.done() || st.attempts != attempt + 1 {
+            return Ok(None);
+        }
+        if (st.attempts as u32) < self.scenario.adapter.max_attempts {
+            let attempt = attempt + 1;
+            let retry = Event::CancelSubmit {
+                request,
+                tag,
+                attempt,
+            };
+            k.schedule_in(0, Class::Control, retry)?;
+            return Ok(Some(false));
+        }
+        st.exhausted = true;
+        self.rpc.budget_exhausted += 1;
+        if matches!(self.policy, Some(Policy::PerRequestWithFallback { .. })) {
+            self.fall_back(st);
+        }
+        Ok(Some(true))
+    }
+
+    /// An acknowledgement reaches the adapter.
+    pub fn ack(&mut self, st: &mut CancelState) -> Ack {
+        if st.exhausted || st.fallback {
+            self.rpc.late_callbacks += 1;
+            Ack::Late
+        } else if !st.acked {
+            st.acked = true;
+            self.rpc.acks += 1;
+            Ack::First
+        } else {
+            Ack::Repeat
+        }
+    }
+
+    /// An acknowledgement for a request that already left: late evidence.
+    pub fn late_ack(&mut self) {
+        self.rpc.late_callbacks += 1;
+    }
+
+    /// The fallback bound ran out. True if the client falls back now.
+    pub fn fallback_timer(&mut self, st: &mut CancelState) -> bool {
+        if st.observed_ns.is_some() || st.acked || st.fallback {
+            return false;
+        }
+        self.fall_back(st);
+        true
+    }
+
+    /// The backend removed the request (observed an abort) or returned its blocks: the cancel is
+    /// no longer in flight.
+    pub fn backend_acted(&mut self, st: &mut CancelState) {
+        if std::mem::take(&mut st.in_flight) {
+            self.in_flight -= 1;
+        }
+    }
+
+    /// The backend observed the cancel of `(id, tag)`: its acknowledgement travels back.
+    pub fn send_ack(&self, k: &mut Kernel<Event>, id: u64, tag: Tag) -> Result<(), LimitError> {
+        let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, id, key::ACK_LATENCY);
+        let latency = ms_to_ns(self.scenario.adapter.rpc_latency_ms.sample(&mut s));
+        let ack = Event::CancelAck { request: id, tag };
+        k.schedule_in(latency, Class::Control, ack)?;
+        Ok(())
+    }
+
+    /// A request terminated by the backend without an intent of its own.
+    pub fn collateral_kill(&mut self) {
+        self.rpc.collateral_kills += 1;
+    }
+
+    /// Aborts that reached nobody, and faults, as a checkpoint reported them.
+    pub fn checkpoint_report(&mut self, unknown: u32, faults: u32) {
+        self.rpc.unknown_aborts += unknown as u64;
+        self.rpc.faults += faults as u64;
+    }
+
+    /// Nothing more of the cancel path can happen to a request with this state.
+    pub fn settled(&self, st: &CancelState, enqueued: bool) -> bool {
+        st.intent_ns.is_none()
+            || !enqueued
+            || matches!(self.policy, Some(Policy::FinishAndDiscard) | None)
+            || st.done()
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    pub fn rpc(&self) -> &CancelRpc {
+        &self.rpc
+    }
+}
+
+/// The coverage mark of an abort's scope.
+pub(crate) fn scope_mark(scope: Scope) -> Mark {
+    match scope {
+        Scope::Request(_) => Mark::ScopeRequest,
+        Scope::Stream(_) => Mark::ScopeStream,
+        Scope::Sequence(_) => Mark::ScopeSequence,
+        Scope::Prefix(_) => Mark::ScopePrefix,
+        Scope::Engine => Mark::ScopeEngine,
+    }
+}
+
+/// The coverage mark of a storm stage.
+pub(crate) fn stage_mark(stage: Stage) -> Mark {
+    match stage {
+        Stage::BeforeAdmission => Mark::StageBeforeAdmission,
+        Stage::Queued => Mark::StageQueued,
+        Stage::Prefill => Mark::StagePrefill,
+        Stage::Decode => Mark::StageDecode,
+        Stage::AfterFinalOutput => Mark::StageAfterFinalOutput,
+        Stage::AfterCompletion => Mark::StageAfterCompletion,
+        Stage::AfterArrival | Stage::Random => Mark::StageAfterArrival,
+    }
+}
+
+/// The coverage mark of an evidence level.
+pub(crate) fn evidence_mark(level: EvidenceLevel) -> Mark {
+    match level {
+        EvidenceLevel::Intent => Mark::EvidenceIntent,
+        EvidenceLevel::LocalInvalidation => Mark::EvidenceLocalInvalidation,
+        EvidenceLevel::CancelSubmission => Mark::EvidenceCancelSubmission,
+        EvidenceLevel::BackendObservation => Mark::EvidenceBackendObservation,
+        EvidenceLevel::FinalCallback => Mark::EvidenceFinalCallback,
+        EvidenceLevel::ResourceRelease => Mark::EvidenceResourceRelease,
+    }
+}

@@ -1,0 +1,320 @@
+//! The serving side: replicas behind a router, each with its scheduler pass and batcher timer.
+//! It holds the scratch buffers a replica fills, so a pass allocates nothing.
+
+use cancelsim_models::batcher::BatcherConfig;
+use cancelsim_models::engine::EngineConfig;
+use cancelsim_models::gpu::{self, Profile, StepCost};
+use cancelsim_models::protocol::{
+    Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, NewRequest, Observed, Rejection,
+    ReleaseMode, Released, StepOutput, StepReport, UnknownAbort,
+};
+use cancelsim_models::replica::{Replica, ReplicaStats};
+
+use super::event::Event;
+use super::requests::Tag;
+use crate::dist::ms_to_ns;
+use crate::kernel::{Class, Kernel, LimitError};
+use crate::scenario::{
+    AfterCompletion, CheckpointConfig, IdentityMode, ProfileRef, Radius, Release, Router, Scenario,
+    Scheduler,
+};
+
+pub(crate) fn radius(r: Radius) -> BlastRadius {
+    match r {
+        Radius::Request => BlastRadius::Request,
+        Radius::Batch => BlastRadius::Batch,
+        Radius::Engine => BlastRadius::Engine,
+    }
+}
+
+/// The step costs, KV capacity and named profile (if any) of the scenario's replicas.
+fn costs(s: &Scenario) -> (StepCost, u64, Option<Profile>) {
+    match &s.cluster.profile {
+        ProfileRef::Named(name) => {
+            let p = gpu::profile(name).expect("validated profile name");
+            (p.cost, p.kv_blocks_16, Some(p))
+        }
+        ProfileRef::Custom {
+            c0_ms,
+            prefill_tokens_per_s,
+            per_seq_us,
+            per_kv_token_ns,
+            kv_blocks_16,
+        } => (
+            StepCost {
+                c0_ns: ms_to_ns(*c0_ms),
+                prefill_tokens_per_s: prefill_tokens_per_s.round() as u64,
+                per_seq_ns: (per_seq_us * 1e3).round() as u64,
+                per_kv_token_ps: (per_kv_token_ns * 1e3).round() as u64,
+            },
+            *kv_blocks_16,
+            None,
+        ),
+    }
+}
+
+/// One replica as the scenario configures it.
+fn replica(s: &Scenario) -> Replica {
+    let (cost, kv_blocks_16, profile) = costs(s);
+    let blocks = |block_tokens: u32, explicit: Option<u64>| {
+        explicit.unwrap_or_else(|| (kv_blocks_16 * 16 / block_tokens as u64).max(1))
+    };
+    let b = &s.backend;
+    match &s.cluster.scheduler {
+        Scheduler::Continuous {
+            max_num_seqs,
+            max_num_batched_tokens,
+            chunked_prefill,
+            block_tokens,
+            kv_blocks,
+            window,
+        } => Replica::continuous(EngineConfig {
+            max_num_seqs: max_num_seqs
+                .or(profile.map(|p| p.max_num_seqs))
+                .unwrap_or(256),
+            max_num_batched_tokens: max_num_batched_tokens
+                .or(profile.map(|p| p.max_num_batched_tokens))
+                .unwrap_or(2048),
+            chunked_prefill: *chunked_prefill,
+            block_tokens: *block_tokens,
+            kv_blocks: blocks(*block_tokens, *kv_blocks),
+            window: *window,
+            cost,
+            checkpoint: match b.checkpoint {
+                CheckpointConfig::EveryStep => Checkpoint::EveryPasses(1),
+                CheckpointConfig::EveryKSteps(k) => Checkpoint::EveryPasses(k),
+                CheckpointConfig::Never => Checkpoint::Never,
+            },
+            release: match b.release {
+                Release::Fenced => ReleaseMode::Fenced,
+                Release::Immediate => ReleaseMode::Immediate,
+            },
+            unknown_abort: match b.cancel_after_completion {
+                AfterCompletion::Ignore => UnknownAbort::Ignore,
+                AfterCompletion::Fault(r) => UnknownAbort::Fault(radius(r)),
+            },
+            tombstones: s.adapter.identity == IdentityMode::ServerGenerated,
+        }),
+        Scheduler::Dynamic {
+            max_batch_size,
+            max_queue_delay_ms,
+            block_tokens,
+            kv_blocks,
+        } => Replica::dynamic(BatcherConfig {
+            max_batch_size: *max_batch_size,
+            max_queue_delay_ns: ms_to_ns(*max_queue_delay_ms),
+            block_tokens: *block_tokens,
+            kv_blocks: blocks(*block_tokens, *kv_blocks),
+            cost,
+        }),
+    }
+}
+
+/// What the replicas hold at one moment, summed (for samples).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Gauges {
+    pub queue: u64,
+    pub running: u64,
+    pub kv_blocks: u64,
+    pub kv_retained: u64,
+}
+
+/// The replicas' totals at the end of a run, once every one drained.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Drained {
+    pub stats: ReplicaStats,
+    pub kv_allocated: u64,
+    pub kv_freed: u64,
+    pub kv_peak: u64,
+}
+
+/// Buffers a replica fills during a pass or a step, taken and given back.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub outputs: Vec<StepOutput>,
+    pub released: Vec<Released>,
+    pub observed: Vec<Observed>,
+    pub started: Vec<Tag>,
+}
+
+pub(crate) struct Cluster {
+    replicas: Vec<Replica>,
+    router: Router,
+    rr_next: u32,
+    pass_pending: Vec<bool>,
+    timer_at: Vec<Option<u64>>,
+    /// Cancel intents so far per replica: a request that sees this move while it is on the
+    /// replica shared its engine with a cancelled request (a sibling).
+    intent_epoch: Vec<u64>,
+    scratch: Scratch,
+}
+
+impl Cluster {
+    pub fn new(s: &Scenario) -> Cluster {
+        let n = s.cluster.replicas as usize;
+        Cluster {
+            replicas: (0..n).map(|_| replica(s)).collect(),
+            router: s.cluster.router,
+            rr_next: 0,
+            pass_pending: vec![false; n],
+            timer_at: vec![None; n],
+            intent_epoch: vec![0; n],
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// The replica a new request goes to.
+    pub fn route(&mut self) -> u32 {
+        let n = self.replicas.len() as u32;
+        match self.router {
+            Router::RoundRobin => {
+                let r = self.rr_next;
+                self.rr_next = (r + 1) % n;
+                r
+            }
+            Router::LeastLoaded => (0..n)
+                .min_by_key(|&r| (self.replicas[r as usize].load(), r))
+                .expect("at least one replica"),
+        }
+    }
+
+    pub fn enqueue(&mut self, replica: u32, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
+        self.replicas[replica as usize].enqueue(now_ns, r)
+    }
+
+    /// Ask for a scheduler pass of `replica` at this tick, once.
+    pub fn request_pass(&mut self, k: &mut Kernel<Event>, replica: u32) -> Result<(), LimitError> {
+        if !self.pass_pending[replica as usize] {
+            self.pass_pending[replica as usize] = true;
+            k.schedule_in(0, Class::Schedule, Event::SchedulePass { replica })?;
+        }
+        Ok(())
+    }
+
+    /// A batcher timer fired: a stale one (the batch formed earlier) costs one empty pass.
+    pub fn timer_fired(&mut self, replica: u32, now_ns: u64) {
+        let r = replica as usize;
+        if self.timer_at[r].is_some_and(|t| t <= now_ns) {
+            self.timer_at[r] = None;
+        }
+    }
+
+    /// A pass begins: the replica's checkpoint. The scratch buffers come out filled with who was
+    /// observed and released; give them back with `recycle`.
+    pub fn checkpoint(&mut self, replica: u32, now_ns: u64) -> (CheckpointReport, Scratch) {
+        let r = replica as usize;
+        self.pass_pending[r] = false;
+        let mut s = std::mem::take(&mut self.scratch);
+        let report = self.replicas[r].checkpoint(now_ns, &mut s.observed, &mut s.released);
+        (report, s)
+    }
+
+    /// A step of `replica` ends: its outputs and releases, in the scratch buffers.
+    pub fn step_done(&mut self, replica: u32, step: u64, now_ns: u64) -> (StepReport, Scratch) {
+        let mut s = std::mem::take(&mut self.scratch);
+        let report = self.replicas[replica as usize].step_done(
+            now_ns,
+            step,
+            &mut s.outputs,
+            &mut s.released,
+        );
+        (report, s)
+    }
+
+    pub fn recycle(&mut self, mut s: Scratch) {
+        s.outputs.clear();
+        s.released.clear();
+        s.observed.clear();
+        s.started.clear();
+        self.scratch = s;
+    }
+
+    pub fn dispatch(&mut self, replica: u32, now_ns: u64) -> Option<Dispatch> {
+        self.replicas[replica as usize].dispatch(now_ns)
+    }
+
+    /// Requests dispatched for the first time in this pass.
+    pub fn take_started(&mut self, replica: u32) -> Vec<Tag> {
+        let mut started = std::mem::take(&mut self.scratch.started);
+        self.replicas[replica as usize].take_started(&mut started);
+        started
+    }
+
+    pub fn give_started(&mut self, mut started: Vec<Tag>) {
+        started.clear();
+        self.scratch.started = started;
+    }
+
+    /// After a pass: schedule the batcher's timer if it wants one it does not have yet.
+    pub fn arm_timer(
+        &mut self,
+        k: &mut Kernel<Event>,
+        replica: u32,
+        now_ns: u64,
+    ) -> Result<(), LimitError> {
+        let r = replica as usize;
+        let timer = self.replicas[r].timer_ns();
+        if let Some(at) = timer.filter(|_| timer != self.timer_at[r]) {
+            self.timer_at[r] = Some(at.max(now_ns));
+            k.schedule_at(
+                at.max(now_ns),
+                Class::Schedule,
+                Event::BatcherTimer { replica },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// An abort reaches `replica`'s backend; it acts at its next checkpoint.
+    pub fn abort(
+        &mut self,
+        k: &mut Kernel<Event>,
+        replica: u32,
+        abort: Abort,
+    ) -> Result<(), LimitError> {
+        self.replicas[replica as usize].abort(abort);
+        self.request_pass(k, replica)
+    }
+
+    /// A request on `replica` got a cancel intent now: its blocks count as retained from here.
+    pub fn intent(&mut self, replica: u32, now_ns: u64, tag: Tag) {
+        self.intent_epoch[replica as usize] += 1;
+        self.replicas[replica as usize].mark_intent(now_ns, tag);
+    }
+
+    pub fn intent_epoch(&self, replica: u32) -> u64 {
+        self.intent_epoch[replica as usize]
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        let mut g = Gauges::default();
+        for r in &self.replicas {
+            let (q, run, kv, kept) = r.gauges();
+            g.queue += q;
+            g.running += run;
+            g.kv_blocks += kv;
+            g.kv_retained += kept;
+        }
+        g
+    }
+
+    /// The replicas' totals, or `None` if one did not drain or leaked KV blocks (conservation).
+    pub fn drained(&self) -> Option<Drained> {
+        let mut d = Drained::default();
+        for r in &self.replicas {
+            let kv = r.kv();
+            if !r.is_idle() || kv.allocated_total() != kv.freed_total() || kv.in_use() != 0 {
+                return None;
+            }
+            d.kv_allocated += kv.allocated_total();
+            d.kv_freed += kv.freed_total();
+            d.kv_peak = d.kv_peak.max(kv.in_use_max());
+            d.stats.add(&r.stats());
+        }
+        Some(d)
+    }
+
+    pub fn len(&self) -> usize {
+        self.replicas.len()
+    }
+}

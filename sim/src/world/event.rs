@@ -1,0 +1,146 @@
+//! The one closed event enum of a run, and what the run hash sees of each event.
+
+use cancelsim_models::protocol::Scope;
+
+use crate::kernel::Traced;
+
+/// Why a request got a cancel intent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    Storm,
+    Deadline,
+    Disconnect,
+    Interruption,
+    /// The playback sink expired a held chunk, or gave up on a blocked one.
+    Playback,
+}
+
+/// Every event of a run. Closed: adding a variant forces every `match` to say what it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The pending open-loop arrival (request `request`) enters.
+    Arrival {
+        request: u64,
+    },
+    ConversationStart {
+        conv: u64,
+    },
+    TurnStart {
+        conv: u64,
+    },
+    /// The user of `conv` barges in on generation `generation`.
+    BargeIn {
+        conv: u64,
+        generation: u32,
+    },
+    /// Step `step` of `replica` ends; its outputs are processed.
+    StepDone {
+        replica: u32,
+        step: u64,
+    },
+    /// The scheduler of `replica` checks for aborts, then composes and dispatches steps.
+    SchedulePass {
+        replica: u32,
+    },
+    BatcherTimer {
+        replica: u32,
+    },
+    Deadline {
+        request: u64,
+        tag: u32,
+    },
+    Disconnect {
+        request: u64,
+        tag: u32,
+    },
+    /// A storm target reaches the moment of its cancel intent.
+    Intent {
+        request: u64,
+        tag: u32,
+    },
+    /// The adapter submits cancel attempt `attempt`.
+    CancelSubmit {
+        request: u64,
+        tag: u32,
+        attempt: u8,
+    },
+    /// A cancel attempt reaches the backend of `replica`.
+    CancelDeliver {
+        request: u64,
+        replica: u32,
+        scope: Scope,
+        attempt: u8,
+    },
+    CancelTimeout {
+        request: u64,
+        tag: u32,
+        attempt: u8,
+    },
+    /// The backend's acknowledgement of an observed cancel reaches the adapter.
+    CancelAck {
+        request: u64,
+        tag: u32,
+    },
+    /// The fallback bound of `PerRequestWithFallback` runs out.
+    Fallback {
+        request: u64,
+        tag: u32,
+    },
+    /// A held chunk's writer wait is over: check its admission.
+    ChunkAdmit {
+        request: u64,
+        tag: u32,
+        born_ns: u64,
+        epoch: u64,
+        retry: u8,
+    },
+    /// A playback clear of `owner`'s sink is acknowledged.
+    BarrierAck {
+        owner: u64,
+        epoch: u64,
+    },
+}
+
+impl Traced for Event {
+    fn kind_code(&self) -> u8 {
+        match self {
+            Event::Arrival { .. } => 1,
+            Event::ConversationStart { .. } => 2,
+            Event::TurnStart { .. } => 3,
+            Event::BargeIn { .. } => 4,
+            Event::StepDone { .. } => 5,
+            Event::SchedulePass { .. } => 6,
+            Event::BatcherTimer { .. } => 7,
+            Event::Deadline { .. } => 8,
+            Event::Disconnect { .. } => 9,
+            Event::Intent { .. } => 10,
+            Event::CancelSubmit { .. } => 11,
+            Event::CancelDeliver { .. } => 12,
+            Event::CancelTimeout { .. } => 13,
+            Event::CancelAck { .. } => 14,
+            Event::Fallback { .. } => 15,
+            Event::ChunkAdmit { .. } => 16,
+            Event::BarrierAck { .. } => 17,
+        }
+    }
+
+    fn entity(&self) -> u64 {
+        match *self {
+            Event::Arrival { request } => request,
+            Event::ConversationStart { conv } | Event::TurnStart { conv } => conv,
+            Event::BargeIn { conv, generation } => (conv << 16) | generation as u64,
+            Event::StepDone { replica, step } => ((replica as u64) << 48) | step,
+            Event::SchedulePass { replica } | Event::BatcherTimer { replica } => replica as u64,
+            Event::Deadline { request, .. }
+            | Event::Disconnect { request, .. }
+            | Event::Intent { request, .. }
+            | Event::CancelSubmit { request, .. }
+            | Event::CancelDeliver { request, .. }
+            | Event::CancelTimeout { request, .. }
+            | Event::CancelAck { request, .. }
+            | Event::Fallback { request, .. }
+            | Event::ChunkAdmit { request, .. } => request,
+            Event::BarrierAck { owner, .. } => owner,
+        }
+    }
+}

@@ -1,0 +1,654 @@
+//! What follows each event: the world's routing between its components, one handler per event
+//! and one per transition of a request's life (arrive, intent, token, chunk, release, leave).
+//! The state and the rules live in the components; this file only says who is told what, in
+//! which order (the order is part of the run hash).
+
+use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel, OwnershipError};
+use cancelsim_models::ownership::{State, Ticket, Timestamp};
+use cancelsim_models::protocol::{NewRequest, Observed, Outcome, Released, Scope};
+
+use super::accounts::Cost;
+use super::cancel::{evidence_mark, scope_mark, stage_mark, Ack, CancelState};
+use super::conversations::TurnEnd;
+use super::error::{Step, Stop};
+use super::event::{Cause, Event};
+use super::playback::{self, Admitted, Chunks, Hold, Owner};
+use super::recorder::Left;
+use super::requests::{Life, Req, Tag, TurnRef};
+use super::World;
+use crate::coverage::Mark;
+use crate::dist::ms_to_ns;
+use crate::kernel::Class;
+use crate::scenario::Stage;
+use crate::workload::{self, Arrival};
+
+impl World<'_> {
+    pub(super) fn on_arrival(&mut self, request: u64) -> Step {
+        let a = self.arrivals.take(request);
+        self.arrive(a, None)?;
+        self.arrivals.pull(&mut self.kernel, self.scenario)
+    }
+
+    pub(super) fn on_turn_start(&mut self, conv: u64) -> Step {
+        let barge_ins = self.cancel.policy().is_some();
+        let w = &self.scenario.workload;
+        let (turn, arrivals) =
+            self.conversations
+                .turn_start(&mut self.kernel, w, conv, barge_ins)?;
+        for a in arrivals {
+            self.arrive(a, Some((conv, turn)))?;
+        }
+        Ok(())
+    }
+
+    /// The user of `conv` interrupts `generation`: the owner's sink is cleared, the generation's
+    /// requests get intents, and the next turn starts at once.
+    pub(super) fn on_barge_in(&mut self, conv: u64, generation: u32) -> Step {
+        let Some(members) = self.conversations.barge_in(conv, generation) else {
+            return Ok(());
+        };
+        self.sink.clear(&mut self.kernel, &mut self.owners, conv)?;
+        for (id, tag) in members {
+            if self.requests.live(id, tag) {
+                self.intent(tag, Cause::Interruption)?;
+            }
+        }
+        let end = self.conversations.next_turn(&mut self.kernel, conv, 0)?;
+        self.turn_ended(conv, end);
+        Ok(())
+    }
+
+    /// A deadline or a disconnect of a request still in progress.
+    pub(super) fn on_timer(&mut self, request: u64, tag: Tag, cause: Cause) -> Step {
+        if !self.requests.live(request, tag) || self.is_done(tag) {
+            return Ok(());
+        }
+        match cause {
+            Cause::Deadline => self.accounts.deadlines_missed += 1,
+            _ => self.accounts.disconnects += 1,
+        }
+        self.intent(tag, cause)
+    }
+
+    pub(super) fn on_storm_intent(&mut self, request: u64, tag: Tag) -> Step {
+        if !self.requests.live(request, tag) {
+            return Ok(());
+        }
+        self.requests[tag].cancel.intent_pending = false;
+        self.intent(tag, Cause::Storm)?;
+        self.try_finalize(tag)
+    }
+
+    pub(super) fn on_cancel_submit(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
+        if !self.requests.live(request, tag) || self.requests[tag].cancel.done() {
+            return Ok(());
+        }
+        debug_assert!(
+            self.cancel.policy().is_some(),
+            "cancels only in policy runs"
+        );
+        if attempt == 0 {
+            self.evidence(tag, EvidenceLevel::CancelSubmission, ClockDomain::Local)?;
+            if self.cancel.falls_back_at_submit() {
+                self.cancel.fall_back(&mut self.requests[tag].cancel);
+                return self.try_finalize(tag);
+            }
+        }
+        let q = &mut self.requests[tag];
+        let to = (q.replica, &q.handle);
+        let k = &mut self.kernel;
+        Ok(self
+            .cancel
+            .send(k, &mut q.cancel, (request, tag), to, attempt)?)
+    }
+
+    pub(super) fn on_cancel_deliver(
+        &mut self,
+        request: u64,
+        replica: u32,
+        scope: Scope,
+        attempt: u8,
+    ) -> Step {
+        let abort = self.cancel.abort(request, scope, attempt);
+        self.accounts.coverage.hit(scope_mark(scope));
+        Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
+    }
+
+    pub(super) fn on_cancel_timeout(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
+        if !self.requests.live(request, tag) {
+            return Ok(());
+        }
+        let st = &mut self.requests[tag].cancel;
+        let gave_up = self
+            .cancel
+            .timeout(&mut self.kernel, st, (request, tag), attempt)?;
+        if gave_up == Some(true) {
+            return self.try_finalize(tag);
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_cancel_ack(&mut self, request: u64, tag: Tag) -> Step {
+        if !self.requests.live(request, tag) {
+            self.cancel.late_ack();
+            return Ok(());
+        }
+        if self.cancel.ack(&mut self.requests[tag].cancel) == Ack::First {
+            self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
+        }
+        self.try_finalize(tag)
+    }
+
+    pub(super) fn on_fallback(&mut self, request: u64, tag: Tag) -> Step {
+        if self.requests.live(request, tag)
+            && self.cancel.fallback_timer(&mut self.requests[tag].cancel)
+        {
+            return self.try_finalize(tag);
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_chunk_admit(
+        &mut self,
+        request: u64,
+        tag: Tag,
+        (born_ns, epoch): (u64, u64),
+        retry: u8,
+    ) -> Step {
+        if !self.requests.live(request, tag) {
+            return Ok(());
+        }
+        let ticket = self.sink.ticket(self.chunk_owner(tag), born_ns, epoch);
+        self.admit_chunk(tag, &ticket, retry)
+    }
+
+    /// A step ends: each output is costed, tokens go on to the sink, and released requests may
+    /// leave.
+    pub(super) fn on_step_done(&mut self, replica: u32, step: u64) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let (report, scratch) = self.cluster.step_done(replica, step, now_ns);
+        for &o in &scratch.outputs {
+            let q = &mut self.requests[o.tag];
+            self.accounts
+                .step_share(&mut q.cost, &q.cancel, &o, &report, now_ns);
+            if let Outcome::Token { index, last } = o.outcome {
+                self.on_token(o.tag, index, last, o.corrupted)?;
+            }
+        }
+        for &rel in &scratch.released {
+            self.on_released(rel)?;
+        }
+        self.cluster.recycle(scratch);
+        Ok(self.cluster.request_pass(&mut self.kernel, replica)?)
+    }
+
+    /// A scheduler pass: the checkpoint's observations and releases, then steps dispatched until
+    /// the window is full, then the requests that started.
+    pub(super) fn on_schedule_pass(&mut self, replica: u32) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let (report, scratch) = self.cluster.checkpoint(replica, now_ns);
+        self.cancel.checkpoint_report(report.unknown, report.faults);
+        for &o in &scratch.observed {
+            self.on_observed(o)?;
+        }
+        for &rel in &scratch.released {
+            self.on_released(rel)?;
+        }
+        self.cluster.recycle(scratch);
+        while let Some(d) = self.cluster.dispatch(replica, now_ns) {
+            self.recorder.step(replica, &d);
+            let done = Event::StepDone {
+                replica,
+                step: d.step,
+            };
+            self.kernel.schedule_at(d.end_ns, Class::Completion, done)?;
+        }
+        let started = self.cluster.take_started(replica);
+        for &tag in &started {
+            if !self.requests[tag].life.started {
+                self.requests[tag].life.started = true;
+                self.accounts.counts.started += 1;
+                self.stage_reached(tag, Stage::Prefill)?;
+            }
+        }
+        self.cluster.give_started(started);
+        Ok(self.cluster.arm_timer(&mut self.kernel, replica, now_ns)?)
+    }
+
+    fn is_done(&self, tag: Tag) -> bool {
+        let q = &self.requests[tag];
+        self.owners.state(&q.id).is_none_or(State::is_terminal) || q.output_done()
+    }
+
+    /// A request arrives: it starts in the controller, may get a storm plan, and is routed.
+    fn arrive(&mut self, a: Arrival, conv: Option<TurnRef>) -> Step {
+        let now_ns = self.kernel.now_ns();
+        self.arrivals.hash(&a);
+        self.accounts.counts.scheduled += 1;
+        let (owner, generation) = conv.unwrap_or((a.id, 0));
+        let handle = self.cancel.handle(a.id, owner);
+        let replica = self.cluster.route();
+        let plan = self.cancel.plan(a.id);
+        if plan.is_some() {
+            self.accounts.storm_targets += 1;
+        }
+        let tag = self.requests.insert(Req {
+            id: a.id,
+            live: true,
+            arrival_ns: now_ns,
+            output: a.output_tokens,
+            replica,
+            owner,
+            generation,
+            handle,
+            conv,
+            life: Life::default(),
+            chunks: Chunks::default(),
+            cancel: CancelState::new(plan),
+            cost: Cost::default(),
+        });
+        if let Some((c, _)) = conv {
+            self.conversations.joined(c, a.id, tag);
+        }
+        self.accounts.arrived(now_ns);
+        if self.owners.start(a.id, generation as u64).is_err() {
+            return Err(Stop::broken(vec![a.id], "a request identity was reused"));
+        }
+        match plan {
+            Some((Stage::BeforeAdmission, _)) => {
+                // Cancelled before it reaches a replica: nothing to clean up on a backend.
+                self.intent(tag, Cause::Storm)?;
+                self.turn_request_done(conv)?;
+                return self.try_finalize(tag);
+            }
+            Some((Stage::AfterArrival, delay)) => self.plan_intent(tag, delay)?,
+            _ => {}
+        }
+        self.enqueue(tag, a)
+    }
+
+    /// Into its replica's waiting queue, or refused if it can never fit there.
+    fn enqueue(&mut self, tag: Tag, a: Arrival) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &self.requests[tag];
+        let (replica, plan) = (q.replica, q.cancel.plan);
+        let new = NewRequest {
+            id: a.id,
+            tag,
+            handle: q.handle,
+            prompt_tokens: a.prompt_tokens,
+            output_tokens: a.output_tokens,
+        };
+        if self.cluster.enqueue(replica, now_ns, new).is_err() {
+            return self.reject(tag);
+        }
+        let epoch = self.cluster.intent_epoch(replica);
+        let life = &mut self.requests[tag].life;
+        life.enqueued = true;
+        life.epoch_at_enqueue = epoch;
+        self.accounts.counts.admitted += 1;
+        if self.cancel.policy().is_some() {
+            self.client_timers(tag, a.id)?;
+        }
+        if let Some((Stage::Queued, delay)) = plan {
+            self.plan_intent(tag, delay)?;
+        }
+        Ok(self.cluster.request_pass(&mut self.kernel, replica)?)
+    }
+
+    fn reject(&mut self, tag: Tag) -> Step {
+        let q = &mut self.requests[tag];
+        q.life.rejected = true;
+        q.life.engine_released = true;
+        let (id, conv) = (q.id, q.conv);
+        let cancelled = self.owners.finish(&id, Disposition::Cancelled);
+        cancelled.map_err(Stop::controller(id))?;
+        self.requests[tag].life.terminal = true;
+        self.turn_request_done(conv)?;
+        self.try_finalize(tag)
+    }
+
+    /// The client's own timers: its deadline and its disconnect, if the workload has them.
+    fn client_timers(&mut self, tag: Tag, id: u64) -> Step {
+        let (deadline, disconnect) = workload::timing(&self.scenario.workload, self.seed, id);
+        if let Some(d) = deadline {
+            let ev = Event::Deadline { request: id, tag };
+            self.kernel.schedule_in(d, Class::Control, ev)?;
+        }
+        if let Some(d) = disconnect {
+            let ev = Event::Disconnect { request: id, tag };
+            self.kernel.schedule_in(d, Class::Control, ev)?;
+        }
+        Ok(())
+    }
+
+    /// Schedule a storm target's intent `delay_ns` from now (once).
+    fn plan_intent(&mut self, tag: Tag, delay_ns: u64) -> Step {
+        let q = &mut self.requests[tag];
+        if q.cancel.intent_pending || q.cancel.intent_ns.is_some() {
+            return Ok(());
+        }
+        q.cancel.intent_pending = true;
+        let ev = Event::Intent { request: q.id, tag };
+        Ok(self.kernel.schedule_in(delay_ns, Class::Control, ev)?)
+    }
+
+    /// If the request's storm stage is `stage`, its intent is planned now.
+    fn stage_reached(&mut self, tag: Tag, stage: Stage) -> Step {
+        match self.requests[tag].cancel.plan {
+            Some((s, delay)) if s == stage => self.plan_intent(tag, delay),
+            _ => Ok(()),
+        }
+    }
+
+    /// A cancel intent: the controller makes the request terminal at once (local invalidation);
+    /// then the adapter acts by policy. One intent per request: the first.
+    fn intent(&mut self, tag: Tag, cause: Cause) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &mut self.requests[tag];
+        if q.cancel.intent_ns.is_some() {
+            return Ok(());
+        }
+        q.cancel.intent_ns = Some(now_ns);
+        let (id, plan, conv, cancel_won) = (q.id, q.cancel.plan, q.conv, q.output_done());
+        if let Some((c, _)) = conv {
+            self.conversations.note_intent(c);
+        }
+        self.cancel.count_intent();
+        if let (Cause::Storm, Some((stage, _))) = (cause, plan) {
+            self.accounts.coverage.hit(stage_mark(stage));
+        }
+        if self.owners.state(&id) == Some(State::Completed) {
+            self.accounts.coverage.hit(Mark::RaceCompletionWon);
+        } else if cancel_won && self.requests[tag].output > 0 {
+            self.accounts.coverage.hit(Mark::RaceCancelWon);
+        }
+        self.evidence(tag, EvidenceLevel::Intent, ClockDomain::Local)?;
+        self.invalidate(tag, cause)?;
+        let q = &mut self.requests[tag];
+        if !q.life.enqueued {
+            return Ok(()); // never reached a backend
+        }
+        let holds = !q.life.engine_released;
+        if holds {
+            self.cluster.intent(q.replica, now_ns, tag);
+        }
+        let k = &mut self.kernel;
+        Ok(self.cancel.on_intent(k, &mut q.cancel, id, tag, holds)?)
+    }
+
+    /// The local invalidation: the first terminal transition wins, and never changes after.
+    fn invalidate(&mut self, tag: Tag, cause: Cause) -> Step {
+        let id = self.requests[tag].id;
+        let disposition = match cause {
+            Cause::Deadline | Cause::Playback => Disposition::Expired,
+            Cause::Storm | Cause::Disconnect | Cause::Interruption => Disposition::Cancelled,
+        };
+        let before = self.owners.state(&id);
+        let after = self.terminate(tag, disposition)?;
+        // The sink expires a request itself (the controller did it in admit_end): that is this
+        // intent's local invalidation too.
+        let invalidated_now = before == Some(State::Running) || cause == Cause::Playback;
+        if invalidated_now && after.is_some_and(State::is_terminal) {
+            self.evidence(tag, EvidenceLevel::LocalInvalidation, ClockDomain::Local)?;
+        }
+        Ok(())
+    }
+
+    /// `finish` in the controller, checking that a terminal disposition never changes.
+    fn terminate(&mut self, tag: Tag, d: Disposition) -> Step<Option<State>> {
+        let id = self.requests[tag].id;
+        let before = self.owners.state(&id);
+        let after = self.owners.finish(&id, d).map_err(Stop::controller(id))?;
+        self.requests[tag].life.terminal = true;
+        if before.is_some_and(State::is_terminal) && after.is_some() && after != before {
+            return Err(Stop::broken(vec![id], "a terminal disposition changed"));
+        }
+        Ok(after)
+    }
+
+    /// The backend removed a request at a checkpoint.
+    fn on_observed(&mut self, o: Observed) -> Step {
+        if !self.requests.live(o.id, o.tag) {
+            return Ok(());
+        }
+        let q = &mut self.requests[o.tag];
+        q.cancel.observed_ns = Some(self.kernel.now_ns());
+        self.cancel.backend_acted(&mut q.cancel);
+        let domain = ClockDomain::Backend;
+        self.evidence(o.tag, EvidenceLevel::BackendObservation, domain)?;
+        if self.requests[o.tag].cancel.intent_ns.is_some() {
+            return Ok(self.cancel.send_ack(&mut self.kernel, o.id, o.tag)?);
+        }
+        // Terminated by the backend without an intent of its own: a group scope, a fault, or a
+        // reused id. The adapter sees the request fail.
+        let hit = self.group_hit(&self.requests[o.tag]);
+        let q = &mut self.requests[o.tag];
+        q.cancel.collateral = true;
+        q.cancel.sibling = !hit;
+        let conv = q.conv;
+        self.cancel.collateral_kill();
+        self.terminate(o.tag, Disposition::Cancelled)?;
+        self.turn_request_done(conv)
+    }
+
+    /// A request's blocks are back in its replica's pool.
+    fn on_released(&mut self, rel: Released) -> Step {
+        if !self.requests.live(rel.id, rel.tag) {
+            let what = "release of a request that is not here";
+            return Err(Stop::broken(vec![rel.id], what));
+        }
+        self.accounts.kv_block_ns += rel.kv_block_ns;
+        self.accounts.kv_block_ns_retained += rel.kv_block_ns_marked;
+        let q = &mut self.requests[rel.tag];
+        q.cost.kv_block_ns = rel.kv_block_ns;
+        q.life.engine_released = true;
+        q.life.released_ns = Some(self.kernel.now_ns());
+        self.cancel.backend_acted(&mut q.cancel);
+        if q.cancel.intent_ns.is_some() {
+            let domain = ClockDomain::Backend;
+            self.evidence(rel.tag, EvidenceLevel::ResourceRelease, domain)?;
+        }
+        self.try_finalize(rel.tag)
+    }
+
+    /// Output token `index` of a request: the lifecycle moves on, then the token passes the
+    /// controller. After the terminal transition it is a late output, discarded here.
+    fn on_token(&mut self, tag: Tag, index: u32, last: bool, corrupted: bool) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &mut self.requests[tag];
+        debug_assert_eq!(index, q.life.tokens + 1);
+        q.life.tokens = index;
+        if index == 1 {
+            q.life.first_token_ns = now_ns;
+        }
+        // Blocks released unsafely by someone's cancel: a sibling harmed by it.
+        if corrupted && q.chunks.corrupted() && q.cancel.intent_ns.is_none() {
+            q.cancel.sibling = true;
+        }
+        if index == 1 {
+            self.stage_reached(tag, Stage::Decode)?;
+        }
+        if last {
+            self.last_token(tag)?;
+        }
+        let q = &mut self.requests[tag];
+        if q.life.terminal {
+            debug_assert!(self.owners.state(&q.id).is_none_or(State::is_terminal));
+            self.accounts.late_token(&mut q.cost);
+            return Ok(());
+        }
+        if self.sink.token(&mut q.chunks, last) {
+            self.hold_next_chunk(tag)?;
+        }
+        Ok(())
+    }
+
+    fn last_token(&mut self, tag: Tag) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &mut self.requests[tag];
+        q.life.last_token_ns = now_ns;
+        self.accounts.last_completion_ns = now_ns;
+        let c = &q.cancel;
+        if c.intent_ns.is_some() && c.evidence(EvidenceLevel::FinalCallback).is_none() {
+            self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
+        }
+        self.stage_reached(tag, Stage::AfterFinalOutput)
+    }
+
+    fn chunk_owner(&self, tag: Tag) -> Owner {
+        let q = &self.requests[tag];
+        Owner {
+            id: q.id,
+            owner: q.owner,
+            generation: q.generation,
+            output_done: q.output_done(),
+        }
+    }
+
+    /// The sink takes the request's next chunk.
+    fn hold_next_chunk(&mut self, tag: Tag) -> Step {
+        let who = self.chunk_owner(tag);
+        let (k, owners) = (&mut self.kernel, &mut self.owners);
+        let chunks = &mut self.requests[tag].chunks;
+        match self.sink.hold(k, owners, who, tag, chunks)? {
+            Hold::Settle => self.chunk_settled(tag),
+            Hold::Now(ticket) => self.admit_chunk(tag, &ticket, 0),
+            Hold::Waiting => Ok(()),
+        }
+    }
+
+    /// After the wait: the post-wait admission check, against the state at this moment.
+    fn admit_chunk(&mut self, tag: Tag, ticket: &Ticket<u64>, retry: u8) -> Step {
+        let who = self.chunk_owner(tag);
+        let (k, owners) = (&mut self.kernel, &mut self.owners);
+        let chunks = &mut self.requests[tag].chunks;
+        match self
+            .sink
+            .admit(k, owners, (who, tag), chunks, (ticket, retry))?
+        {
+            Admitted::Played { final_chunk } => {
+                if final_chunk {
+                    self.complete(tag)?;
+                }
+                if self.sink.has_next(&self.requests[tag].chunks) {
+                    self.hold_next_chunk(tag)
+                } else {
+                    self.try_finalize(tag)
+                }
+            }
+            Admitted::Suppressed => self.chunk_settled(tag),
+            Admitted::Expired | Admitted::GaveUp => {
+                self.intent(tag, Cause::Playback)?;
+                self.chunk_settled(tag)
+            }
+            Admitted::Retrying => Ok(()),
+        }
+    }
+
+    /// The application's completion boundary: the last chunk was played.
+    fn complete(&mut self, tag: Tag) -> Step {
+        let q = &mut self.requests[tag];
+        playback::complete(&mut self.owners, q.id)?;
+        q.life.terminal = true;
+        let conv = q.conv;
+        self.turn_request_done(conv)?;
+        self.stage_reached(tag, Stage::AfterCompletion)
+    }
+
+    /// The chunk held is done with, and the request is terminal: the rest is suppressed.
+    fn chunk_settled(&mut self, tag: Tag) -> Step {
+        self.sink.settle(&mut self.requests[tag].chunks);
+        self.try_finalize(tag)
+    }
+
+    /// A request of a conversation turn is done (or refused, or gone).
+    fn turn_request_done(&mut self, conv: Option<TurnRef>) -> Step {
+        let Some((c, g)) = conv else {
+            return Ok(());
+        };
+        let w = &self.scenario.workload;
+        let end = self.conversations.request_done(&mut self.kernel, w, c, g)?;
+        self.turn_ended(c, end);
+        Ok(())
+    }
+
+    fn turn_ended(&mut self, conv: u64, end: TurnEnd) {
+        if end == TurnEnd::Over {
+            self.sink.owner_gone(&mut self.owners, conv);
+        }
+    }
+
+    /// Whether the request's own owner (its conversation) has had a cancel intent: then the
+    /// owner's group was hit, and the request is part of that group, not a sibling of it.
+    fn group_hit(&self, q: &Req) -> bool {
+        q.conv.is_some_and(|(c, _)| self.conversations.group_hit(c))
+    }
+
+    /// Record one evidence level: in the request's own timeline (virtual ns, for latencies) and
+    /// in the controller's ledger (with its clock domain), which refuses out-of-order evidence.
+    fn evidence(&mut self, tag: Tag, level: EvidenceLevel, domain: ClockDomain) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &mut self.requests[tag];
+        if q.cancel.evidence_ns[level as usize].is_some() {
+            return Ok(());
+        }
+        q.cancel.evidence_ns[level as usize] = Some(now_ns);
+        let id = q.id;
+        self.accounts.coverage.hit(evidence_mark(level));
+        let ns = match domain {
+            ClockDomain::Backend => now_ns + ms_to_ns(self.scenario.backend.clock_offset_ms),
+            _ => now_ns,
+        };
+        match self
+            .owners
+            .record_evidence(&id, level, Timestamp { domain, ns })
+        {
+            Ok(()) => Ok(()),
+            // An evicted tombstone has no ledger any more: the timeline above still has it.
+            Err(OwnershipError::UnknownRequest) if self.owners.is_evicted(&id) => Ok(()),
+            Err(e) => Err(Stop::broken(vec![id], format!("evidence: {e}"))),
+        }
+    }
+
+    /// Leave the system once nothing more can happen to the request.
+    fn try_finalize(&mut self, tag: Tag) -> Step {
+        let q = &self.requests[tag];
+        if !q.live {
+            return Ok(());
+        }
+        let state = self.owners.state(&q.id);
+        let terminal = state.is_none_or(State::is_terminal);
+        let engine_done = q.life.engine_released || !q.life.enqueued;
+        let settled = self.cancel.settled(&q.cancel, q.life.enqueued);
+        if !terminal || !engine_done || q.chunks.busy() || q.cancel.intent_pending || !settled {
+            return Ok(());
+        }
+        self.leave(tag, state.unwrap_or(State::Cancelled));
+        Ok(())
+    }
+
+    /// The request leaves: into the books, against the baseline, to the recorder.
+    fn leave(&mut self, tag: Tag, state: State) {
+        let now_ns = self.kernel.now_ns();
+        self.requests[tag].chunks.drop_stream();
+        let q = &self.requests[tag];
+        let fd = self.cancel.finish_and_discard();
+        self.accounts.left(q, state, fd, now_ns);
+        // A sibling: no intent of its own, but it shared a replica with a request that got one
+        // while it was there, or it was killed or corrupted by someone's cancel.
+        let shared = q.life.enqueued
+            && self.cluster.intent_epoch(q.replica) > q.life.epoch_at_enqueue
+            && !self.group_hit(q);
+        let sibling = q.cancel.intent_ns.is_none() && (q.cancel.sibling || shared);
+        let judged = self.baseline.left(q, state, sibling);
+        let how = Left {
+            state,
+            sibling: judged.sibling,
+            survived: judged.survived,
+            now_ns,
+        };
+        self.recorder.left(q, &self.label, how);
+        self.requests.remove(tag);
+    }
+}

@@ -1,0 +1,294 @@
+//! The world: owns the components of a run and routes the one closed `Event` enum between them
+//! through one exhaustive `match`.
+//!
+//! A scenario is run once as the counterfactual (no cancel intents at all) and once per policy,
+//! all on the same seed, so every run sees the same workload (common random numbers); `run.rs`
+//! drives that. The components, each with its own state:
+//! - `arrivals`: the open-loop source and the workload hash;
+//! - `conversations`: closed-loop turns and barge-ins;
+//! - `cluster`: replicas, router, scheduler passes and timers;
+//! - `cancel`: the adapter's cancel client (plans, handles, the cancel RPC);
+//! - `playback`: the sink's chunks and two-phase admissions, and the owners' clear barriers;
+//! - `accounts`: the books; `baseline`: the counterfactual comparison; `recorder`: files.
+//!
+//! The world itself only holds them, the kernel and the controller, and says what follows what.
+
+mod accounts;
+mod arrivals;
+mod baseline;
+mod cancel;
+mod cluster;
+mod conversations;
+mod error;
+mod event;
+mod flow;
+mod playback;
+mod recorder;
+mod requests;
+mod summary;
+
+pub use baseline::{CfRecord, CfTable};
+pub use error::RunError;
+pub use event::{Cause, Event};
+
+use cancelsim_models::ownership::{ControllerBug, Owners, Retention};
+
+use accounts::Accounts;
+use arrivals::Arrivals;
+use baseline::{Baseline, Siblings};
+use cancel::CancelClient;
+use cluster::Cluster;
+use conversations::Conversations;
+use error::Stop;
+use playback::PlaybackSink;
+use recorder::Recorder;
+use requests::Requests;
+
+use crate::kernel::Kernel;
+use crate::metrics::Summary;
+use crate::record::{Extras, Recording};
+use crate::scenario::{Policy, Scenario};
+
+/// Deliberately broken variants, to show that `check --swarm` catches real bugs. Only the library
+/// API sets them (tests); no scenario file or command-line flag can.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hooks {
+    pub controller_bug: Option<ControllerBug>,
+    /// The adapter aborts the whole engine under the per-request policy.
+    pub adapter_aborts_batch: bool,
+}
+
+/// The run's role.
+#[derive(Clone, Copy)]
+pub enum Mode<'a> {
+    /// No cancel intents: the reference the siblings are compared with.
+    Counterfactual,
+    Policy(&'a Policy, &'a CfTable),
+}
+
+/// Controller records kept after their terminal transition. Request ids are unique by
+/// construction and the world ignores events for requests it has finalized, so a small retention
+/// serves; memory stays with requests in flight.
+const RETENTION: Retention = Retention {
+    tombstones_max: 4096,
+    tombstone_age_ns_max: None,
+    evicted_max: 4096,
+};
+
+/// One run of one scenario in one mode.
+pub struct World<'s> {
+    scenario: &'s Scenario,
+    seed: u64,
+    label: String,
+    kernel: Kernel<Event>,
+    owners: Owners<u64>,
+    requests: Requests,
+    arrivals: Arrivals,
+    conversations: Conversations,
+    cluster: Cluster,
+    cancel: CancelClient<'s>,
+    sink: PlaybackSink,
+    accounts: Accounts,
+    baseline: Baseline<'s>,
+    recorder: Recorder,
+}
+
+impl<'s> World<'s> {
+    pub fn new(
+        scenario: &'s Scenario,
+        seed: u64,
+        mode: Mode<'s>,
+        cf_out: Option<&'s mut CfTable>,
+    ) -> Result<Self, RunError> {
+        debug_assert!(scenario.validate().is_ok());
+        let (policy, label, baseline) = match mode {
+            Mode::Counterfactual => (None, "counterfactual".into(), Baseline::Record(cf_out)),
+            Mode::Policy(p, cf) => (
+                Some(p),
+                p.label(),
+                Baseline::Compare(cf, Siblings::default()),
+            ),
+        };
+        Ok(World {
+            scenario,
+            seed,
+            label,
+            kernel: Kernel::new(scenario.limits()),
+            owners: Owners::new(RETENTION),
+            requests: Requests::default(),
+            arrivals: Arrivals::new(scenario, seed).map_err(RunError::Input)?,
+            conversations: Conversations::new(seed),
+            cluster: Cluster::new(scenario),
+            cancel: CancelClient::new(scenario, seed, policy, false),
+            sink: PlaybackSink::new(&scenario.playback, seed),
+            accounts: Accounts::new(),
+            baseline,
+            recorder: Recorder::new(Recording::default()),
+        })
+    }
+
+    /// Turn on deliberately broken variants (tests of the checker only).
+    pub fn with_hooks(mut self, hooks: Hooks) -> Self {
+        self.owners.set_bug(hooks.controller_bug);
+        let policy = self.cancel.policy();
+        self.cancel =
+            CancelClient::new(self.scenario, self.seed, policy, hooks.adapter_aborts_batch);
+        self
+    }
+
+    /// Record samples, rows or a trace while running.
+    pub fn with_recording(mut self, r: Recording) -> Self {
+        self.recorder = Recorder::new(r);
+        self
+    }
+
+    /// Run to completion and summarise.
+    pub fn run(self) -> Result<Summary, RunError> {
+        self.run_recorded().map(|(s, _)| s)
+    }
+
+    /// Run to completion; the summary and what was recorded.
+    pub fn run_recorded(mut self) -> Result<(Summary, Extras), RunError> {
+        let started = self.arrivals.begin(&mut self.kernel, self.scenario);
+        started.map_err(|e| self.stopped(e))?;
+        while let Some(event) = self.kernel.next_event()? {
+            self.sample_until(self.kernel.now_ns());
+            self.dispatch(event).map_err(|e| self.stopped(e))?;
+        }
+        let now = self.kernel.now_ns();
+        self.sample_until(now.saturating_add(1));
+        let (seed, label, events) = (
+            self.seed,
+            self.label.clone(),
+            self.kernel.events_dispatched(),
+        );
+        self.finish()
+            .map_err(|e| e.into_run_error(seed, &label, events))
+    }
+
+    fn sample_until(&mut self, now_ns: u64) {
+        if self.recorder.sampling() {
+            let cluster = &self.cluster;
+            let in_flight = self.cancel.in_flight();
+            self.recorder
+                .sample_until(now_ns, || cluster.gauges(), in_flight);
+        }
+    }
+
+    /// A component's stop, as the run's error: a broken invariant names the seed, the policy and
+    /// the event number.
+    fn stopped(&self, e: Stop) -> RunError {
+        e.into_run_error(self.seed, &self.label, self.kernel.events_dispatched())
+    }
+
+    /// One call per event; `flow.rs` holds what follows each.
+    fn dispatch(&mut self, event: Event) -> Result<(), Stop> {
+        match event {
+            Event::Arrival { request } => self.on_arrival(request),
+            Event::ConversationStart { conv } => {
+                let w = &self.scenario.workload;
+                Ok(self.conversations.start(&mut self.kernel, w, conv)?)
+            }
+            Event::TurnStart { conv } => self.on_turn_start(conv),
+            Event::BargeIn { conv, generation } => self.on_barge_in(conv, generation),
+            Event::StepDone { replica, step } => self.on_step_done(replica, step),
+            Event::SchedulePass { replica } => self.on_schedule_pass(replica),
+            Event::BatcherTimer { replica } => {
+                self.cluster.timer_fired(replica, self.kernel.now_ns());
+                Ok(self.cluster.request_pass(&mut self.kernel, replica)?)
+            }
+            Event::Deadline { request, tag } => self.on_timer(request, tag, Cause::Deadline),
+            Event::Disconnect { request, tag } => self.on_timer(request, tag, Cause::Disconnect),
+            Event::Intent { request, tag } => self.on_storm_intent(request, tag),
+            Event::CancelSubmit {
+                request,
+                tag,
+                attempt,
+            } => self.on_cancel_submit(request, tag, attempt),
+            Event::CancelDeliver {
+                request,
+                replica,
+                scope,
+                attempt,
+            } => self.on_cancel_deliver(request, replica, scope, attempt),
+            Event::CancelTimeout {
+                request,
+                tag,
+                attempt,
+            } => self.on_cancel_timeout(request, tag, attempt),
+            Event::CancelAck { request, tag } => self.on_cancel_ack(request, tag),
+            Event::Fallback { request, tag } => self.on_fallback(request, tag),
+            Event::ChunkAdmit {
+                request,
+                tag,
+                born_ns,
+                epoch,
+                retry,
+            } => self.on_chunk_admit(request, tag, (born_ns, epoch), retry),
+            Event::BarrierAck { owner, epoch } => {
+                self.sink.cleared(&mut self.owners, owner, epoch);
+                Ok(())
+            }
+        }
+    }
+
+    /// The run is over: conservation, then the summary.
+    fn finish(mut self) -> Result<(Summary, Extras), Stop> {
+        let end_ns = self.kernel.now_ns();
+        self.accounts.little.integrate(end_ns);
+        self.conserved()?;
+        let drained = self
+            .cluster
+            .drained()
+            .ok_or_else(|| Stop::broken(vec![], "a replica did not drain, or KV blocks leaked"))?;
+        let pairs = self.baseline.take_pairs();
+        let run_hash = {
+            let mut h = blake3::Hasher::new();
+            h.update(self.kernel.run_hash().as_bytes());
+            h.update(self.accounts.outcome_hash().as_bytes());
+            h.finalize().to_hex().to_string()
+        };
+        let mut extras = self.recorder.finish();
+        extras.sibling_ttft_ms = pairs;
+        let books = summary::Books {
+            scenario: self.scenario,
+            seed: self.seed,
+            policy: &self.label,
+            accounts: self.accounts,
+            drained,
+            replicas: self.cluster.len(),
+            conversations: self.conversations.events(),
+            playback: self.sink.counts(),
+            late_admitted: self.sink.late_admitted(),
+            rpc: self.cancel.rpc(),
+            siblings: self.baseline.siblings(),
+            events: self.kernel.events_dispatched(),
+            end_ns,
+            workload_hash: self.arrivals.workload_hash(),
+            run_hash,
+        };
+        let summary = summary::summary(books, &mut extras);
+        Ok((summary, extras))
+    }
+
+    /// Conservation, checked on every run (invariant 5): everyone who arrived ended in exactly one
+    /// disposition and left, and every conversation ended.
+    fn conserved(&self) -> Result<(), Stop> {
+        let live = self.requests.live_ids(8);
+        if !live.is_empty() || self.accounts.little.in_system != 0 {
+            return Err(Stop::broken(
+                live,
+                "requests never reached a terminal disposition",
+            ));
+        }
+        let c = &self.accounts.counts;
+        if c.completed + c.cancelled + c.expired + c.rejected != c.scheduled {
+            let what = "dispositions do not add up to the requests scheduled";
+            return Err(Stop::broken(vec![], what));
+        }
+        if !self.conversations.all_ended() {
+            return Err(Stop::broken(vec![], "a conversation never ended"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,426 @@
+//! The playback sink: tokens become audio chunks, and each chunk passes the ownership controller
+//! twice, the contract's two-phase admission. `update` records it as output evidence, then
+//! `admit_begin` on the owner's clear barrier, the writer wait, and `admit_end` against the state
+//! at that moment. A request's chunks are held one at a time, in order.
+
+use cancelsim_models::ownership::{
+    Admission, BarrierId, Disposition, Owners, State, Ticket, UpdateClass,
+};
+
+use super::error::{Step, Stop};
+use super::event::Event;
+use super::requests::Tag;
+use crate::dist::{ms_to_ns, Dist};
+use crate::kernel::rng::{key, Purpose, Stream};
+use crate::kernel::{Class, Kernel, LimitError};
+use crate::metrics::Playback;
+use crate::scenario::PlaybackConfig;
+
+/// One request's chunks.
+#[derive(Clone, Debug)]
+pub(crate) struct Chunks {
+    /// Tokens in the chunk being filled.
+    fill: u32,
+    made: u32,
+    /// Chunks made but not yet held for admission.
+    queued: u32,
+    /// A chunk is held (between `update` and the end of its admission).
+    in_flight: bool,
+    /// Chunks done with: played, or suppressed.
+    pub admitted: u32,
+    /// From this chunk on, its blocks were reused while still written: corrupted markers.
+    first_corrupt: Option<u32>,
+    /// FNV-1a of the markers played, in order.
+    pub digest: u64,
+    corrupted_seen: bool,
+    /// The request's writer-wait draws, in chunk order; made at its first held chunk.
+    stream: Option<Box<Stream>>,
+}
+
+impl Default for Chunks {
+    fn default() -> Self {
+        Chunks {
+            fill: 0,
+            made: 0,
+            queued: 0,
+            in_flight: false,
+            admitted: 0,
+            first_corrupt: None,
+            digest: DIGEST_SEED,
+            corrupted_seen: false,
+            stream: None,
+        }
+    }
+}
+
+impl Chunks {
+    /// Chunks are still held or waiting: the request cannot leave yet.
+    pub fn busy(&self) -> bool {
+        self.in_flight || self.queued > 0
+    }
+
+    /// A token came out corrupted: from the next chunk on, markers are corrupted. True the first
+    /// time.
+    pub fn corrupted(&mut self) -> bool {
+        if self.first_corrupt.is_some() {
+            return false;
+        }
+        self.first_corrupt = Some(self.made);
+        true
+    }
+
+    pub fn drop_stream(&mut self) {
+        self.stream = None;
+    }
+}
+
+/// Who a chunk belongs to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Owner {
+    pub id: u64,
+    pub owner: u64,
+    pub generation: u32,
+    /// Every output token of the request is out.
+    pub output_done: bool,
+}
+
+/// What holding the next chunk led to.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Hold {
+    /// The request went terminal since the chunk was made: it and the rest are suppressed.
+    Settle,
+    /// No writer wait: admit it now with this ticket.
+    Now(Ticket<u64>),
+    /// Its admission check is scheduled after the writer wait.
+    Waiting,
+}
+
+/// What an admission check decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admitted {
+    /// Played; `final_chunk` if it was the request's last (its completion boundary).
+    Played {
+        final_chunk: bool,
+    },
+    Suppressed,
+    /// Too old: the controller expired the request.
+    Expired,
+    /// Blocked by the barrier; the check is retried after the current clear.
+    Retrying,
+    /// Blocked too often: the sink gives up on the request.
+    GaveUp,
+}
+
+pub(crate) struct PlaybackSink {
+    seed: u64,
+    cfg: PlaybackConfig,
+    max_age_ns: f64,
+    zero_writer_wait: bool,
+    counts: Playback,
+    /// Outputs admitted after a terminal transition (invariant 1: the run stops at the first).
+    late_admitted: u64,
+}
+
+impl PlaybackSink {
+    pub fn new(cfg: &PlaybackConfig, seed: u64) -> PlaybackSink {
+        PlaybackSink {
+            seed,
+            cfg: cfg.clone(),
+            max_age_ns: cfg.max_age_ms * 1e6,
+            zero_writer_wait: cfg.writer_wait_ms == Dist::Constant(0.0),
+            counts: Playback::default(),
+            late_admitted: 0,
+        }
+    }
+
+    /// A live token enters the sink. True if a chunk is ready and none is held: hold it now.
+    pub fn token(&mut self, c: &mut Chunks, last: bool) -> bool {
+        c.fill += 1;
+        if c.fill != self.cfg.chunk_tokens && !last {
+            return false;
+        }
+        c.fill = 0;
+        c.made += 1;
+        c.queued += 1;
+        self.counts.chunks += 1;
+        !c.in_flight
+    }
+
+    /// Whether a chunk waits behind the one just done with.
+    pub fn has_next(&self, c: &Chunks) -> bool {
+        c.queued > 0
+    }
+
+    /// Hold the next chunk: record it as output evidence, then begin its admission.
+    pub fn hold(
+        &mut self,
+        k: &mut Kernel<Event>,
+        owners: &mut Owners<u64>,
+        who: Owner,
+        tag: Tag,
+        c: &mut Chunks,
+    ) -> Step<Hold> {
+        debug_assert!(!c.in_flight && c.queued > 0);
+        let chunk = c.admitted;
+        let is_final = who.output_done && chunk + 1 == c.made;
+        c.queued -= 1;
+        c.in_flight = true;
+        let corrupt = c.first_corrupt.is_some_and(|f| chunk >= f);
+        let payload = marker(who.id, chunk, corrupt);
+        let class = owners.update(&who.id, chunk as u64, &payload, is_final);
+        match class.map_err(Stop::controller(who.id))? {
+            UpdateClass::Accepted => {}
+            UpdateClass::Conflict | UpdateClass::Late => {
+                // Terminal since the chunk was made: it is suppressed.
+                self.counts.suppressed += 1;
+                return Ok(Hold::Settle);
+            }
+            other => {
+                let what = format!("chunk {chunk} classified {other:?}");
+                return Err(Stop::broken(vec![who.id], what));
+            }
+        }
+        let now_ns = k.now_ns();
+        let ticket = self.begin(owners, who, now_ns as f64)?;
+        if self.zero_writer_wait {
+            return Ok(Hold::Now(ticket));
+        }
+        let seed = self.seed;
+        let stream = c
+            .stream
+            .get_or_insert_with(|| Box::new(Stream::new(seed, Purpose::Playback, who.id)));
+        let wait = ms_to_ns(self.cfg.writer_wait_ms.sample(stream));
+        let admit = Event::ChunkAdmit {
+            request: who.id,
+            tag,
+            born_ns: now_ns,
+            epoch: ticket.epoch,
+            retry: 0,
+        };
+        k.schedule_in(wait, Class::Control, admit)?;
+        Ok(Hold::Waiting)
+    }
+
+    /// Phase one of an admission, on the owner's barrier.
+    fn begin(&self, owners: &Owners<u64>, who: Owner, born: f64) -> Step<Ticket<u64>> {
+        let barrier = BarrierId::of_owner(who.owner);
+        owners
+            .admit_begin_on(
+                barrier,
+                who.id,
+                who.generation as i128,
+                born,
+                self.max_age_ns,
+            )
+            .map_err(Stop::controller(who.id))
+    }
+
+    /// The ticket a scheduled admission check carries (its phase one, captured at `epoch`).
+    pub fn ticket(&self, who: Owner, born_ns: u64, epoch: u64) -> Ticket<u64> {
+        Ticket {
+            request: who.id,
+            generation: who.generation as i128,
+            born: born_ns as f64,
+            max_age: self.max_age_ns,
+            barrier: BarrierId::of_owner(who.owner),
+            epoch,
+        }
+    }
+
+    /// Phase two, after the wait, against the state at this moment.
+    pub fn admit(
+        &mut self,
+        k: &mut Kernel<Event>,
+        owners: &mut Owners<u64>,
+        (who, tag): (Owner, Tag),
+        c: &mut Chunks,
+        (ticket, retry): (&Ticket<u64>, u8),
+    ) -> Step<Admitted> {
+        let id = who.id;
+        let now = k.now_ns() as f64;
+        let result = owners
+            .admit_end(ticket, now)
+            .map_err(Stop::controller(id))?;
+        match result {
+            Admission::Submitted(payload) => {
+                // Invariant 1: nothing is admitted after the first terminal transition. The
+                // controller guarantees it; the sink checks it.
+                if owners.state(&id) != Some(State::Running) {
+                    self.late_admitted += 1;
+                    let what = "output admitted after a terminal transition";
+                    return Err(Stop::broken(vec![id], what));
+                }
+                Ok(self.play(c, who, &payload))
+            }
+            Admission::Terminal(_) | Admission::Stale | Admission::Late | Admission::Empty => {
+                self.counts.suppressed += 1;
+                Ok(Admitted::Suppressed)
+            }
+            Admission::Expired => {
+                self.counts.expired += 1;
+                Ok(Admitted::Expired)
+            }
+            Admission::Blocked => self.blocked(k, owners, (who, tag), ticket, retry),
+        }
+    }
+
+    /// The consumer takes a chunk: it checks, byte for byte, that the marker is its own
+    /// (property 3), and folds it into the request's digest.
+    fn play(&mut self, c: &mut Chunks, who: Owner, payload: &[u8]) -> Admitted {
+        self.counts.submitted += 1;
+        let chunk = c.admitted;
+        let expect = marker(who.id, chunk, false);
+        if payload[..12] != expect[..12] {
+            self.counts.routing_violations += 1;
+        }
+        if payload[12..16] != expect[12..16] && !c.corrupted_seen {
+            c.corrupted_seen = true;
+            self.counts.corrupted_requests += 1;
+        }
+        c.digest = fold_digest(c.digest, payload);
+        c.admitted += 1;
+        let final_chunk = who.output_done && c.admitted == c.made && c.queued == 0;
+        c.in_flight = false;
+        Admitted::Played { final_chunk }
+    }
+
+    /// Blocked by the barrier: wait for the current clear and check again, a bounded number of
+    /// times.
+    fn blocked(
+        &mut self,
+        k: &mut Kernel<Event>,
+        owners: &Owners<u64>,
+        (who, tag): (Owner, Tag),
+        ticket: &Ticket<u64>,
+        retry: u8,
+    ) -> Step<Admitted> {
+        self.counts.blocked += 1;
+        if retry as u32 >= self.cfg.admit_retries {
+            self.counts.gave_up += 1;
+            return Ok(Admitted::GaveUp);
+        }
+        let again = self.begin(owners, who, ticket.born)?;
+        let entity = who.id ^ key::RETRY_FLAG;
+        let mut s = Stream::keyed(self.seed, Purpose::Playback, entity, retry as u64 + 1);
+        let wait = ms_to_ns(self.cfg.clear_ack_ms.sample(&mut s)).max(1);
+        let admit = Event::ChunkAdmit {
+            request: who.id,
+            tag,
+            born_ns: ticket.born as u64,
+            epoch: again.epoch,
+            retry: retry + 1,
+        };
+        k.schedule_in(wait, Class::Control, admit)?;
+        Ok(Admitted::Retrying)
+    }
+
+    /// The held chunk is done with and the request is terminal: the rest is suppressed.
+    pub fn settle(&mut self, c: &mut Chunks) {
+        c.in_flight = false;
+        self.counts.suppressed += c.queued as u64;
+        c.admitted += c.queued;
+        c.queued = 0;
+    }
+
+    /// An interruption: a clear operation starts on `owner`'s sink, acknowledged later.
+    pub fn clear(
+        &mut self,
+        k: &mut Kernel<Event>,
+        owners: &mut Owners<u64>,
+        owner: u64,
+    ) -> Result<(), LimitError> {
+        let barrier = BarrierId::of_owner(owner);
+        let epoch = owners.barrier_advance_on(barrier);
+        owners.set_clear_on(barrier, false);
+        let mut s = Stream::keyed(self.seed, Purpose::Playback, owner, epoch);
+        let ack = ms_to_ns(self.cfg.clear_ack_ms.sample(&mut s));
+        k.schedule_in(ack, Class::Control, Event::BarrierAck { owner, epoch })?;
+        Ok(())
+    }
+
+    /// A clear is acknowledged: the barrier is clear again, unless a newer clear started.
+    pub fn cleared(&mut self, owners: &mut Owners<u64>, owner: u64, epoch: u64) {
+        let barrier = BarrierId::of_owner(owner);
+        if owners.barrier_state(barrier).0 == epoch {
+            owners.set_clear_on(barrier, true);
+        }
+    }
+
+    /// The owner is gone: nothing waits on its barrier any more.
+    pub fn owner_gone(&mut self, owners: &mut Owners<u64>, owner: u64) {
+        owners.drop_barrier(BarrierId::of_owner(owner));
+    }
+
+    pub fn counts(&self) -> &Playback {
+        &self.counts
+    }
+
+    pub fn late_admitted(&self) -> u64 {
+        self.late_admitted
+    }
+}
+
+/// The request completes at the sink: its last chunk was played.
+pub(crate) fn complete(owners: &mut Owners<u64>, id: u64) -> Step {
+    owners
+        .finish(&id, Disposition::Completed)
+        .map_err(Stop::controller(id))?;
+    Ok(())
+}
+
+/// The synthetic payload marker of chunk `chunk` of request `id`: 16 bytes a consumer can check
+/// byte for byte. A corrupted chunk (KV reused while still written) has its check word flipped.
+fn marker(id: u64, chunk: u32, corrupted: bool) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[..8].copy_from_slice(&id.to_le_bytes());
+    m[8..12].copy_from_slice(&chunk.to_le_bytes());
+    let check = check_word(id, chunk);
+    m[12..16].copy_from_slice(&(if corrupted { !check } else { check }).to_le_bytes());
+    m
+}
+
+fn check_word(id: u64, chunk: u32) -> u32 {
+    let x = (id ^ ((chunk as u64) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 32) as u32
+}
+
+/// FNV-1a over bytes, folded into a running digest (a request's delivered output).
+fn fold_digest(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+const DIGEST_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_check_byte_for_byte_and_corruption_flips_only_the_check_word() {
+        let (a, b) = (marker(7, 3, false), marker(7, 3, true));
+        assert_eq!(a[..12], b[..12]);
+        assert_ne!(a[12..], b[12..]);
+        assert_ne!(marker(7, 3, false), marker(8, 3, false));
+        assert_ne!(marker(7, 3, false), marker(7, 4, false));
+    }
+
+    #[test]
+    fn a_chunk_is_ready_every_chunk_tokens_and_at_the_last_token() {
+        let cfg = PlaybackConfig {
+            chunk_tokens: 3,
+            ..PlaybackConfig::default()
+        };
+        let mut sink = PlaybackSink::new(&cfg, 1);
+        let mut c = Chunks::default();
+        let ready: Vec<bool> = (1..=7).map(|i| sink.token(&mut c, i == 7)).collect();
+        assert_eq!(ready, [false, false, true, false, false, true, true]);
+        assert_eq!(sink.counts().chunks, 3);
+        sink.settle(&mut c);
+        assert_eq!((c.admitted, sink.counts().suppressed), (3, 3));
+        assert!(!c.busy());
+    }
+}

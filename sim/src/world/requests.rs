@@ -1,0 +1,124 @@
+//! The requests in the system: a slab indexed by the `tag` the replicas echo back, so no hash
+//! lookup happens per token. A request's record is split by the component that owns each part:
+//! its lifecycle here, its chunks in `playback`, its cancel path in `cancel`, its costs in
+//! `accounts`.
+
+use cancelsim_models::ownership::EvidenceLevel;
+use cancelsim_models::protocol::Handle;
+
+use super::accounts::Cost;
+use super::cancel::CancelState;
+use super::playback::Chunks;
+
+/// A slab index: the handle a replica echoes in every output and release.
+pub(crate) type Tag = u32;
+
+/// The conversation turn a request belongs to: (conversation, generation).
+pub(crate) type TurnRef = (u64, u32);
+
+/// Where a request is in its life, as the world sees it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Life {
+    pub enqueued: bool,
+    pub started: bool,
+    pub engine_released: bool,
+    pub rejected: bool,
+    /// Mirror of the controller's state being terminal, so a token need not look it up.
+    pub terminal: bool,
+    pub first_token_ns: u64,
+    pub last_token_ns: u64,
+    pub tokens: u32,
+    /// When the engine returned the request's blocks (whether or not it had an intent).
+    pub released_ns: Option<u64>,
+    /// The replica's intent epoch when the request reached it.
+    pub epoch_at_enqueue: u64,
+}
+
+/// A request in the system.
+#[derive(Clone, Debug)]
+pub(crate) struct Req {
+    pub id: u64,
+    pub live: bool,
+    pub arrival_ns: u64,
+    pub output: u32,
+    pub replica: u32,
+    pub owner: u64,
+    pub generation: u32,
+    pub handle: Handle,
+    pub conv: Option<TurnRef>,
+    pub life: Life,
+    pub chunks: Chunks,
+    pub cancel: CancelState,
+    pub cost: Cost,
+}
+
+impl Req {
+    /// Its evidence timeline in virtual ns (unknown: `None`).
+    pub fn evidence_ns(&self, level: EvidenceLevel) -> Option<u64> {
+        self.cancel.evidence_ns[level as usize]
+    }
+
+    /// All its output tokens are out.
+    pub fn output_done(&self) -> bool {
+        self.life.tokens == self.output
+    }
+}
+
+/// The slab: live requests by tag, and the tags free for reuse.
+#[derive(Default)]
+pub(crate) struct Requests {
+    slab: Vec<Req>,
+    free: Vec<Tag>,
+}
+
+impl Requests {
+    pub fn insert(&mut self, req: Req) -> Tag {
+        match self.free.pop() {
+            Some(t) => {
+                self.slab[t as usize] = req;
+                t
+            }
+            None => {
+                self.slab.push(req);
+                (self.slab.len() - 1) as Tag
+            }
+        }
+    }
+
+    /// The live request behind `(id, tag)`, if that request is still here.
+    pub fn live(&self, id: u64, tag: Tag) -> bool {
+        self.slab
+            .get(tag as usize)
+            .is_some_and(|q| q.live && q.id == id)
+    }
+
+    /// The request leaves: its tag is free for the next arrival.
+    pub fn remove(&mut self, tag: Tag) {
+        debug_assert!(self.slab[tag as usize].live);
+        self.slab[tag as usize].live = false;
+        self.free.push(tag);
+    }
+
+    /// Ids of requests still live (at most `n`), for a conservation report.
+    pub fn live_ids(&self, n: usize) -> Vec<u64> {
+        self.slab
+            .iter()
+            .filter(|q| q.live)
+            .map(|q| q.id)
+            .take(n)
+            .collect()
+    }
+}
+
+impl std::ops::Index<Tag> for Requests {
+    type Output = Req;
+    fn index(&self, tag: Tag) -> &Req {
+        &self.slab[tag as usize]
+    }
+}
+
+impl std::ops::IndexMut<Tag> for Requests {
+    fn index_mut(&mut self, tag: Tag) -> &mut Req {
+        &mut self.slab[tag as usize]
+    }
+}

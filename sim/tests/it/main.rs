@@ -1,0 +1,9 @@
+//! The simulator's integration tests, in one binary (one link instead of seven).
+
+mod cancel;
+mod check;
+mod cli;
+mod model;
+mod outputs;
+mod replay;
+mod sweep;
