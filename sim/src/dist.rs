@@ -20,16 +20,29 @@ pub enum Dist {
     Empirical(Vec<f64>),
 }
 
+/// A distribution that cannot be sampled: which of its fields, relative to it, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DistError {
+    pub field: String,
+    pub message: String,
+}
+
+fn bad(field: &str, message: String) -> Result<(), DistError> {
+    Err(DistError {
+        field: field.into(),
+        message,
+    })
+}
+
 impl Dist {
-    /// Semantic checks after parsing. Returns `(field, message)` on failure, with `field`
-    /// relative to the distribution.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        fn finite_nonneg(field: &str, x: f64) -> Result<(), (String, String)> {
+    /// Semantic checks after parsing.
+    pub fn validate(&self) -> Result<(), DistError> {
+        fn finite_nonneg(field: &str, x: f64) -> Result<(), DistError> {
             if !x.is_finite() {
-                return Err((field.into(), format!("must be a finite number (got {x})")));
+                return bad(field, format!("must be a finite number (got {x})"));
             }
             if x < 0.0 {
-                return Err((field.into(), format!("must be >= 0 (got {x})")));
+                return bad(field, format!("must be >= 0 (got {x})"));
             }
             Ok(())
         }
@@ -38,7 +51,7 @@ impl Dist {
             Dist::Exponential { mean } => {
                 finite_nonneg("Exponential.mean", *mean)?;
                 if *mean == 0.0 {
-                    return Err(("Exponential.mean".into(), "must be > 0".into()));
+                    return bad("Exponential.mean", "must be > 0".into());
                 }
                 Ok(())
             }
@@ -46,10 +59,10 @@ impl Dist {
                 finite_nonneg("Uniform.low", *low)?;
                 finite_nonneg("Uniform.high", *high)?;
                 if high < low {
-                    return Err((
-                        "Uniform.high".into(),
+                    return bad(
+                        "Uniform.high",
                         format!("must be >= low (got low {low}, high {high})"),
-                    ));
+                    );
                 }
                 Ok(())
             }
@@ -57,16 +70,13 @@ impl Dist {
                 finite_nonneg("LogNormal.median", *median)?;
                 finite_nonneg("LogNormal.sigma", *sigma)?;
                 if *sigma > 10.0 {
-                    return Err((
-                        "LogNormal.sigma".into(),
-                        format!("must be <= 10 (got {sigma})"),
-                    ));
+                    return bad("LogNormal.sigma", format!("must be <= 10 (got {sigma})"));
                 }
                 Ok(())
             }
             Dist::Empirical(values) => {
                 if values.is_empty() {
-                    return Err(("Empirical".into(), "needs at least one value".into()));
+                    return bad("Empirical", "needs at least one value".into());
                 }
                 for (i, v) in values.iter().enumerate() {
                     finite_nonneg(&format!("Empirical[{i}]"), *v)?;

@@ -18,7 +18,6 @@ pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod sweep;
-pub mod trace;
 pub mod trace_check;
 pub mod workload;
 pub mod world;

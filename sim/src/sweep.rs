@@ -249,7 +249,7 @@ const METRICS: [Column; 19] = [
 fn run_task(plan: &Plan, t: u64) -> Result<String, String> {
     let (s, values, seed) = plan.task(t);
     s.validate()
-        .map_err(|(f, m)| format!("task {t}: field `{f}` {m}"))?;
+        .map_err(|e| format!("task {t}: field `{}` {}", e.field, e.message))?;
     let report = run::report(&s, seed).map_err(|e| format!("task {t} (seed {seed}): {e}"))?;
     let mut w = csv::Writer::from_writer(Vec::new());
     let point = t / plan.sweep.seeds;

@@ -4,9 +4,28 @@
 
 use super::error::{Step, Stop};
 use super::event::Event;
-use crate::kernel::{Class, Kernel};
-use crate::scenario::Scenario;
-use crate::workload::{Arrival, OpenLoop};
+use super::requests::Tag;
+use crate::kernel::{Class, Kernel, LimitError};
+use crate::scenario::{Scenario, Workload};
+use crate::workload::{self, Arrival, OpenLoop};
+
+/// The client's own timers of request `(id, tag)`: its deadline and its disconnect, if the
+/// workload has them.
+pub(crate) fn client_timers(
+    k: &mut Kernel<Event>,
+    w: &Workload,
+    seed: u64,
+    (id, tag): (u64, Tag),
+) -> Result<(), LimitError> {
+    let (deadline, disconnect) = workload::timing(w, seed, id);
+    if let Some(d) = deadline {
+        k.schedule_in(d, Class::Control, Event::Deadline { request: id, tag })?;
+    }
+    if let Some(d) = disconnect {
+        k.schedule_in(d, Class::Control, Event::Disconnect { request: id, tag })?;
+    }
+    Ok(())
+}
 
 pub(crate) struct Arrivals {
     open: Option<OpenLoop>,

@@ -3,10 +3,11 @@
 //! retries, acknowledgements, the finish-and-discard fallback). Its random draws come from
 //! streams keyed by the request, so nothing here can shift anyone else's workload.
 
-use cancelsim_models::ownership::EvidenceLevel;
+use cancelsim_models::ownership::{EvidenceLevel, Owners, OwnershipError, Timestamp};
 use cancelsim_models::protocol::{Abort, Handle, Scope};
 
 use super::cluster::radius;
+use super::error::Stop;
 use super::event::Event;
 use super::requests::Tag;
 use crate::coverage::Mark;
@@ -389,6 +390,29 @@ pub(crate) fn stage_mark(stage: Stage) -> Mark {
         Stage::AfterFinalOutput => Mark::StageAfterFinalOutput,
         Stage::AfterCompletion => Mark::StageAfterCompletion,
         Stage::AfterArrival | Stage::Random => Mark::StageAfterArrival,
+    }
+}
+
+/// Record one evidence level of request `id` at virtual time `now_ns`: in its own timeline (for
+/// latencies) and in the controller's ledger (with its clock domain), which refuses evidence out
+/// of order. Each level once: false if it was already there.
+pub(crate) fn evidence(
+    owners: &mut Owners<u64>,
+    id: u64,
+    st: &mut CancelState,
+    (level, at): (EvidenceLevel, Timestamp),
+    now_ns: u64,
+) -> Result<bool, Stop> {
+    let slot = &mut st.evidence_ns[level as usize];
+    if slot.is_some() {
+        return Ok(false);
+    }
+    *slot = Some(now_ns);
+    match owners.record_evidence(&id, level, at) {
+        Ok(()) => Ok(true),
+        // An evicted tombstone has no ledger any more: the timeline above still has it.
+        Err(OwnershipError::UnknownRequest) if owners.is_evicted(&id) => Ok(true),
+        Err(e) => Err(Stop::broken(vec![id], format!("evidence: {e}"))),
     }
 }
 

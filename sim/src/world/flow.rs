@@ -3,24 +3,23 @@
 //! The state and the rules live in the components; this file only says who is told what, in
 //! which order (the order is part of the run hash).
 
-use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel, OwnershipError};
+use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
 use cancelsim_models::ownership::{State, Ticket, Timestamp};
-use cancelsim_models::protocol::{NewRequest, Observed, Outcome, Released, Scope};
+use cancelsim_models::protocol::{NewRequest, Observed, Outcome, Released};
 
-use super::accounts::Cost;
-use super::cancel::{evidence_mark, scope_mark, stage_mark, Ack, CancelState};
+use super::cancel::{self, evidence_mark, stage_mark, CancelState};
 use super::conversations::TurnEnd;
 use super::error::{Step, Stop};
 use super::event::{Cause, Event};
-use super::playback::{self, Admitted, Chunks, Hold, Owner};
+use super::playback::{self, Admitted, Hold};
 use super::recorder::Left;
-use super::requests::{Life, Req, Tag, TurnRef};
-use super::World;
+use super::requests::{Req, Tag, TurnRef};
+use super::{arrivals, World};
 use crate::coverage::Mark;
 use crate::dist::ms_to_ns;
 use crate::kernel::Class;
 use crate::scenario::Stage;
-use crate::workload::{self, Arrival};
+use crate::workload::Arrival;
 
 impl World<'_> {
     pub(super) fn on_arrival(&mut self, request: u64) -> Step {
@@ -79,75 +78,6 @@ impl World<'_> {
         self.try_finalize(tag)
     }
 
-    pub(super) fn on_cancel_submit(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
-        if !self.requests.live(request, tag) || self.requests[tag].cancel.done() {
-            return Ok(());
-        }
-        debug_assert!(
-            self.cancel.policy().is_some(),
-            "cancels only in policy runs"
-        );
-        if attempt == 0 {
-            self.evidence(tag, EvidenceLevel::CancelSubmission, ClockDomain::Local)?;
-            if self.cancel.falls_back_at_submit() {
-                self.cancel.fall_back(&mut self.requests[tag].cancel);
-                return self.try_finalize(tag);
-            }
-        }
-        let q = &mut self.requests[tag];
-        let to = (q.replica, &q.handle);
-        let k = &mut self.kernel;
-        Ok(self
-            .cancel
-            .send(k, &mut q.cancel, (request, tag), to, attempt)?)
-    }
-
-    pub(super) fn on_cancel_deliver(
-        &mut self,
-        request: u64,
-        replica: u32,
-        scope: Scope,
-        attempt: u8,
-    ) -> Step {
-        let abort = self.cancel.abort(request, scope, attempt);
-        self.accounts.coverage.hit(scope_mark(scope));
-        Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
-    }
-
-    pub(super) fn on_cancel_timeout(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
-        if !self.requests.live(request, tag) {
-            return Ok(());
-        }
-        let st = &mut self.requests[tag].cancel;
-        let gave_up = self
-            .cancel
-            .timeout(&mut self.kernel, st, (request, tag), attempt)?;
-        if gave_up == Some(true) {
-            return self.try_finalize(tag);
-        }
-        Ok(())
-    }
-
-    pub(super) fn on_cancel_ack(&mut self, request: u64, tag: Tag) -> Step {
-        if !self.requests.live(request, tag) {
-            self.cancel.late_ack();
-            return Ok(());
-        }
-        if self.cancel.ack(&mut self.requests[tag].cancel) == Ack::First {
-            self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
-        }
-        self.try_finalize(tag)
-    }
-
-    pub(super) fn on_fallback(&mut self, request: u64, tag: Tag) -> Step {
-        if self.requests.live(request, tag)
-            && self.cancel.fallback_timer(&mut self.requests[tag].cancel)
-        {
-            return self.try_finalize(tag);
-        }
-        Ok(())
-    }
-
     pub(super) fn on_chunk_admit(
         &mut self,
         request: u64,
@@ -158,7 +88,9 @@ impl World<'_> {
         if !self.requests.live(request, tag) {
             return Ok(());
         }
-        let ticket = self.sink.ticket(self.chunk_owner(tag), born_ns, epoch);
+        let ticket = self
+            .sink
+            .ticket(self.requests[tag].chunk_owner(), born_ns, epoch);
         self.admit_chunk(tag, &ticket, retry)
     }
 
@@ -233,19 +165,11 @@ impl World<'_> {
             self.accounts.storm_targets += 1;
         }
         let tag = self.requests.insert(Req {
-            id: a.id,
-            live: true,
-            arrival_ns: now_ns,
-            output: a.output_tokens,
             replica,
-            owner,
-            generation,
             handle,
             conv,
-            life: Life::default(),
-            chunks: Chunks::default(),
             cancel: CancelState::new(plan),
-            cost: Cost::default(),
+            ..Req::new(&a, now_ns, owner, generation)
         });
         if let Some((c, _)) = conv {
             self.conversations.joined(c, a.id, tag);
@@ -288,7 +212,8 @@ impl World<'_> {
         life.epoch_at_enqueue = epoch;
         self.accounts.counts.admitted += 1;
         if self.cancel.policy().is_some() {
-            self.client_timers(tag, a.id)?;
+            let w = &self.scenario.workload;
+            arrivals::client_timers(&mut self.kernel, w, self.seed, (a.id, tag))?;
         }
         if let Some((Stage::Queued, delay)) = plan {
             self.plan_intent(tag, delay)?;
@@ -306,20 +231,6 @@ impl World<'_> {
         self.requests[tag].life.terminal = true;
         self.turn_request_done(conv)?;
         self.try_finalize(tag)
-    }
-
-    /// The client's own timers: its deadline and its disconnect, if the workload has them.
-    fn client_timers(&mut self, tag: Tag, id: u64) -> Step {
-        let (deadline, disconnect) = workload::timing(&self.scenario.workload, self.seed, id);
-        if let Some(d) = deadline {
-            let ev = Event::Deadline { request: id, tag };
-            self.kernel.schedule_in(d, Class::Control, ev)?;
-        }
-        if let Some(d) = disconnect {
-            let ev = Event::Disconnect { request: id, tag };
-            self.kernel.schedule_in(d, Class::Control, ev)?;
-        }
-        Ok(())
     }
 
     /// Schedule a storm target's intent `delay_ns` from now (once).
@@ -496,19 +407,9 @@ impl World<'_> {
         self.stage_reached(tag, Stage::AfterFinalOutput)
     }
 
-    fn chunk_owner(&self, tag: Tag) -> Owner {
-        let q = &self.requests[tag];
-        Owner {
-            id: q.id,
-            owner: q.owner,
-            generation: q.generation,
-            output_done: q.output_done(),
-        }
-    }
-
     /// The sink takes the request's next chunk.
     fn hold_next_chunk(&mut self, tag: Tag) -> Step {
-        let who = self.chunk_owner(tag);
+        let who = self.requests[tag].chunk_owner();
         let (k, owners) = (&mut self.kernel, &mut self.owners);
         let chunks = &mut self.requests[tag].chunks;
         match self.sink.hold(k, owners, who, tag, chunks)? {
@@ -520,7 +421,7 @@ impl World<'_> {
 
     /// After the wait: the post-wait admission check, against the state at this moment.
     fn admit_chunk(&mut self, tag: Tag, ticket: &Ticket<u64>, retry: u8) -> Step {
-        let who = self.chunk_owner(tag);
+        let who = self.requests[tag].chunk_owner();
         let (k, owners) = (&mut self.kernel, &mut self.owners);
         let chunks = &mut self.requests[tag].chunks;
         match self
@@ -587,32 +488,24 @@ impl World<'_> {
 
     /// Record one evidence level: in the request's own timeline (virtual ns, for latencies) and
     /// in the controller's ledger (with its clock domain), which refuses out-of-order evidence.
-    fn evidence(&mut self, tag: Tag, level: EvidenceLevel, domain: ClockDomain) -> Step {
+    pub(super) fn evidence(&mut self, tag: Tag, level: EvidenceLevel, domain: ClockDomain) -> Step {
         let now_ns = self.kernel.now_ns();
-        let q = &mut self.requests[tag];
-        if q.cancel.evidence_ns[level as usize].is_some() {
-            return Ok(());
-        }
-        q.cancel.evidence_ns[level as usize] = Some(now_ns);
-        let id = q.id;
-        self.accounts.coverage.hit(evidence_mark(level));
+        let offset_ns = ms_to_ns(self.scenario.backend.clock_offset_ms);
         let ns = match domain {
-            ClockDomain::Backend => now_ns + ms_to_ns(self.scenario.backend.clock_offset_ms),
+            ClockDomain::Backend => now_ns + offset_ns,
             _ => now_ns,
         };
-        match self
-            .owners
-            .record_evidence(&id, level, Timestamp { domain, ns })
-        {
-            Ok(()) => Ok(()),
-            // An evicted tombstone has no ledger any more: the timeline above still has it.
-            Err(OwnershipError::UnknownRequest) if self.owners.is_evicted(&id) => Ok(()),
-            Err(e) => Err(Stop::broken(vec![id], format!("evidence: {e}"))),
+        let q = &mut self.requests[tag];
+        let at = Timestamp { domain, ns };
+        let owners = &mut self.owners;
+        if cancel::evidence(owners, q.id, &mut q.cancel, (level, at), now_ns)? {
+            self.accounts.coverage.hit(evidence_mark(level));
         }
+        Ok(())
     }
 
     /// Leave the system once nothing more can happen to the request.
-    fn try_finalize(&mut self, tag: Tag) -> Step {
+    pub(super) fn try_finalize(&mut self, tag: Tag) -> Step {
         let q = &self.requests[tag];
         if !q.live {
             return Ok(());

@@ -11,7 +11,8 @@
 //! - `playback`: the sink's chunks and two-phase admissions, and the owners' clear barriers;
 //! - `accounts`: the books; `baseline`: the counterfactual comparison; `recorder`: files.
 //!
-//! The world itself only holds them, the kernel and the controller, and says what follows what.
+//! The world itself only holds them, the kernel and the controller, and says what follows what:
+//! the cancel path's events here, the transitions of a request's life in `flow.rs`.
 
 mod accounts;
 mod arrivals;
@@ -31,18 +32,21 @@ pub use baseline::{CfRecord, CfTable};
 pub use error::RunError;
 pub use event::{Cause, Event};
 
-use cancelsim_models::ownership::{ControllerBug, Owners, Retention};
+use cancelsim_models::ownership::{ClockDomain, ControllerBug, EvidenceLevel, Owners, Retention};
+use cancelsim_models::protocol::Scope;
 
 use accounts::Accounts;
 use arrivals::Arrivals;
 use baseline::{Baseline, Siblings};
 use cancel::CancelClient;
+use cancel::{scope_mark, Ack};
 use cluster::Cluster;
 use conversations::Conversations;
-use error::Stop;
+use error::{Step, Stop};
 use playback::PlaybackSink;
 use recorder::Recorder;
 use requests::Requests;
+use requests::Tag;
 
 use crate::kernel::Kernel;
 use crate::metrics::Summary;
@@ -230,6 +234,69 @@ impl<'s> World<'s> {
                 Ok(())
             }
         }
+    }
+
+    fn on_cancel_submit(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
+        if !self.requests.live(request, tag) || self.requests[tag].cancel.done() {
+            return Ok(());
+        }
+        debug_assert!(
+            self.cancel.policy().is_some(),
+            "cancels only in policy runs"
+        );
+        if attempt == 0 {
+            self.evidence(tag, EvidenceLevel::CancelSubmission, ClockDomain::Local)?;
+            if self.cancel.falls_back_at_submit() {
+                self.cancel.fall_back(&mut self.requests[tag].cancel);
+                return self.try_finalize(tag);
+            }
+        }
+        let q = &mut self.requests[tag];
+        let to = (q.replica, &q.handle);
+        let k = &mut self.kernel;
+        Ok(self
+            .cancel
+            .send(k, &mut q.cancel, (request, tag), to, attempt)?)
+    }
+
+    fn on_cancel_deliver(&mut self, request: u64, replica: u32, scope: Scope, attempt: u8) -> Step {
+        let abort = self.cancel.abort(request, scope, attempt);
+        self.accounts.coverage.hit(scope_mark(scope));
+        Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
+    }
+
+    fn on_cancel_timeout(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
+        if !self.requests.live(request, tag) {
+            return Ok(());
+        }
+        let st = &mut self.requests[tag].cancel;
+        let gave_up = self
+            .cancel
+            .timeout(&mut self.kernel, st, (request, tag), attempt)?;
+        if gave_up == Some(true) {
+            return self.try_finalize(tag);
+        }
+        Ok(())
+    }
+
+    fn on_cancel_ack(&mut self, request: u64, tag: Tag) -> Step {
+        if !self.requests.live(request, tag) {
+            self.cancel.late_ack();
+            return Ok(());
+        }
+        if self.cancel.ack(&mut self.requests[tag].cancel) == Ack::First {
+            self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
+        }
+        self.try_finalize(tag)
+    }
+
+    fn on_fallback(&mut self, request: u64, tag: Tag) -> Step {
+        if self.requests.live(request, tag)
+            && self.cancel.fallback_timer(&mut self.requests[tag].cancel)
+        {
+            return self.try_finalize(tag);
+        }
+        Ok(())
     }
 
     /// The run is over: conservation, then the summary.

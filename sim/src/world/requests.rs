@@ -8,7 +8,8 @@ use cancelsim_models::protocol::Handle;
 
 use super::accounts::Cost;
 use super::cancel::CancelState;
-use super::playback::Chunks;
+use super::playback::{Chunks, Owner};
+use crate::workload::Arrival;
 
 /// A slab index: the handle a replica echoes in every output and release.
 pub(crate) type Tag = u32;
@@ -53,9 +54,38 @@ pub(crate) struct Req {
 }
 
 impl Req {
+    /// A request just arrived at `now_ns`, with nothing decided about it yet.
+    pub fn new(a: &Arrival, now_ns: u64, owner: u64, generation: u32) -> Req {
+        Req {
+            id: a.id,
+            live: true,
+            arrival_ns: now_ns,
+            output: a.output_tokens,
+            replica: 0,
+            owner,
+            generation,
+            handle: Handle::default(),
+            conv: None,
+            life: Life::default(),
+            chunks: Chunks::default(),
+            cancel: CancelState::default(),
+            cost: Cost::default(),
+        }
+    }
+
     /// Its evidence timeline in virtual ns (unknown: `None`).
     pub fn evidence_ns(&self, level: EvidenceLevel) -> Option<u64> {
         self.cancel.evidence_ns[level as usize]
+    }
+
+    /// Who its chunks belong to, as the playback sink needs it.
+    pub fn chunk_owner(&self) -> Owner {
+        Owner {
+            id: self.id,
+            owner: self.owner,
+            generation: self.generation,
+            output_done: self.output_done(),
+        }
     }
 
     /// All its output tokens are out.

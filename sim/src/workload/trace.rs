@@ -16,36 +16,52 @@ pub struct TraceRow {
     pub output_tokens: u32,
 }
 
+/// The file being read, by format.
+enum Rows {
+    /// Azure CSV through the `csv` crate: header checked, fields trimmed, blank lines skipped.
+    Azure {
+        csv: csv::Reader<BufReader<File>>,
+        record: csv::StringRecord,
+    },
+    /// Mooncake JSON Lines, one object per line.
+    Mooncake(std::io::Lines<BufReader<File>>),
+}
+
 pub struct TraceReader {
     path: PathBuf,
-    format: TraceFormat,
-    lines: std::io::Lines<BufReader<File>>,
+    rows: Rows,
     line_no: u64,
     row: u64,
     first_ns: Option<i128>,
 }
 
+const AZURE_HEADER: [&str; 3] = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"];
+
 impl TraceReader {
     pub fn open(path: &Path, format: TraceFormat) -> Result<TraceReader, String> {
         let f =
             File::open(path).map_err(|e| format!("{}: cannot read trace: {e}", path.display()))?;
+        let f = BufReader::new(f);
+        let rows = match format {
+            TraceFormat::AzureCsv => Rows::Azure {
+                csv: csv::ReaderBuilder::new()
+                    .has_headers(false)
+                    .flexible(true)
+                    .trim(csv::Trim::All)
+                    .from_reader(f),
+                record: csv::StringRecord::new(),
+            },
+            TraceFormat::MooncakeJsonl => Rows::Mooncake(f.lines()),
+        };
         let mut r = TraceReader {
             path: path.to_path_buf(),
-            format,
-            lines: BufReader::new(f).lines(),
+            rows,
             line_no: 0,
             row: 0,
             first_ns: None,
         };
         if format == TraceFormat::AzureCsv {
-            let header = r.next_line()?.ok_or_else(|| r.err("empty trace file"))?;
-            let cols: Vec<&str> = header.trim().split(',').collect();
-            if cols != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"] {
-                return Err(r.err(&format!(
-                    "expected the header TIMESTAMP,ContextTokens,GeneratedTokens, found {:?}",
-                    header.trim()
-                )));
-            }
+            r.azure_header()?;
         }
         Ok(r)
     }
@@ -54,9 +70,39 @@ impl TraceReader {
         format!("{}:{}: {msg}", self.path.display(), self.line_no.max(1))
     }
 
+    /// The next CSV record into the reader's buffer; false at the end of the file.
+    fn next_record(&mut self) -> Result<bool, String> {
+        let Rows::Azure { csv, record } = &mut self.rows else {
+            unreachable!("CSV records of a CSV trace only")
+        };
+        let more = csv.read_record(record);
+        self.line_no = record.position().map_or(self.line_no, |p| p.line());
+        more.map_err(|e| self.err(&format!("cannot read: {e}")))
+    }
+
+    fn azure_header(&mut self) -> Result<(), String> {
+        if !self.next_record()? {
+            return Err(self.err("empty trace file"));
+        }
+        let Rows::Azure { record, .. } = &self.rows else {
+            unreachable!()
+        };
+        if record.iter().ne(AZURE_HEADER) {
+            let found = record.iter().collect::<Vec<_>>().join(",");
+            return Err(self.err(&format!(
+                "expected the header TIMESTAMP,ContextTokens,GeneratedTokens, found {found:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The next non-blank JSON line; `None` at the end of the file.
     fn next_line(&mut self) -> Result<Option<String>, String> {
         loop {
-            match self.lines.next() {
+            let Rows::Mooncake(lines) = &mut self.rows else {
+                unreachable!("lines of a JSON Lines trace only")
+            };
+            match lines.next() {
                 None => return Ok(None),
                 Some(Err(e)) => return Err(self.err(&format!("cannot read: {e}"))),
                 Some(Ok(line)) => {
@@ -71,12 +117,12 @@ impl TraceReader {
 
     /// The next row, or `None` at the end of the file.
     pub fn next_row(&mut self) -> Result<Option<TraceRow>, String> {
-        let Some(line) = self.next_line()? else {
-            return Ok(None);
+        let parsed = match &self.rows {
+            Rows::Azure { .. } => self.next_azure()?,
+            Rows::Mooncake(_) => self.next_mooncake()?,
         };
-        let (t_ns, prompt, output) = match self.format {
-            TraceFormat::AzureCsv => self.parse_azure(&line)?,
-            TraceFormat::MooncakeJsonl => self.parse_mooncake(&line)?,
+        let Some((t_ns, prompt, output)) = parsed else {
+            return Ok(None);
         };
         let first = *self.first_ns.get_or_insert(t_ns);
         if t_ns < first {
@@ -94,38 +140,43 @@ impl TraceReader {
         Ok(Some(row))
     }
 
-    fn parse_azure(&self, line: &str) -> Result<(i128, u32, u32), String> {
-        let mut cols = line.trim().split(',');
-        let (Some(ts), Some(ctx), Some(gen), None) =
-            (cols.next(), cols.next(), cols.next(), cols.next())
-        else {
-            return Err(self.err("expected 3 columns: TIMESTAMP,ContextTokens,GeneratedTokens"));
+    fn next_azure(&mut self) -> Result<Option<(i128, u32, u32)>, String> {
+        if !self.next_record()? {
+            return Ok(None);
+        }
+        let Rows::Azure { record, .. } = &self.rows else {
+            unreachable!()
+        };
+        let [ts, ctx, gen] = match (record.get(0), record.get(1), record.get(2), record.len()) {
+            (Some(a), Some(b), Some(c), 3) => [a, b, c],
+            _ => {
+                let m = "expected 3 columns: TIMESTAMP,ContextTokens,GeneratedTokens";
+                return Err(self.err(m));
+            }
         };
         let t = parse_timestamp_ns(ts).ok_or_else(|| self.err(&format!("bad TIMESTAMP {ts:?}")))?;
         let ctx: u32 = ctx
-            .trim()
             .parse()
             .map_err(|_| self.err(&format!("bad ContextTokens {ctx:?}")))?;
         let gen: u32 = gen
-            .trim()
             .parse()
             .map_err(|_| self.err(&format!("bad GeneratedTokens {gen:?}")))?;
-        Ok((t, ctx, gen))
+        Ok(Some((t, ctx, gen)))
     }
 
-    fn parse_mooncake(&self, line: &str) -> Result<(i128, u32, u32), String> {
+    fn next_mooncake(&mut self) -> Result<Option<(i128, u32, u32)>, String> {
         #[derive(serde::Deserialize)]
         struct Row {
             timestamp: u64,
             input_length: u32,
             output_length: u32,
         }
-        let r: Row = serde_json::from_str(line).map_err(|e| self.err(&format!("bad row: {e}")))?;
-        Ok((
-            r.timestamp as i128 * 1_000_000,
-            r.input_length,
-            r.output_length,
-        ))
+        let Some(line) = self.next_line()? else {
+            return Ok(None);
+        };
+        let r: Row = serde_json::from_str(&line).map_err(|e| self.err(&format!("bad row: {e}")))?;
+        let t = r.timestamp as i128 * 1_000_000;
+        Ok(Some((t, r.input_length, r.output_length)))
     }
 }
 

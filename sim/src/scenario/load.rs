@@ -1,0 +1,186 @@
+//! Reading a scenario: RON text to a validated `Scenario`, with one-line errors that name the
+//! file, `line:column` and the field path.
+
+use std::fmt;
+use std::path::Path;
+
+use super::{Scenario, Source, DEFAULT_SCENARIO, DEFAULT_SCENARIO_PATH};
+
+/// A scenario that failed to load: one line, naming the file and where.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadError(pub String);
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+impl Scenario {
+    /// Read and parse a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario, LoadError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path)
+            .map_err(|e| LoadError(format!("{shown}: cannot read scenario: {}", io_reason(&e))))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            LoadError(format!(
+                "{shown}: not UTF-8 text (byte {})",
+                e.utf8_error().valid_up_to()
+            ))
+        })?;
+        let mut scenario = Scenario::parse(&text, &shown)?;
+        scenario.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        scenario.check_files(&text, &shown)?;
+        Ok(scenario)
+    }
+
+    /// Files the scenario refers to must exist and be readable.
+    fn check_files(&self, text: &str, shown: &str) -> Result<(), LoadError> {
+        if let Source::Trace { path, .. } = &self.workload.source {
+            let full = self.base_dir.join(path);
+            if let Err(e) = std::fs::metadata(&full).and_then(|m| {
+                if m.is_file() {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::other("not a file"))
+                }
+            }) {
+                let field = "workload.source.Trace.path";
+                let at = locate_field(text, field)
+                    .map(|(l, c)| format!(":{l}:{c}"))
+                    .unwrap_or_default();
+                return Err(LoadError(format!(
+                    "{shown}{at}: field `{field}`: cannot read trace {}: {}",
+                    full.display(),
+                    io_reason(&e)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Parse scenario text; `shown` names its origin in messages.
+    pub fn parse(text: &str, shown: &str) -> Result<Scenario, LoadError> {
+        if text.trim().is_empty() {
+            return Err(LoadError(format!("{shown}:1:1: empty scenario file")));
+        }
+        // Implicit `Some`: optional fields are written as plain values.
+        let options = ron::Options::default()
+            .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME);
+        let mut de = ron::Deserializer::from_str_with_options(text, &options)
+            .map_err(|e| LoadError(format!("{shown}:{}: {}", e.span.start, e.code)))?;
+        let parsed: Result<Scenario, _> = serde_path_to_error::deserialize(&mut de);
+        let scenario = match parsed {
+            Ok(s) => s,
+            Err(e) => {
+                let path = e.path().to_string();
+                let spanned = de.span_error(e.into_inner());
+                let field = if path == "." || path == "?" {
+                    String::new()
+                } else {
+                    format!(" (field `{path}`)")
+                };
+                return Err(LoadError(format!(
+                    "{shown}:{}: {}{field}",
+                    spanned.span.start, spanned.code
+                )));
+            }
+        };
+        de.end().map_err(|e| {
+            let spanned = de.span_error(e);
+            LoadError(format!("{shown}:{}: {}", spanned.span.start, spanned.code))
+        })?;
+        scenario.validate().map_err(|e| {
+            let (field, msg) = (e.field, e.message);
+            let at = locate_field(text, &field)
+                .map(|(l, c)| format!(":{l}:{c}"))
+                .unwrap_or_default();
+            LoadError(format!("{shown}{at}: field `{field}` {msg}"))
+        })?;
+        Ok(scenario)
+    }
+
+    /// The embedded default scenario.
+    pub fn default_embedded() -> Scenario {
+        Scenario::parse(DEFAULT_SCENARIO, DEFAULT_SCENARIO_PATH)
+            .expect("the embedded default scenario is valid (tested)")
+    }
+}
+
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// Best-effort `line:column` of a dotted field path in RON text: walks the path, finding each
+/// segment's `name:` after the previous one. Enum variant segments (`Poisson`) match `Poisson(`.
+fn locate_field(text: &str, field: &str) -> Option<(usize, usize)> {
+    let mut from = 0usize;
+    let mut found = None;
+    for seg in field.split('.') {
+        let seg = seg.split('[').next().unwrap_or(seg);
+        let pos = find_ident(&text[from..], seg)? + from;
+        found = Some(pos);
+        from = pos + seg.len();
+    }
+    let pos = found?;
+    let line = text[..pos].matches('\n').count() + 1;
+    let col = pos - text[..pos].rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    Some((line, col))
+}
+
+/// Position of `ident` used as a field name (`ident:`) or variant (`ident(`), as a whole word.
+fn find_ident(hay: &str, ident: &str) -> Option<usize> {
+    let mut start = 0;
+    while let Some(i) = hay[start..].find(ident) {
+        let at = start + i;
+        let before_ok = at == 0
+            || !hay[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        let rest = hay[at + ident.len()..].trim_start();
+        if before_ok && (rest.starts_with(':') || rest.starts_with('(')) {
+            return Some(at);
+        }
+        start = at + ident.len();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_parses_and_validates() {
+        let s = Scenario::default_embedded();
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn hash_ignores_formatting_but_not_content() {
+        let a = Scenario::default_embedded();
+        let reformatted = ron::ser::to_string_pretty(&a, Default::default()).unwrap();
+        let b = Scenario::parse(&reformatted, "b").unwrap();
+        assert_eq!(a.hash(), b.hash());
+        let mut c = a.clone();
+        c.seed += 1;
+        assert_ne!(a.hash(), c.hash());
+    }
+
+    #[test]
+    fn locate_field_walks_the_path() {
+        let text = "S(\n  workload: (\n    arrivals: Poisson(rate_per_s: -1.0),\n  ),\n)";
+        assert_eq!(
+            locate_field(text, "workload.arrivals.Poisson.rate_per_s"),
+            Some((3, 23))
+        );
+        assert_eq!(locate_field(text, "nope"), None);
+    }
+}

@@ -1,0 +1,188 @@
+//! The scenario's workload and serving sections: what arrives, and the replicas that serve it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dist::Dist;
+
+/// What arrives, and what each request asks for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    pub source: Source,
+    /// Prompt length in tokens, for synthetic sources (traces carry their own).
+    #[serde(default = "default_prompt")]
+    pub prompt_tokens: Dist,
+    /// Output length in tokens (where the model emits end of sequence), for synthetic sources.
+    #[serde(default = "default_output")]
+    pub output_tokens: Dist,
+    /// Deadline from acceptance, per request. None: no deadline.
+    #[serde(default)]
+    pub deadline_ms: Option<Dist>,
+    /// Time from acceptance until the client disconnects, per request. None: clients stay.
+    #[serde(default)]
+    pub disconnect_ms: Option<Dist>,
+}
+
+fn default_prompt() -> Dist {
+    Dist::LogNormal {
+        median: 1000.0,
+        sigma: 0.8,
+    }
+}
+
+fn default_output() -> Dist {
+    Dist::LogNormal {
+        median: 130.0,
+        sigma: 0.8,
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Source {
+    /// Open-loop Poisson arrivals.
+    Poisson { rate_per_s: f64, requests: u64 },
+    /// Open-loop bursty arrivals: a two-state Markov-modulated Poisson process. The source
+    /// alternates between an on period (rate `rate_on_per_s`) and an off period
+    /// (`rate_off_per_s`, possibly 0), with durations drawn from `on_ms` and `off_ms`.
+    OnOff {
+        rate_on_per_s: f64,
+        rate_off_per_s: f64,
+        on_ms: Dist,
+        off_ms: Dist,
+        requests: u64,
+    },
+    /// Closed-loop conversations. Conversations start as a Poisson process; each issues `turns`
+    /// turns; a turn is one generation of `requests_per_turn` requests; the next turn starts
+    /// `think_ms` after the turn's last request completes. With `barge_in`, the user interrupts
+    /// a turn in progress, which supersedes its generation and starts the next turn at once.
+    Conversations {
+        conversations: u64,
+        start_rate_per_s: f64,
+        turns: Dist,
+        think_ms: Dist,
+        #[serde(default = "one")]
+        requests_per_turn: u32,
+        #[serde(default)]
+        barge_in: Option<BargeIn>,
+    },
+    /// Replay of a real trace. `path` is relative to the scenario file.
+    Trace {
+        path: String,
+        format: TraceFormat,
+        /// Time scaling: 2.0 replays twice as fast.
+        #[serde(default = "one_f64")]
+        speedup: f64,
+        /// First data row to replay (0-based).
+        #[serde(default)]
+        first_row: u64,
+        /// How many rows from `first_row`; None: to the end.
+        #[serde(default)]
+        rows: Option<u64>,
+        /// Keep each row with this probability (an independent draw per row).
+        #[serde(default = "one_f64")]
+        sample_fraction: f64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BargeIn {
+    /// Probability that a turn is interrupted.
+    pub probability: f64,
+    /// When, from the turn's start.
+    pub after_ms: Dist,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TraceFormat {
+    /// Azure LLM inference trace 2023: `TIMESTAMP,ContextTokens,GeneratedTokens`.
+    AzureCsv,
+    /// Mooncake JSON Lines: `timestamp` (ms), `input_length`, `output_length`.
+    MooncakeJsonl,
+}
+
+/// The serving side: replicas behind a router, each one engine on one GPU profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    #[serde(default = "one")]
+    pub replicas: u32,
+    #[serde(default)]
+    pub router: Router,
+    pub profile: ProfileRef,
+    pub scheduler: Scheduler,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Router {
+    #[default]
+    RoundRobin,
+    /// Fewest requests waiting, running or draining; ties go to the lowest index.
+    LeastLoaded,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum ProfileRef {
+    /// One of `llama-3.1-8b-h100`, `llama-3.1-70b-tp4-h100`, `llama-2-7b-a100`.
+    Named(String),
+    /// Your own step costs (see ARCHITECTURE.md for the formula).
+    Custom {
+        c0_ms: f64,
+        #[serde(default)]
+        prefill_tokens_per_s: f64,
+        #[serde(default)]
+        per_seq_us: f64,
+        #[serde(default)]
+        per_kv_token_ns: f64,
+        kv_blocks_16: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Scheduler {
+    /// vLLM-like continuous batching. Unset limits take the profile's vLLM defaults.
+    Continuous {
+        #[serde(default)]
+        max_num_seqs: Option<u32>,
+        #[serde(default)]
+        max_num_batched_tokens: Option<u32>,
+        #[serde(default = "yes")]
+        chunked_prefill: bool,
+        #[serde(default = "sixteen")]
+        block_tokens: u32,
+        /// KV capacity in blocks; None: the profile's capacity.
+        #[serde(default)]
+        kv_blocks: Option<u64>,
+        /// In-flight window W.
+        #[serde(default = "one")]
+        window: u32,
+    },
+    /// Triton-like dynamic batching: each batch is one shared execution.
+    Dynamic {
+        max_batch_size: u32,
+        max_queue_delay_ms: f64,
+        #[serde(default = "sixteen")]
+        block_tokens: u32,
+        #[serde(default)]
+        kv_blocks: Option<u64>,
+    },
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub(super) fn one() -> u32 {
+    1
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+fn sixteen() -> u32 {
+    16
+}
