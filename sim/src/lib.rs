@@ -6,18 +6,15 @@
 //! `report` prints and writes results; `replay` runs op logs through the ownership controller.
 
 pub mod check;
-pub mod cli_check;
 pub mod coverage;
 pub mod dist;
 pub mod kernel;
 pub mod metrics;
-pub mod plots;
+pub mod output;
 pub mod record;
 pub mod replay;
-pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod sweep;
-pub mod trace_check;
 pub mod workload;
 pub mod world;

@@ -5,10 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use cancelsim::report;
-use cancelsim::run::{self, RunOptions};
-use cancelsim::scenario::Scenario;
-use cancelsim::world;
+mod cli;
+
+use cli::run::RunOpts;
 
 #[derive(Parser)]
 #[command(
@@ -82,35 +81,10 @@ enum Command {
     },
 }
 
-#[derive(clap::Args, Default)]
-struct RunOpts {
-    /// Override the scenario's seed.
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Root directory for run outputs.
-    #[arg(long, default_value = "output")]
-    out: PathBuf,
-    /// Replace an existing run directory.
-    #[arg(long)]
-    force: bool,
-    /// Print the summary only; write no files.
-    #[arg(long)]
-    no_write: bool,
-    /// Write trace.json even for a large run (by default only up to 20,000 requests).
-    #[arg(long)]
-    trace: bool,
-    /// Gauges sampling interval for timeseries.csv, in virtual milliseconds.
-    #[arg(long, default_value_t = 100.0)]
-    sample_ms: f64,
-}
-
-/// Runs up to this many requests get a trace.json by default.
-const TRACE_REQUESTS_DEFAULT: u64 = 20_000;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        None => run(
+        None => cli::run::run(
             None,
             RunOpts {
                 out: "output".into(),
@@ -118,21 +92,15 @@ fn main() -> ExitCode {
                 ..RunOpts::default()
             },
         ),
-        Some(Command::Run { scenario, opts }) => run(scenario, opts),
-        Some(Command::Replay { file }) => return replay(&file),
+        Some(Command::Run { scenario, opts }) => cli::run::run(scenario, opts),
+        Some(Command::Replay { file }) => return cli::replay::replay(&file),
         Some(Command::Sweep {
             sweep,
             out,
             shard,
             threads,
-        }) => sweep_cmd(&sweep, &out, &shard, threads),
-        Some(Command::Merge { sweep, dirs, out }) => {
-            cancelsim::sweep::Plan::load(&sweep).and_then(|plan| {
-                cancelsim::sweep::assemble(&plan, &dirs, &out)?;
-                println!("wrote {}", out.join("results.csv").display());
-                Ok(())
-            })
-        }
+        }) => cli::sweep::sweep(&sweep, &out, &shard, threads),
+        Some(Command::Merge { sweep, dirs, out }) => cli::sweep::merge(&sweep, &dirs, &out),
         Some(Command::Compare { a, b }) => cancelsim::sweep::compare(&a, &b).map(|t| print!("{t}")),
         Some(Command::Check {
             paths,
@@ -142,7 +110,7 @@ fn main() -> ExitCode {
             out,
             update_golden,
         }) => {
-            return cancelsim::cli_check::main(cancelsim::cli_check::Args {
+            return cli::check::main(cli::check::Args {
                 paths,
                 swarm,
                 first_seed,
@@ -159,119 +127,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn sweep_cmd(
-    path: &std::path::Path,
-    out: &std::path::Path,
-    shard: &str,
-    threads: usize,
-) -> Result<(), String> {
-    let plan = cancelsim::sweep::Plan::load(path)?;
-    let (i, n) = shard
-        .split_once('/')
-        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
-        .ok_or_else(|| format!("--shard {shard}: expected i/n"))?;
-    if threads > 0 {
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build_global();
-    }
-    let (ran, done) = cancelsim::sweep::run(&plan, out, (i, n), true)?;
-    println!(
-        "sweep {}: {} points x {} seeds = {} tasks; ran {ran} now, {done} done in {}",
-        plan.sweep.name,
-        plan.points,
-        plan.sweep.seeds,
-        plan.tasks(),
-        out.display()
-    );
-    if done == plan.tasks() {
-        println!("wrote {}", out.join("results.csv").display());
-    } else {
-        println!(
-            "{} tasks remain (other shards, or resume)",
-            plan.tasks() - done
-        );
-    }
-    Ok(())
-}
-
-/// Exit 0 when every line was processed (a rejected op is a result), 2 when the input cannot be
-/// read.
-fn replay(file: &std::path::Path) -> ExitCode {
-    let stdout = std::io::stdout().lock();
-    let out = std::io::BufWriter::new(stdout);
-    let result = if file.as_os_str() == "-" {
-        cancelsim::replay::replay(std::io::stdin().lock(), out)
-    } else {
-        match std::fs::File::open(file) {
-            Ok(f) => cancelsim::replay::replay(std::io::BufReader::new(f), out),
-            Err(e) => {
-                eprintln!("error: {}: cannot read op log: {e}", file.display());
-                return ExitCode::from(2);
-            }
-        }
-    };
-    match result {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}: {e}", file.display());
-            ExitCode::from(2)
-        }
-    }
-}
-
-fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
-    let scenario = match &path {
-        Some(p) => Scenario::load(p).map_err(|e| e.to_string())?,
-        None => Scenario::default_embedded(),
-    };
-    let seed = opts.seed.unwrap_or(scenario.seed);
-    let shown = path
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "<embedded default>".into());
-    let fail = |e: world::RunError| format!("scenario {shown} seed {seed}: {e}");
-    if opts.no_write {
-        let report = run::report(&scenario, seed).map_err(fail)?;
-        print!("{}", report::render(&report));
-        return Ok(());
-    }
-    // A trace of a small run opens in ui.perfetto.dev; a huge one would not, so it is opt-in.
-    let requests = cancelsim::check::requests(&scenario).unwrap_or(u64::MAX);
-    let trace = opts.trace || requests <= TRACE_REQUESTS_DEFAULT;
-    let dir = report::RunDir::begin(&opts.out, &scenario.name)?;
-    let sink = dir.requests_sink()?;
-    let sample_ns = (opts.sample_ms * 1e6).round() as u64;
-    let force = opts.force;
-    let opts = RunOptions {
-        sample_ns,
-        sink: Some(sink),
-        trace,
-        ..RunOptions::default()
-    };
-    let (report, extras) = run::run(&scenario, seed, opts).map_err(fail)?;
-    let rendered = report::render(&report);
-    let (body, hash_line) = rendered
-        .trim_end()
-        .rsplit_once('\n')
-        .expect("the summary has several lines");
-    println!("{body}");
-    let (written, plots) = dir.finish(&report, extras, force)?;
-    match &written {
-        report::Written::New(d) => println!("wrote {}", d.display()),
-        report::Written::Replaced(d) => println!("replaced {}", d.display()),
-        report::Written::Kept(d) => println!(
-            "kept {} (same run_hash already there; --force replaces it)",
-            d.display()
-        ),
-    }
-    if !matches!(written, report::Written::Kept(_)) {
-        for p in &plots {
-            println!("plot {}", p.display());
-        }
-    }
-    println!("{hash_line}");
-    Ok(())
 }

@@ -361,3 +361,19 @@ pub fn quantile_sorted(xs: &[i64], q: f64) -> i64 {
     let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
     xs[rank - 1]
 }
+
+/// Two-sided 95 % Student t quantile.
+pub fn t95(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    if df == 0 {
+        f64::NAN
+    } else if df <= 30 {
+        T[df - 1]
+    } else {
+        1.96
+    }
+}

@@ -33,6 +33,156 @@ impl Default for Replayer {
 /// The output line of a successful op, or the error message of a rejected one.
 type OpResult = Result<String, String>;
 
+/// Field types with the replay's own type rules and messages: an int is a JSON integer (not
+/// `2.0`, not `true`), a number is an integer or a float. Each names its field, so a type error
+/// says which field it is about.
+mod field {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{self, Deserializer, Visitor};
+
+    /// A field's name, as a type.
+    pub trait Name {
+        const NAME: &'static str;
+    }
+
+    macro_rules! names {
+        ($($t:ident = $s:literal),*) => {
+            $(pub struct $t;
+            impl Name for $t {
+                const NAME: &'static str = $s;
+            })*
+        };
+    }
+
+    names!(
+        Request = "request",
+        Generation = "generation",
+        Disposition = "disposition",
+        Revision = "revision",
+        Payload = "payload",
+        Final = "final",
+        Ticket = "ticket",
+        Born = "born",
+        MaxAge = "max_age",
+        Now = "now",
+        Clear = "clear"
+    );
+
+    macro_rules! field {
+        ($name:ident, $t:ty, $what:literal, $($visit:ident: $arg:ty => $conv:expr),*) => {
+            pub struct $name<N>(pub $t, PhantomData<N>);
+
+            impl<'de, N: Name> de::Deserialize<'de> for $name<N> {
+                fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                    struct V<N>(PhantomData<N>);
+                    impl<'de, N: Name> Visitor<'de> for V<N> {
+                        type Value = $name<N>;
+                        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                            write!(f, "field `{}` must be {}", N::NAME, $what)
+                        }
+                        $(fn $visit<E: de::Error>(self, v: $arg) -> Result<$name<N>, E> {
+                            #[allow(clippy::redundant_closure_call)]
+                            Ok($name(($conv)(v), PhantomData))
+                        })*
+                    }
+                    d.deserialize_any(V(PhantomData))
+                }
+            }
+        };
+    }
+
+    field!(Int, i128, "an integer", visit_i64: i64 => i128::from, visit_u64: u64 => i128::from);
+    field!(Number, f64, "a number", visit_i64: i64 => |v| v as f64, visit_u64: u64 => |v| v as f64,
+        visit_f64: f64 => |v| v);
+    field!(Text, String, "a string", visit_str: &str => str::to_string,
+        visit_string: String => |v| v);
+    field!(Bool, bool, "a boolean", visit_bool: bool => |v| v);
+}
+
+use field::{
+    Bool, Born, Clear, Disposition as Disp, Final, Generation, Int, MaxAge, Now, Number, Payload,
+    Request, Revision, Text, Ticket as TicketName,
+};
+
+/// One op of the log, as its JSON object spells it. Unknown fields are errors.
+#[derive(serde::Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Op {
+    Start {
+        request: Text<Request>,
+        generation: Int<Generation>,
+    },
+    Finish {
+        request: Text<Request>,
+        disposition: Text<Disp>,
+    },
+    Update {
+        request: Text<Request>,
+        revision: Int<Revision>,
+        payload: Text<Payload>,
+        #[serde(rename = "final")]
+        fin: Option<Bool<Final>>,
+    },
+    AdmitBegin {
+        ticket: Text<TicketName>,
+        request: Text<Request>,
+        generation: Int<Generation>,
+        born: Number<Born>,
+        max_age: Number<MaxAge>,
+    },
+    AdmitEnd {
+        ticket: Text<TicketName>,
+        now: Number<Now>,
+    },
+    Admit {
+        request: Text<Request>,
+        generation: Int<Generation>,
+        born: Number<Born>,
+        max_age: Number<MaxAge>,
+        now: Number<Now>,
+    },
+    BarrierAdvance {},
+    SetClear {
+        clear: Bool<Clear>,
+    },
+}
+
+/// The ops, as `op` spells them.
+const OPS: [&str; 8] = [
+    "start",
+    "finish",
+    "update",
+    "admit_begin",
+    "admit_end",
+    "admit",
+    "barrier_advance",
+    "set_clear",
+];
+
+/// A JSON object as an op, or the message of why it is not one.
+fn parse_op(obj: Map<String, Value>) -> Result<Op, String> {
+    match obj.get("op") {
+        None => return Err("missing field `op`".into()),
+        Some(Value::String(s)) if !OPS.contains(&s.as_str()) => {
+            return Err(format!("unknown op {s:?}"));
+        }
+        Some(Value::String(_)) => {}
+        Some(_) => return Err("field `op` must be a string".into()),
+    }
+    serde::Deserialize::deserialize(Value::Object(obj)).map_err(|e: serde_json::Error| {
+        let msg = e.to_string();
+        match msg.split_once(", expected ") {
+            // A type error: "invalid type: X, expected field `f` must be ...".
+            Some((_, what)) if what.starts_with("field `") => what.to_string(),
+            // "unknown field `x`, expected one of ...": the field is what matters.
+            Some((head, _)) => head.to_string(),
+            None => msg,
+        }
+    })
+}
+
 impl Replayer {
     pub fn new(retention: Retention) -> Self {
         Replayer {
@@ -50,7 +200,7 @@ impl Replayer {
     pub fn line(&mut self, line: &str) -> String {
         let out = match serde_json::from_str::<Value>(line) {
             Err(e) => Err(format!("malformed JSON: {e}")),
-            Ok(Value::Object(obj)) => self.op(&obj),
+            Ok(Value::Object(obj)) => parse_op(obj).and_then(|op| self.op(op)),
             Ok(_) => Err("an op line must be a JSON object".to_string()),
         };
         match out {
@@ -63,108 +213,107 @@ impl Replayer {
         }
     }
 
-    fn op(&mut self, obj: &Map<String, Value>) -> OpResult {
-        let op = match obj.get("op") {
-            None => return Err("missing field `op`".into()),
-            Some(Value::String(s)) => s.as_str(),
-            Some(_) => return Err("field `op` must be a string".into()),
-        };
-        let f = Fields { obj };
+    fn op(&mut self, op: Op) -> OpResult {
         match op {
-            "start" => {
-                f.only(&["request", "generation"])?;
-                let request = f.string("request")?;
-                let generation = f.int("generation")?;
-                // The reference raises one error for all three: bad identity, reused, bad generation.
-                let generation = u64::try_from(generation)
-                    .map_err(|_| "invalid or reused request identity".to_string())?;
+            Op::Start {
+                request,
+                generation,
+            } => {
+                // The reference raises one error for all three: bad identity, reused, bad
+                // generation.
+                let reused = || "invalid or reused request identity".to_string();
+                let generation = u64::try_from(generation.0).map_err(|_| reused())?;
                 self.owners
-                    .start(request.to_string(), generation)
-                    .map_err(|_| "invalid or reused request identity".to_string())?;
+                    .start(request.0, generation)
+                    .map_err(|_| reused())?;
                 Ok(result("started"))
             }
-            "finish" => {
-                f.only(&["request", "disposition"])?;
-                let request = f.string("request")?;
-                let disposition = f.string("disposition")?;
-                let d = Disposition::parse(disposition)
+            Op::Finish {
+                request,
+                disposition,
+            } => {
+                let d = Disposition::parse(&disposition.0)
                     .ok_or_else(|| "invalid terminal disposition".to_string())?;
-                match self.owners.finish(&request.to_string(), d).map_err(err)? {
+                match self.owners.finish(&request.0, d).map_err(err)? {
                     Some(state) => Ok(result(state.as_str())),
                     None => Ok(result("late")),
                 }
             }
-            "update" => {
-                f.only(&["request", "revision", "payload", "final"])?;
-                let request = f.string("request")?;
-                let revision = f.int("revision")?;
-                let payload = f.string("payload")?;
-                let fin = f.bool_or("final", false)?;
+            Op::Update {
+                request,
+                revision,
+                payload,
+                fin,
+            } => {
                 let revision =
-                    u64::try_from(revision).map_err(|_| "invalid output evidence".to_string())?;
+                    u64::try_from(revision.0).map_err(|_| "invalid output evidence".to_string())?;
+                let fin = fin.is_some_and(|b| b.0);
                 let class = self
                     .owners
-                    .update(&request.to_string(), revision, payload.as_bytes(), fin)
+                    .update(&request.0, revision, payload.0.as_bytes(), fin)
                     .map_err(err)?;
                 Ok(result(class.as_str()))
             }
-            "admit_begin" => {
-                f.only(&["ticket", "request", "generation", "born", "max_age"])?;
-                let ticket = f.string("ticket")?;
-                let request = f.string("request")?;
-                let generation = f.int("generation")?;
-                let born = f.number("born")?;
-                let max_age = f.number("max_age")?;
-                if self.pending.contains_key(ticket) || self.used.contains(ticket) {
-                    return Err(format!("ticket {ticket:?} already used"));
-                }
-                let t = self
-                    .owners
-                    .admit_begin(request.to_string(), generation, born, max_age)
-                    .map_err(err)?;
-                self.pending.insert(ticket.to_string(), t);
-                Ok(result("waiting"))
-            }
-            "admit_end" => {
-                f.only(&["ticket", "now"])?;
-                let ticket = f.string("ticket")?;
-                let now = f.number("now")?;
-                let t = self
-                    .pending
-                    .get(ticket)
-                    .ok_or_else(|| format!("unknown ticket {ticket:?}"))?
-                    .clone();
-                let admission = self.owners.admit_end(&t, now).map_err(err)?;
-                self.pending.remove(ticket);
-                self.used.insert(ticket.to_string());
-                Ok(admission_value(admission))
-            }
-            "admit" => {
-                f.only(&["request", "generation", "born", "max_age", "now"])?;
-                let request = f.string("request")?;
-                let generation = f.int("generation")?;
-                let born = f.number("born")?;
-                let max_age = f.number("max_age")?;
-                let now = f.number("now")?;
+            Op::AdmitBegin {
+                ticket,
+                request,
+                generation,
+                born,
+                max_age,
+            } => self.admit_begin(ticket.0, request.0, generation.0, (born.0, max_age.0)),
+            Op::AdmitEnd { ticket, now } => self.admit_end(&ticket.0, now.0),
+            Op::Admit {
+                request,
+                generation,
+                born,
+                max_age,
+                now,
+            } => {
                 let admission = self
                     .owners
-                    .admit(request.to_string(), generation, born, max_age, now)
+                    .admit(request.0, generation.0, born.0, max_age.0, now.0)
                     .map_err(err)?;
                 Ok(admission_value(admission))
             }
-            "barrier_advance" => {
-                f.only(&[])?;
+            Op::BarrierAdvance {} => {
                 self.owners.barrier_advance();
                 Ok(result("ok"))
             }
-            "set_clear" => {
-                f.only(&["clear"])?;
-                let clear = f.bool("clear")?;
-                self.owners.set_clear(clear);
+            Op::SetClear { clear } => {
+                self.owners.set_clear(clear.0);
                 Ok(result("ok"))
             }
-            other => Err(format!("unknown op {other:?}")),
         }
+    }
+
+    fn admit_begin(
+        &mut self,
+        ticket: String,
+        request: String,
+        generation: i128,
+        (born, max_age): (f64, f64),
+    ) -> OpResult {
+        if self.pending.contains_key(&ticket) || self.used.contains(&ticket) {
+            return Err(format!("ticket {ticket:?} already used"));
+        }
+        let t = self
+            .owners
+            .admit_begin(request, generation, born, max_age)
+            .map_err(err)?;
+        self.pending.insert(ticket, t);
+        Ok(result("waiting"))
+    }
+
+    fn admit_end(&mut self, ticket: &str, now: f64) -> OpResult {
+        let t = self
+            .pending
+            .get(ticket)
+            .ok_or_else(|| format!("unknown ticket {ticket:?}"))?
+            .clone();
+        let admission = self.owners.admit_end(&t, now).map_err(err)?;
+        self.pending.remove(ticket);
+        self.used.insert(ticket.to_string());
+        Ok(admission_value(admission))
     }
 }
 
@@ -185,70 +334,6 @@ fn admission_value(a: Admission) -> String {
             format!("{{\"result\":\"submitted\",\"payload\":{text}}}")
         }
         _ => result(a.as_str()),
-    }
-}
-
-/// Typed access to an op line's fields. Presence and JSON type only; meaning is the op's.
-struct Fields<'a> {
-    obj: &'a Map<String, Value>,
-}
-
-impl<'a> Fields<'a> {
-    /// Reject fields the op does not take (besides `op`), so a typo is an error, not a default.
-    fn only(&self, allowed: &[&str]) -> Result<(), String> {
-        // serde_json's map is ordered by key, so the first unknown field reported is stable.
-        for key in self.obj.keys() {
-            if key != "op" && !allowed.contains(&key.as_str()) {
-                return Err(format!("unknown field `{key}`"));
-            }
-        }
-        Ok(())
-    }
-
-    fn get(&self, name: &str) -> Result<&'a Value, String> {
-        self.obj
-            .get(name)
-            .ok_or_else(|| format!("missing field `{name}`"))
-    }
-
-    fn string(&self, name: &str) -> Result<&'a str, String> {
-        match self.get(name)? {
-            Value::String(s) => Ok(s),
-            _ => Err(format!("field `{name}` must be a string")),
-        }
-    }
-
-    /// A JSON integer: `2.0` and `true` are not.
-    fn int(&self, name: &str) -> Result<i128, String> {
-        match self.get(name)? {
-            Value::Number(n) if n.is_i64() => Ok(n.as_i64().expect("is_i64") as i128),
-            Value::Number(n) if n.is_u64() => Ok(n.as_u64().expect("is_u64") as i128),
-            _ => Err(format!("field `{name}` must be an integer")),
-        }
-    }
-
-    /// An integer or a float.
-    fn number(&self, name: &str) -> Result<f64, String> {
-        match self.get(name)? {
-            Value::Number(n) => n
-                .as_f64()
-                .ok_or_else(|| format!("field `{name}` must be a number")),
-            _ => Err(format!("field `{name}` must be a number")),
-        }
-    }
-
-    fn bool(&self, name: &str) -> Result<bool, String> {
-        match self.get(name)? {
-            Value::Bool(b) => Ok(*b),
-            _ => Err(format!("field `{name}` must be a boolean")),
-        }
-    }
-
-    fn bool_or(&self, name: &str, default: bool) -> Result<bool, String> {
-        match self.obj.get(name) {
-            None => Ok(default),
-            Some(_) => self.bool(name),
-        }
     }
 }
 

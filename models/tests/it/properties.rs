@@ -105,25 +105,36 @@ struct Step {
     target: Option<u64>,
 }
 
-/// Run the ops, recording every step. Errors are fine (random ops are often invalid); they must
-/// leave everything unchanged, which `after == before` checks for them.
-fn run(retention: Retention, ops: &[Op]) -> Vec<Step> {
-    let mut o: Owners<u64> = Owners::new(retention);
-    let mut slots: [Option<Ticket<u64>>; 3] = [None, None, None];
-    let mut clock = 0u64;
-    let snap = |o: &Owners<u64>| (0..4).map(|r| o.snapshot(&r)).collect::<Vec<_>>();
-    let mut steps = Vec::new();
-    for op in ops {
-        let before = snap(&o);
-        let (mut update, mut admission, mut target, mut failed) = (None, None, None, false);
+/// What one op did: its classification or admission, the request it addressed, and whether it
+/// was rejected.
+#[derive(Default)]
+struct Did {
+    update: Option<UpdateClass>,
+    admission: Option<Admission>,
+    target: Option<u64>,
+    failed: bool,
+}
+
+/// The controller under test, with the tickets held between begin and end and the retention
+/// clock.
+struct Driver {
+    o: Owners<u64>,
+    slots: [Option<Ticket<u64>>; 3],
+    clock: u64,
+}
+
+impl Driver {
+    fn apply(&mut self, op: &Op) -> Did {
+        let o = &mut self.o;
+        let mut did = Did::default();
         match *op {
             Op::Start { r, generation } => {
-                target = Some(r);
-                failed = o.start(r, generation).is_err();
+                did.target = Some(r);
+                did.failed = o.start(r, generation).is_err();
             }
             Op::Finish { r, d } => {
-                target = Some(r);
-                failed = o.finish(&r, d).is_err();
+                did.target = Some(r);
+                did.failed = o.finish(&r, d).is_err();
             }
             Op::Update {
                 r,
@@ -131,10 +142,10 @@ fn run(retention: Retention, ops: &[Op]) -> Vec<Step> {
                 payload,
                 fin,
             } => {
-                target = Some(r);
+                did.target = Some(r);
                 match o.update(&r, revision, &[payload; 2], fin) {
-                    Ok(c) => update = Some(c),
-                    Err(_) => failed = true,
+                    Ok(c) => did.update = Some(c),
+                    Err(_) => did.failed = true,
                 }
             }
             Op::Admit {
@@ -144,18 +155,23 @@ fn run(retention: Retention, ops: &[Op]) -> Vec<Step> {
                 max_age,
                 now,
             } => {
-                target = Some(r);
-                match o.admit(
-                    r,
-                    generation as i128,
-                    born as f64,
-                    max_age as f64,
-                    now as f64,
-                ) {
-                    Ok(a) => admission = Some(a),
-                    Err(_) => failed = true,
+                did.target = Some(r);
+                let (g, b, m, n) = (generation as i128, born as f64, max_age as f64, now as f64);
+                match o.admit(r, g, b, m, n) {
+                    Ok(a) => did.admission = Some(a),
+                    Err(_) => did.failed = true,
                 }
             }
+            _ => return self.apply_rest(op),
+        }
+        did
+    }
+
+    /// Two-phase admissions, barriers and the retention clock.
+    fn apply_rest(&mut self, op: &Op) -> Did {
+        let o = &mut self.o;
+        let mut did = Did::default();
+        match *op {
             Op::Begin {
                 slot,
                 r,
@@ -163,20 +179,18 @@ fn run(retention: Retention, ops: &[Op]) -> Vec<Step> {
                 born,
                 max_age,
             } => {
-                slots[slot] = Some(
-                    o.admit_begin(r, generation as i128, born as f64, max_age as f64)
-                        .unwrap(),
-                );
+                let (g, b, m) = (generation as i128, born as f64, max_age as f64);
+                self.slots[slot] = Some(o.admit_begin(r, g, b, m).unwrap());
             }
             Op::End { slot, now } => {
-                if let Some(t) = slots[slot].clone() {
-                    target = Some(t.request);
+                if let Some(t) = self.slots[slot].clone() {
+                    did.target = Some(t.request);
                     match o.admit_end(&t, now as f64) {
                         Ok(a) => {
-                            admission = Some(a);
-                            slots[slot] = None;
+                            did.admission = Some(a);
+                            self.slots[slot] = None;
                         }
-                        Err(_) => failed = true,
+                        Err(_) => did.failed = true,
                     }
                 }
             }
@@ -185,22 +199,40 @@ fn run(retention: Retention, ops: &[Op]) -> Vec<Step> {
             }
             Op::SetClear(c) => o.set_clear(c),
             Op::Expire { dt } => {
-                clock += dt as u64;
-                o.expire_tombstones(clock);
+                self.clock += dt as u64;
+                o.expire_tombstones(self.clock);
             }
+            _ => unreachable!("handled by apply"),
         }
-        let after = snap(&o);
-        if failed {
+        did
+    }
+}
+
+/// Run the ops, recording every step. Errors are fine (random ops are often invalid); they must
+/// leave everything unchanged, which `after == before` checks for them.
+fn run(retention: Retention, ops: &[Op]) -> Vec<Step> {
+    let mut d = Driver {
+        o: Owners::new(retention),
+        slots: [None, None, None],
+        clock: 0,
+    };
+    let snap = |o: &Owners<u64>| (0..4).map(|r| o.snapshot(&r)).collect::<Vec<_>>();
+    let mut steps = Vec::new();
+    for op in ops {
+        let before = snap(&d.o);
+        let did = d.apply(op);
+        let after = snap(&d.o);
+        if did.failed {
             assert_eq!(before, after, "a rejected {op:?} changed state");
         }
         steps.push(Step {
             op: op.clone(),
             before,
             after,
-            evicted_after: (0..4).map(|r| o.is_evicted(&r)).collect(),
-            update,
-            admission,
-            target,
+            evicted_after: (0..4).map(|r| d.o.is_evicted(&r)).collect(),
+            update: did.update,
+            admission: did.admission,
+            target: did.target,
         });
     }
     steps

@@ -48,10 +48,17 @@ fn admit(
 
 #[test]
 fn reference_fixtures() {
-    use Disposition::*;
     let mut owners = O::new(Retention::UNBOUNDED);
     let mut sent = Vec::new();
-    let o = &mut owners;
+    terminal_state_and_revisions(&mut owners, &mut sent);
+    admission_after_every_wait(&mut owners, &mut sent);
+}
+
+type Sent = Vec<(String, u64, Vec<u8>)>;
+
+/// The reference's fixtures for requests "a" and "b": revisions, terminal state, duplicates.
+fn terminal_state_and_revisions(o: &mut O, sent: &mut Sent) {
+    use Disposition::*;
     o.start(id("a"), 1).unwrap();
     o.start(id("b"), 1).unwrap();
     assert_eq!(
@@ -75,15 +82,15 @@ fn reference_fixtures() {
     snap.state = State::Running;
     assert_eq!(o.snapshot(&id("a")).unwrap().state, State::Cancelled);
     assert_eq!(
-        admit(o, &mut sent, "a", 1, 0.0, 1.0, |_| 0.0),
+        admit(o, sent, "a", 1, 0.0, 1.0, |_| 0.0),
         Admission::Terminal(State::Cancelled)
     );
     assert_eq!(update(o, "b", 0, b"sibling", false), UpdateClass::Accepted);
     assert_eq!(
-        admit(o, &mut sent, "b", 1, 0.0, 1.0, |_| 1.0),
+        admit(o, sent, "b", 1, 0.0, 1.0, |_| 1.0),
         Admission::Submitted(b"sibling"[..].into())
     );
-    assert_eq!(sent, [(id("b"), 1, b"sibling".to_vec())]);
+    assert_eq!(*sent, [(id("b"), 1, b"sibling".to_vec())]);
     assert_eq!(finish(o, "b", Completed), State::Completed);
     assert_eq!(finish(o, "b", Cancelled), State::Completed);
     // rejected(lambda: owners.start("b", 2))
@@ -93,26 +100,28 @@ fn reference_fixtures() {
         1,
         "rejected start changed nothing"
     );
+}
+
+/// The reference's fixtures for "c" to "empty": the post-wait checks, in the contract's order.
+fn admission_after_every_wait(o: &mut O, sent: &mut Sent) {
+    use Disposition::*;
     o.start(id("c"), 2).unwrap();
     update(o, "c", 0, b"current", false);
-    assert_eq!(
-        admit(o, &mut sent, "c", 1, 0.0, 1.0, |_| 99.0),
-        Admission::Stale
-    );
+    assert_eq!(admit(o, sent, "c", 1, 0.0, 1.0, |_| 99.0), Admission::Stale);
     assert_eq!(o.snapshot(&id("c")).unwrap().state, State::Running);
     let cancel_during_wait = |o: &mut O| {
         o.finish(&id("c"), Cancelled).unwrap();
         0.0
     };
     assert_eq!(
-        admit(o, &mut sent, "c", 2, 0.0, 1.0, cancel_during_wait),
+        admit(o, sent, "c", 2, 0.0, 1.0, cancel_during_wait),
         Admission::Terminal(State::Cancelled)
     );
     o.start(id("d"), 1).unwrap();
     update(o, "d", 0, b"held", false);
     let age_during_wait = |_: &mut O| 2.0; // the clock moves from 0 to 2 during the wait
     assert_eq!(
-        admit(o, &mut sent, "d", 1, 0.0, 1.0, age_during_wait),
+        admit(o, sent, "d", 1, 0.0, 1.0, age_during_wait),
         Admission::Expired
     );
     assert_eq!(finish(o, "d", Completed), State::Expired);
@@ -123,18 +132,18 @@ fn reference_fixtures() {
         0.0
     };
     assert_eq!(
-        admit(o, &mut sent, "e", 1, 0.0, 1.0, changed_barrier),
+        admit(o, sent, "e", 1, 0.0, 1.0, changed_barrier),
         Admission::Blocked
     );
     o.set_clear(false);
     assert_eq!(
-        admit(o, &mut sent, "e", 1, 0.0, 1.0, |_| 0.0),
+        admit(o, sent, "e", 1, 0.0, 1.0, |_| 0.0),
         Admission::Blocked
     );
     o.set_clear(true);
     o.start(id("empty"), 1).unwrap();
     assert_eq!(
-        admit(o, &mut sent, "empty", 1, 0.0, 1.0, |_| 0.0),
+        admit(o, sent, "empty", 1, 0.0, 1.0, |_| 0.0),
         Admission::Empty
     );
     assert_eq!(sent.len(), 1);

@@ -3,10 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use cancelsim::report::{RunDir, Written};
+use cancelsim::output::{trace_check, RunDir, Written};
 use cancelsim::run::{self, Report, RunOptions};
 use cancelsim::scenario::Scenario;
-use cancelsim::trace_check;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("cancelsim-out-{}-{name}", std::process::id()));
@@ -52,7 +51,20 @@ fn a_run_directory_has_every_output_and_a_valid_trace() {
     ] {
         assert!(dir.join(f).is_file(), "missing {f}");
     }
-    // The trace opens in Perfetto: known phases, balanced and nested slices, paired flows.
+    check_trace(&dir);
+    check_requests_csv(&dir, &report);
+    check_summary_json(&dir);
+    // Nothing temporary is left.
+    let leftovers: Vec<_> = std::fs::read_dir(root.join("default"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// The trace opens in Perfetto: known phases, balanced and nested slices, paired flows.
+fn check_trace(dir: &Path) {
     let trace: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("trace.json")).unwrap()).unwrap();
     assert_eq!(trace_check::check(&trace), Vec::<String>::new());
@@ -65,6 +77,9 @@ fn a_run_directory_has_every_output_and_a_valid_trace() {
         events.iter().all(|e| e["ph"] == "M" || e["ts"].is_u64()),
         "integer µs timestamps"
     );
+}
+
+fn check_requests_csv(dir: &Path, report: &Report) {
     // One row per request per run (the counterfactual and each policy).
     let rows = std::fs::read_to_string(dir.join("requests.csv"))
         .unwrap()
@@ -85,6 +100,9 @@ fn a_run_directory_has_every_output_and_a_valid_trace() {
     }
     assert_eq!(steps, report.counterfactual.gpu.token_steps);
     assert!((block_s - report.counterfactual.kv.block_s).abs() < 1e-6 * block_s.max(1.0));
+}
+
+fn check_summary_json(dir: &Path) {
     // summary.json carries what reproduces the run.
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
@@ -110,13 +128,6 @@ fn a_run_directory_has_every_output_and_a_valid_trace() {
             "policy summary lacks {key}"
         );
     }
-    // Nothing temporary is left.
-    let leftovers: Vec<_> = std::fs::read_dir(root.join("default"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp"))
-        .collect();
-    assert!(leftovers.is_empty());
 }
 
 #[test]

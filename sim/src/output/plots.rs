@@ -12,6 +12,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
+use crate::metrics::Summary;
 use crate::record::{Extras, Sample};
 use crate::run::Report;
 
@@ -99,13 +100,31 @@ pub fn draw_all(dir: &Path, report: &Report, extras: &[Extras]) -> Result<Vec<Pa
     Ok(written)
 }
 
-/// Three panels: leaked GPU-s, late discards, sibling survival; one bar per policy.
-fn policies_impl<DB: DrawingBackend>(area: DrawingArea<DB, Shift>, report: &Report) -> Res
+/// The policies panel's metrics: caption, axis unit, value per policy.
+type Metric = (&'static str, &'static str, fn(&Summary) -> f64);
+
+const POLICY_METRICS: [Metric; 3] = [
+    (
+        "Leaked GPU work",
+        "GPU-seconds after the cancel intent",
+        |p| p.leaked_work.gpu_s,
+    ),
+    (
+        "Late outputs discarded",
+        "tokens produced after the terminal transition",
+        |p| p.late_output_discards as f64,
+    ),
+    ("Sibling survival", "siblings survived / siblings", |p| {
+        p.sibling_survival.rate
+    }),
+];
+
+/// The title strip: the chart's title, and a legend naming the bars (policy labels are too long
+/// for the x axis).
+fn policies_title<DB: DrawingBackend>(title: &DrawingArea<DB, Shift>, report: &Report) -> Res
 where
     DB::ErrorType: 'static,
 {
-    area.fill(&WHITE)?;
-    let (title, rest) = area.split_vertically(90);
     title.draw_text(
         &format!(
             "Policy comparison: {} (seed {}), against one counterfactual",
@@ -114,7 +133,6 @@ where
         &("sans-serif", 26).into_font().color(&BLACK),
         (20, 12),
     )?;
-    // The legend names the bars: policy labels are too long for the x axis.
     let mut x = 20;
     for (i, p) in report.policies.iter().enumerate() {
         title.draw(&Rectangle::new(
@@ -129,63 +147,59 @@ where
         )?;
         x += 40 + 10 * name.len() as i32;
     }
+    Ok(())
+}
+
+/// One panel: a bar per policy.
+fn policies_panel<DB: DrawingBackend>(
+    panel: &DrawingArea<DB, Shift>,
+    (caption, unit): (&str, &str),
+    values: &[f64],
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    let max = values.iter().cloned().fold(0.0f64, f64::max);
+    let top = if caption == "Sibling survival" {
+        1.05
+    } else if max > 0.0 {
+        max * 1.15
+    } else {
+        1.0
+    };
+    let n = values.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(panel)
+        .caption(caption, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(20)
+        .y_label_area_size(80)
+        .build_cartesian_2d(-0.5f64..n - 0.5, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .disable_x_axis()
+        .y_desc(unit)
+        .y_label_style(("sans-serif", 14))
+        .draw()?;
+    chart.draw_series(values.iter().enumerate().map(|(i, v)| {
+        let x = i as f64;
+        Rectangle::new([(x - 0.35, 0.0), (x + 0.35, *v)], palette(i).filled())
+    }))?;
+    Ok(())
+}
+
+/// Three panels: leaked GPU-s, late discards, sibling survival; one bar per policy.
+fn policies_impl<DB: DrawingBackend>(area: DrawingArea<DB, Shift>, report: &Report) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    area.fill(&WHITE)?;
+    let (title, rest) = area.split_vertically(90);
+    policies_title(&title, report)?;
     let panels = rest.split_evenly((1, 3));
-    let metrics: [(&str, &str, Vec<f64>); 3] = [
-        (
-            "Leaked GPU work",
-            "GPU-seconds after the cancel intent",
-            report
-                .policies
-                .iter()
-                .map(|p| p.leaked_work.gpu_s)
-                .collect(),
-        ),
-        (
-            "Late outputs discarded",
-            "tokens produced after the terminal transition",
-            report
-                .policies
-                .iter()
-                .map(|p| p.late_output_discards as f64)
-                .collect(),
-        ),
-        (
-            "Sibling survival",
-            "siblings survived / siblings",
-            report
-                .policies
-                .iter()
-                .map(|p| p.sibling_survival.rate)
-                .collect(),
-        ),
-    ];
-    for (panel, (caption, unit, values)) in panels.iter().zip(metrics.iter()) {
-        let max = values.iter().cloned().fold(0.0f64, f64::max);
-        let top = if *caption == "Sibling survival" {
-            1.05
-        } else if max > 0.0 {
-            max * 1.15
-        } else {
-            1.0
-        };
-        let n = values.len().max(1) as f64;
-        let mut chart = ChartBuilder::on(panel)
-            .caption(*caption, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(20)
-            .y_label_area_size(80)
-            .build_cartesian_2d(-0.5f64..n - 0.5, 0f64..top)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .disable_x_axis()
-            .y_desc(*unit)
-            .y_label_style(("sans-serif", 14))
-            .draw()?;
-        chart.draw_series(values.iter().enumerate().map(|(i, v)| {
-            let x = i as f64;
-            Rectangle::new([(x - 0.35, 0.0), (x + 0.35, *v)], palette(i).filled())
-        }))?;
+    for (panel, (caption, unit, value)) in panels.iter().zip(POLICY_METRICS.iter()) {
+        let values: Vec<f64> = report.policies.iter().map(value).collect();
+        policies_panel(panel, (caption, unit), &values)?;
     }
     area.present()?;
     Ok(())

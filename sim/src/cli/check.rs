@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::check;
-use crate::scenario::Scenario;
-use crate::world::Hooks;
+use cancelsim::check;
+use cancelsim::scenario::Scenario;
+use cancelsim::world::Hooks;
 
 pub struct Args {
     pub paths: Vec<PathBuf>,
@@ -76,6 +76,79 @@ fn fail_line(path: &Path, seed: u64, what: &str) -> String {
     )
 }
 
+/// The golden hashes of every scenario directory checked, by directory.
+type Goldens = BTreeMap<PathBuf, BTreeMap<String, (u64, String)>>;
+
+/// Check one scenario file as written: judge it, and compare (or record) its golden hash.
+/// Returns its failures.
+fn check_file(file: &Path, scenario: &Scenario, goldens: &mut Goldens, update: bool) -> usize {
+    let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let golden = goldens
+        .entry(dir.clone())
+        .or_insert_with(|| read_golden(&dir.join(GOLDEN)));
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("?")
+        .to_string();
+    let seed = scenario.seed;
+    let report = match check::check_one(scenario, seed, Hooks::default(), true) {
+        Ok(r) => r,
+        Err(fs) => {
+            for f in &fs {
+                println!("{}", fail_line(file, seed, f));
+            }
+            return 1;
+        }
+    };
+    let mut failures = 0;
+    match golden.get(&name) {
+        Some((s, hash)) if !update && *s == seed && *hash != report.run_hash => {
+            let what = format!("golden run hash {hash} changed to {}", report.run_hash);
+            println!("{}", fail_line(file, seed, &what));
+            failures += 1;
+        }
+        Some(_) if !update => {}
+        _ if update => {
+            golden.insert(name, (seed, report.run_hash.clone()));
+        }
+        _ => {}
+    }
+    let short = &report.run_hash[..16];
+    println!("ok   {} seed {seed} run_hash={short}", file.display());
+    failures
+}
+
+/// The swarm of one scenario: failing seeds reported, the first few shrunk and written out.
+/// Returns its failures.
+fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
+    let results = check::swarm(scenario, args.first_seed, args.swarm, Hooks::default());
+    let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
+    for r in &failed {
+        let what = format!("swarm: {}", r.failures.join("; "));
+        println!("{}", fail_line(file, r.seed, &what));
+    }
+    for r in failed.iter().take(SHRINK_MAX) {
+        let variant = check::randomise(scenario, r.seed);
+        let fails = |s: &Scenario| check::check_one(s, r.seed, Hooks::default(), false).is_err();
+        let small = check::shrink(&variant, r.seed, 200, &fails);
+        let out = args
+            .out
+            .join(format!("{}-seed{}.ron", scenario.name, r.seed));
+        let written = std::fs::create_dir_all(&args.out)
+            .and_then(|_| std::fs::write(&out, check::to_ron(&small)));
+        match written {
+            Ok(()) => println!(
+                "     shrunk to {} requests: {}",
+                check::requests(&small).map_or("?".into(), |n| n.to_string()),
+                out.display()
+            ),
+            Err(e) => println!("     could not write {}: {e}", out.display()),
+        }
+    }
+    failed.len()
+}
+
 pub fn main(args: Args) -> ExitCode {
     let paths = if args.paths.is_empty() {
         vec![PathBuf::from("scenarios/library")]
@@ -96,7 +169,7 @@ pub fn main(args: Args) -> ExitCode {
             .build_global();
     }
     let mut failures = 0usize;
-    let mut goldens: BTreeMap<PathBuf, BTreeMap<String, (u64, String)>> = BTreeMap::new();
+    let mut goldens = Goldens::new();
     let (mut swarm_seeds, mut swarm_s) = (0u64, 0f64);
     for file in &files {
         let scenario = match Scenario::load(file) {
@@ -107,86 +180,12 @@ pub fn main(args: Args) -> ExitCode {
                 continue;
             }
         };
-        let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let golden = goldens
-            .entry(dir.clone())
-            .or_insert_with(|| read_golden(&dir.join(GOLDEN)));
-        let name = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("?")
-            .to_string();
-        match check::check_one(&scenario, scenario.seed, Hooks::default(), true) {
-            Ok(report) => {
-                match golden.get(&name) {
-                    Some((seed, hash)) if !args.update_golden => {
-                        if *seed == scenario.seed && *hash != report.run_hash {
-                            println!(
-                                "{}",
-                                fail_line(
-                                    file,
-                                    scenario.seed,
-                                    &format!(
-                                        "golden run hash {hash} changed to {}",
-                                        report.run_hash
-                                    )
-                                )
-                            );
-                            failures += 1;
-                        }
-                    }
-                    _ => {
-                        if args.update_golden {
-                            golden.insert(name.clone(), (scenario.seed, report.run_hash.clone()));
-                        }
-                    }
-                }
-                println!(
-                    "ok   {} seed {} run_hash={}",
-                    file.display(),
-                    scenario.seed,
-                    &report.run_hash[..16]
-                );
-            }
-            Err(fs) => {
-                for f in &fs {
-                    println!("{}", fail_line(file, scenario.seed, f));
-                }
-                failures += 1;
-            }
-        }
+        failures += check_file(file, &scenario, &mut goldens, args.update_golden);
         if args.swarm > 0 && scenario.swarm.is_some() {
             let start = Instant::now();
-            let results = check::swarm(&scenario, args.first_seed, args.swarm, Hooks::default());
+            failures += swarm_file(file, &scenario, &args);
             swarm_s += start.elapsed().as_secs_f64();
             swarm_seeds += args.swarm;
-            let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
-            for r in &failed {
-                println!(
-                    "{}",
-                    fail_line(file, r.seed, &format!("swarm: {}", r.failures.join("; ")))
-                );
-            }
-            failures += failed.len();
-            for r in failed.iter().take(SHRINK_MAX) {
-                let variant = check::randomise(&scenario, r.seed);
-                let fails =
-                    |s: &Scenario| check::check_one(s, r.seed, Hooks::default(), false).is_err();
-                let small = check::shrink(&variant, r.seed, 200, &fails);
-                let out = args
-                    .out
-                    .join(format!("{}-seed{}.ron", scenario.name, r.seed));
-                let written = std::fs::create_dir_all(&args.out)
-                    .and_then(|_| std::fs::write(&out, check::to_ron(&small)));
-                match written {
-                    Ok(()) => println!(
-                        "     shrunk to {} requests: {}",
-                        check::requests(&small).map_or("?".into(), |n| n.to_string()),
-                        out.display()
-                    ),
-                    Err(e) => println!("     could not write {}: {e}", out.display()),
-                }
-            }
         }
     }
     if args.update_golden {
@@ -199,10 +198,8 @@ pub fn main(args: Args) -> ExitCode {
     }
     print!("check: {} scenarios, {failures} failures", files.len());
     if swarm_seeds > 0 {
-        print!(
-            "; swarm: {swarm_seeds} seeds in {swarm_s:.1} s ({:.0} seeds/s)",
-            swarm_seeds as f64 / swarm_s.max(1e-9)
-        );
+        let rate = swarm_seeds as f64 / swarm_s.max(1e-9);
+        print!("; swarm: {swarm_seeds} seeds in {swarm_s:.1} s ({rate:.0} seeds/s)");
     }
     println!(" (commit {COMMIT})");
     if failures > 0 {

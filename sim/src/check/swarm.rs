@@ -1,0 +1,111 @@
+//! Swarm testing: many seeds of one scenario, each drawing the scenario's parameters from its
+//! declared ranges. Seeds run in parallel across cores and are collected in seed order, so the
+//! result is the same whatever the thread count.
+
+use rayon::prelude::*;
+
+use super::check_one;
+use crate::kernel::rng::{Purpose, Stream};
+use crate::scenario::{Cancellation, Scenario, Scheduler, Source, Stage};
+use crate::world::Hooks;
+
+/// The scenario with its swarm parameters drawn for `seed` (a keyed stream: the draws depend
+/// only on the seed).
+pub fn randomise(base: &Scenario, seed: u64) -> Scenario {
+    let mut s = base.clone();
+    s.seed = seed;
+    let Some(r) = base.swarm.clone() else {
+        return s;
+    };
+    let mut g = Stream::new(seed, Purpose::Swarm, 0);
+    let int = |g: &mut Stream, (lo, hi): (u64, u64)| lo + g.below(hi - lo + 1);
+    let real = |g: &mut Stream, (lo, hi): (f64, f64)| lo + (hi - lo) * g.uniform_open01();
+    if let Some(range) = r.requests {
+        set_requests(&mut s, int(&mut g, range));
+    }
+    if let Some(range) = r.fraction {
+        let f = real(&mut g, range);
+        let c = s.cancellation.get_or_insert(Cancellation {
+            fraction: 0.0,
+            requests: Vec::new(),
+            stage: Stage::Random,
+            delay_ms: crate::dist::Dist::Constant(0.0),
+        });
+        c.fraction = f;
+        c.requests.clear();
+    }
+    if r.random_stage {
+        if let Some(c) = &mut s.cancellation {
+            c.stage = Stage::Random;
+        }
+    }
+    if let Scheduler::Continuous {
+        window,
+        max_num_seqs,
+        ..
+    } = &mut s.cluster.scheduler
+    {
+        if let Some((lo, hi)) = r.window {
+            *window = int(&mut g, (lo as u64, hi as u64)) as u32;
+        }
+        if let Some((lo, hi)) = r.max_num_seqs {
+            *max_num_seqs = Some(int(&mut g, (lo as u64, hi as u64)) as u32);
+        }
+    }
+    if let Some(range) = r.loss {
+        s.adapter.loss = real(&mut g, range);
+    }
+    if let Some(range) = r.writer_wait_ms {
+        let hi = real(&mut g, range);
+        s.playback.writer_wait_ms = crate::dist::Dist::Uniform { low: 0.0, high: hi };
+    }
+    debug_assert!(s.validate().is_ok(), "swarm ranges are validated");
+    s
+}
+
+/// Requests of the scenario: open-loop count, conversations, or trace rows (None: to the end).
+pub fn requests(s: &Scenario) -> Option<u64> {
+    match &s.workload.source {
+        Source::Poisson { requests, .. } | Source::OnOff { requests, .. } => Some(*requests),
+        Source::Conversations { conversations, .. } => Some(*conversations),
+        Source::Trace { rows, .. } => *rows,
+    }
+}
+
+pub fn set_requests(s: &mut Scenario, n: u64) {
+    match &mut s.workload.source {
+        Source::Poisson { requests, .. } | Source::OnOff { requests, .. } => *requests = n,
+        Source::Conversations { conversations, .. } => *conversations = n,
+        Source::Trace { rows, .. } => *rows = Some(n),
+    }
+}
+
+/// One swarm seed's outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeedResult {
+    pub seed: u64,
+    pub failures: Vec<String>,
+    pub run_hash: Option<String>,
+}
+
+/// Run seeds `first..first + n` of `base` in parallel, collected in seed order.
+pub fn swarm(base: &Scenario, first: u64, n: u64, hooks: Hooks) -> Vec<SeedResult> {
+    (first..first + n)
+        .into_par_iter()
+        .map(|seed| {
+            let s = randomise(base, seed);
+            match check_one(&s, seed, hooks, false) {
+                Ok(r) => SeedResult {
+                    seed,
+                    failures: Vec::new(),
+                    run_hash: Some(r.run_hash),
+                },
+                Err(f) => SeedResult {
+                    seed,
+                    failures: f,
+                    run_hash: None,
+                },
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,12 @@
+//! Everything a run leaves for people: the text report, the run directory with its files, the
+//! trace and its structural checker, and the plots. It reads the simulation's results
+//! (`run::Report`, `record::*`) and nothing else of it.
+
+mod files;
+pub mod plots;
+mod render;
+mod rundir;
+pub mod trace_check;
+
+pub use render::render;
+pub use rundir::{run_dir, RunDir, Written};

@@ -1,0 +1,166 @@
+//! The human report on stdout: one column per policy, beside the counterfactual. Its last line
+//! is always `run_hash=<hex>`.
+
+use std::fmt::Write as _;
+
+use crate::metrics::Summary;
+use crate::run::Report;
+
+fn int(x: u64) -> String {
+    x.to_string()
+}
+
+fn f3(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "-".into()
+    }
+}
+
+type Cell = fn(&Summary) -> String;
+
+/// The report's rows before the cleanup latencies: label and value, in one table.
+const HEAD_ROWS: &[(&str, Cell)] = &[
+    ("requests.completed", |s| int(s.requests.completed)),
+    ("requests.cancelled", |s| int(s.requests.cancelled)),
+    ("requests.expired", |s| int(s.requests.expired)),
+    ("requests.cleanup_pending", |s| {
+        int(s.requests.cleanup_pending)
+    }),
+    ("requests.rejected", |s| int(s.requests.rejected)),
+    ("leaked_work.gpu_s", |s| f3(s.leaked_work.gpu_s)),
+    ("leaked_work.token_steps", |s| {
+        int(s.leaked_work.token_steps)
+    }),
+    ("  by_cause.in_flight_window", |s| {
+        f3(s.leaked_work.by_cause.in_flight_window)
+    }),
+    ("  by_cause.checkpoint_delay", |s| {
+        f3(s.leaked_work.by_cause.checkpoint_delay)
+    }),
+    ("  by_cause.unobserved_or_lost", |s| {
+        f3(s.leaked_work.by_cause.unobserved_or_lost)
+    }),
+    ("  by_cause.finish_and_discard", |s| {
+        f3(s.leaked_work.by_cause.finish_and_discard)
+    }),
+    ("late_output_discards", |s| int(s.late_output_discards)),
+    ("late_outputs_admitted", |s| int(s.late_outputs_admitted)),
+    ("sibling_survival", |s| {
+        let ss = &s.sibling_survival;
+        format!("{}/{}", ss.survived, ss.siblings)
+    }),
+    ("sibling_survival.rate", |s| f3(s.sibling_survival.rate)),
+    ("sibling_latency_delta_ms.ttft_p50", |s| {
+        f3(s.sibling_latency_delta_ms.ttft_p50)
+    }),
+    ("sibling_latency_delta_ms.ttft_p99", |s| {
+        f3(s.sibling_latency_delta_ms.ttft_p99)
+    }),
+    ("sibling_latency_delta_ms.e2e_p99", |s| {
+        f3(s.sibling_latency_delta_ms.e2e_p99)
+    }),
+    ("retained.kv_block_s", |s| f3(s.retained.kv_block_s)),
+    ("retained.peak_blocks", |s| int(s.retained.peak_blocks)),
+    ("retained.admission_stalls", |s| {
+        int(s.retained.admission_stalls)
+    }),
+];
+
+/// The rows after them.
+const TAIL_ROWS: &[(&str, Cell)] = &[
+    ("playback.routing_violations", |s| {
+        int(s.playback.routing_violations)
+    }),
+    ("playback.corrupted_requests", |s| {
+        int(s.playback.corrupted_requests)
+    }),
+    ("ttft_ms.p50", |s| f3(s.ttft_ms.p50)),
+    ("ttft_ms.p99", |s| f3(s.ttft_ms.p99)),
+    ("tpot_ms.p50", |s| f3(s.tpot_ms.p50)),
+    ("e2e_ms.p50", |s| f3(s.e2e_ms.p50)),
+    ("e2e_ms.p99", |s| f3(s.e2e_ms.p99)),
+    ("gpu.busy_s", |s| f3(s.gpu.busy_s)),
+    ("run_hash", |s| s.run_hash[..12].to_string()),
+];
+
+/// Evidence levels whose cleanup latency the report shows.
+const LEVELS: [&str; 5] = [
+    "local_invalidation",
+    "cancel_submission",
+    "backend_observation",
+    "final_callback",
+    "resource_release",
+];
+
+/// The columns: the counterfactual, then each policy.
+struct Table<'a> {
+    cols: Vec<&'a Summary>,
+    width: usize,
+}
+
+impl Table<'_> {
+    fn row(&self, w: &mut String, name: &str, f: &dyn Fn(&Summary) -> String) {
+        let _ = write!(w, "{name:<34}");
+        for s in &self.cols {
+            let _ = write!(w, " {:>width$}", f(s), width = self.width);
+        }
+        let _ = writeln!(w);
+    }
+
+    fn cleanup_rows(&self, w: &mut String) {
+        for level in LEVELS {
+            self.row(w, &format!("cleanup_ms.{level}.p99"), &|s| {
+                s.cleanup_latency_ms.get(level).map_or("-".into(), |l| {
+                    if l.count > 0 {
+                        f3(l.p99)
+                    } else {
+                        "-".into()
+                    }
+                })
+            });
+            self.row(w, &format!("cleanup_ms.{level}.unknown"), &|s| {
+                s.cleanup_latency_ms
+                    .get(level)
+                    .map_or("-".into(), |l| int(l.unknown))
+            });
+        }
+    }
+}
+
+/// The human report of a run.
+pub fn render(r: &Report) -> String {
+    let mut out = String::new();
+    let w = &mut out;
+    let cf = &r.counterfactual;
+    let hash = &r.scenario_hash[..16];
+    let _ = writeln!(
+        w,
+        "scenario {}  seed {}  (scenario_hash {hash})",
+        r.scenario, r.seed
+    );
+    let _ = writeln!(
+        w,
+        "{} requests over {:.1} s of virtual time; counterfactual: {} completed, {:.2} req/s, {:.0} output tokens/s, GPU utilisation {:.3}",
+        cf.requests.scheduled, cf.virtual_time_s, cf.requests.completed, cf.throughput_rps, cf.output_tokens_per_s, cf.gpu.utilisation
+    );
+    let cols: Vec<&Summary> = std::iter::once(cf).chain(r.policies.iter()).collect();
+    let width = cols
+        .iter()
+        .map(|s| s.policy.len())
+        .max()
+        .unwrap_or(10)
+        .max(12);
+    let t = Table { cols, width };
+    t.row(w, "", &|s| s.policy.clone());
+    for (name, cell) in HEAD_ROWS {
+        t.row(w, name, cell);
+    }
+    t.cleanup_rows(w);
+    for (name, cell) in TAIL_ROWS {
+        t.row(w, name, cell);
+    }
+    let _ = writeln!(w, "run_hash={}", r.run_hash);
+    out
+}

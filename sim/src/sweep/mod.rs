@@ -1,0 +1,248 @@
+//! `cancelsim sweep`, `merge` and `compare`: grids of runs that survive `kill -9`, split across
+//! machines, and compare by paired seeds.
+//!
+//! A sweep is a list of tasks: every point of the grid (the product of its axes, in order) times
+//! every seed. Each task is one whole deterministic run, written as its own part file
+//! (`parts/<task>.csv`, temp file then rename). A sweep therefore resumes by skipping the parts
+//! that exist, a shard runs the tasks whose index falls to it, and the final `results.csv` is the
+//! header plus every part in task order: byte-identical however the work was split, resumed or
+//! threaded.
+
+mod compare;
+mod execute;
+
+pub use compare::compare;
+pub use execute::{assemble, run};
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::scenario::{Policy, Scenario, Scheduler, Source};
+
+/// A sweep file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    pub name: String,
+    /// The base scenario, relative to the sweep file.
+    pub scenario: String,
+    #[serde(default = "one")]
+    pub first_seed: u64,
+    pub seeds: u64,
+    pub grid: Vec<Axis>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// One axis of the grid: a parameter and its values.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Axis {
+    /// `cancellation.fraction`.
+    Fraction(Vec<f64>),
+    /// The continuous scheduler's in-flight window.
+    Window(Vec<u32>),
+    Replicas(Vec<u32>),
+    /// One policy per point.
+    Policy(Vec<Policy>),
+    /// The Poisson or on/off source's (on) rate.
+    Rate(Vec<f64>),
+    Requests(Vec<u64>),
+    /// `adapter.loss`.
+    Loss(Vec<f64>),
+}
+
+impl Axis {
+    fn name(&self) -> &'static str {
+        match self {
+            Axis::Fraction(_) => "fraction",
+            Axis::Window(_) => "window",
+            Axis::Replicas(_) => "replicas",
+            Axis::Policy(_) => "policy",
+            Axis::Rate(_) => "rate",
+            Axis::Requests(_) => "requests",
+            Axis::Loss(_) => "loss",
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Axis::Fraction(v) | Axis::Rate(v) | Axis::Loss(v) => v.len(),
+            Axis::Window(v) | Axis::Replicas(v) => v.len(),
+            Axis::Policy(v) => v.len(),
+            Axis::Requests(v) => v.len(),
+        }
+    }
+
+    /// Set value `i` on the scenario; returns it as text for the CSV.
+    fn apply(&self, i: usize, s: &mut Scenario) -> String {
+        match self {
+            Axis::Fraction(v) => {
+                if let Some(c) = &mut s.cancellation {
+                    c.fraction = v[i];
+                    c.requests.clear();
+                }
+                v[i].to_string()
+            }
+            Axis::Window(v) => {
+                if let Scheduler::Continuous { window, .. } = &mut s.cluster.scheduler {
+                    *window = v[i];
+                }
+                v[i].to_string()
+            }
+            Axis::Replicas(v) => {
+                s.cluster.replicas = v[i];
+                v[i].to_string()
+            }
+            Axis::Policy(v) => {
+                s.policies = vec![v[i].clone()];
+                s.properties.sibling_isolation.clear();
+                s.expect.clear();
+                v[i].label()
+            }
+            Axis::Rate(v) => {
+                match &mut s.workload.source {
+                    Source::Poisson { rate_per_s, .. } => *rate_per_s = v[i],
+                    Source::OnOff { rate_on_per_s, .. } => *rate_on_per_s = v[i],
+                    _ => {}
+                }
+                v[i].to_string()
+            }
+            Axis::Requests(v) => {
+                crate::check::set_requests(s, v[i]);
+                v[i].to_string()
+            }
+            Axis::Loss(v) => {
+                s.adapter.loss = v[i];
+                v[i].to_string()
+            }
+        }
+    }
+}
+
+/// A loaded sweep: its base scenario and tasks.
+pub struct Plan {
+    pub sweep: Sweep,
+    pub base: Scenario,
+    pub points: usize,
+    pub sweep_hash: String,
+}
+
+impl Plan {
+    pub fn load(path: &Path) -> Result<Plan, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read sweep: {e}", path.display()))?;
+        let sweep: Sweep = ron::Options::default()
+            .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
+            .from_str(&text)
+            .map_err(|e| format!("{}:{}: {}", path.display(), e.span.start, e.code))?;
+        if sweep.seeds == 0 || sweep.seeds > 1_000_000 {
+            return Err(format!(
+                "{}: field `seeds` must be between 1 and 1000000 (got {})",
+                path.display(),
+                sweep.seeds
+            ));
+        }
+        if let Some(a) = sweep.grid.iter().find(|a| a.len() == 0) {
+            return Err(format!(
+                "{}: grid axis {} has no values",
+                path.display(),
+                a.name()
+            ));
+        }
+        let base_path = path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(&sweep.scenario);
+        let base = Scenario::load(&base_path).map_err(|e| e.to_string())?;
+        let points = sweep.grid.iter().map(Axis::len).product::<usize>();
+        if points == 0 || points as u64 * sweep.seeds > 10_000_000 {
+            return Err(format!(
+                "{}: the grid has {points} points x {} seeds: too many",
+                path.display(),
+                sweep.seeds
+            ));
+        }
+        let canonical = ron::to_string(&sweep).expect("sweep serialises") + &base.hash();
+        Ok(Plan {
+            sweep,
+            base,
+            points,
+            sweep_hash: blake3::hash(canonical.as_bytes()).to_hex().to_string(),
+        })
+    }
+
+    pub fn tasks(&self) -> u64 {
+        self.points as u64 * self.sweep.seeds
+    }
+
+    /// Task `t`: its point's scenario, parameter values and seed.
+    pub fn task(&self, t: u64) -> (Scenario, Vec<String>, u64) {
+        let point = (t / self.sweep.seeds) as usize;
+        let seed = self.sweep.first_seed + t % self.sweep.seeds;
+        let mut s = self.base.clone();
+        let mut rest = point;
+        let mut values = Vec::new();
+        // The last axis varies fastest.
+        let mut idx = vec![0; self.sweep.grid.len()];
+        for (k, axis) in self.sweep.grid.iter().enumerate().rev() {
+            idx[k] = rest % axis.len();
+            rest /= axis.len();
+        }
+        for (k, axis) in self.sweep.grid.iter().enumerate() {
+            values.push(axis.apply(idx[k], &mut s));
+        }
+        (s, values, seed)
+    }
+
+    pub fn header(&self) -> Vec<String> {
+        let mut h = vec!["task".to_string(), "point".into(), "seed".into()];
+        h.extend(self.sweep.grid.iter().map(|a| a.name().to_string()));
+        h.extend(METRICS.iter().map(|(name, _)| name.to_string()));
+        h
+    }
+}
+
+/// The metric columns of a sweep row: name and value, in one table so they cannot drift apart.
+pub(crate) type Column = (
+    &'static str,
+    fn(&crate::run::Report, &crate::metrics::Summary) -> String,
+);
+pub(crate) const METRICS: [Column; 19] = [
+    ("run_policy", |_, p| p.policy.clone()),
+    ("scenario_hash", |r, _| r.scenario_hash.clone()),
+    ("report_run_hash", |r, _| r.run_hash.clone()),
+    ("run_hash", |_, p| p.run_hash.clone()),
+    ("completed", |_, p| p.requests.completed.to_string()),
+    ("cancelled", |_, p| p.requests.cancelled.to_string()),
+    ("expired", |_, p| p.requests.expired.to_string()),
+    ("cleanup_pending", |_, p| {
+        p.requests.cleanup_pending.to_string()
+    }),
+    ("leaked_gpu_s", |_, p| p.leaked_work.gpu_s.to_string()),
+    ("leaked_token_steps", |_, p| {
+        p.leaked_work.token_steps.to_string()
+    }),
+    ("late_output_discards", |_, p| {
+        p.late_output_discards.to_string()
+    }),
+    ("late_outputs_admitted", |_, p| {
+        p.late_outputs_admitted.to_string()
+    }),
+    ("siblings", |_, p| p.sibling_survival.siblings.to_string()),
+    ("sibling_survival_rate", |_, p| {
+        p.sibling_survival.rate.to_string()
+    }),
+    ("sibling_ttft_delta_p99_ms", |_, p| {
+        p.sibling_latency_delta_ms.ttft_p99.to_string()
+    }),
+    ("retained_kv_block_s", |_, p| {
+        p.retained.kv_block_s.to_string()
+    }),
+    ("ttft_p99_ms", |_, p| p.ttft_ms.p99.to_string()),
+    ("e2e_p50_ms", |_, p| p.e2e_ms.p50.to_string()),
+    ("e2e_p99_ms", |_, p| p.e2e_ms.p99.to_string()),
+];
