@@ -4,7 +4,9 @@
 use crate::metrics::Summary;
 use crate::record::{Extras, Recording, RequestSink};
 use crate::scenario::{Scenario, Source};
-use crate::world::{CfTable, Hooks, Mode, RunError, World};
+#[cfg(feature = "broken-variants")]
+use crate::world::Hooks;
+use crate::world::{CfTable, Mode, RunError, World};
 
 /// The counterfactual and one run per policy, on one seed.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -31,6 +33,7 @@ pub struct RunOptions {
     /// Keep a Chrome trace of each run.
     pub trace: bool,
     /// Broken variants of the policy runs (never set by a scenario or a flag).
+    #[cfg(feature = "broken-variants")]
     pub hooks: Hooks,
 }
 
@@ -67,7 +70,9 @@ pub fn run(
         }
         let world = World::new(scenario, seed, Mode::Policy(p, &table), None)?;
         let recording = rec(i as u32 + 1, &mut opts);
-        let world = world.with_hooks(opts.hooks).with_recording(recording);
+        #[cfg(feature = "broken-variants")]
+        let world = world.with_hooks(opts.hooks);
+        let world = world.with_recording(recording);
         let (summary, mut e) = world.run_recorded()?;
         opts.sink = e.sink.take();
         policies.push(summary);
@@ -80,6 +85,16 @@ pub fn run(
 /// `run` with nothing recorded: the report alone.
 pub fn report(scenario: &Scenario, seed: u64) -> Result<Report, RunError> {
     run(scenario, seed, RunOptions::default()).map(|(r, _)| r)
+}
+
+/// `report` with deliberately broken variants (tests of the checker only).
+#[cfg(feature = "broken-variants")]
+pub fn report_with(scenario: &Scenario, seed: u64, hooks: Hooks) -> Result<Report, RunError> {
+    let opts = RunOptions {
+        hooks,
+        ..RunOptions::default()
+    };
+    run(scenario, seed, opts).map(|(r, _)| r)
 }
 
 /// Run only the counterfactual (no cancel intents): the runtime alone.

@@ -26,9 +26,10 @@ use rustc_hash::FxHashMap;
 pub use barrier::BarrierId;
 pub use evidence::{ClockDomain, EvidenceLevel, Ledger, Timestamp};
 pub use retention::Retention;
+#[cfg(feature = "broken-variants")]
+pub use types::ControllerBug;
 pub use types::{
-    Admission, ControllerBug, Disposition, OwnershipError, Payload, RequestSnapshot, State, Ticket,
-    UpdateClass,
+    Admission, Disposition, OwnershipError, Payload, RequestSnapshot, State, Ticket, UpdateClass,
 };
 
 use barrier::Barriers;
@@ -59,6 +60,7 @@ pub struct Owners<K: Identity> {
     barriers: Barriers,
     tombstones: Tombstones<K>,
     submitted: u64,
+    #[cfg(feature = "broken-variants")]
     bug: Option<ControllerBug>,
 }
 
@@ -75,11 +77,13 @@ impl<K: Identity> Owners<K> {
             barriers: Barriers::default(),
             tombstones: Tombstones::new(retention),
             submitted: 0,
+            #[cfg(feature = "broken-variants")]
             bug: None,
         }
     }
 
     /// Turn a deliberately broken variant on (tests of checkers only).
+    #[cfg(feature = "broken-variants")]
     pub fn set_bug(&mut self, bug: Option<ControllerBug>) {
         self.bug = bug;
     }
@@ -213,8 +217,7 @@ impl<K: Identity> Owners<K> {
         if row.generation as i128 != ticket.generation {
             return Ok(Admission::Stale);
         }
-        let recheck = self.bug != Some(ControllerBug::TerminalCheckedBeforeWait);
-        if row.state != State::Running && recheck {
+        if row.state != State::Running && self.rechecks_terminal() {
             return Ok(Admission::Terminal(row.state));
         }
         if !now.is_finite() || now < ticket.born {
@@ -234,6 +237,16 @@ impl<K: Identity> Owners<K> {
         }
         self.submitted += 1;
         Ok(Admission::Submitted(row.payload.clone()))
+    }
+
+    /// Whether admission rechecks the terminal state after the wait (always, but in a
+    /// deliberately broken variant).
+    fn rechecks_terminal(&self) -> bool {
+        #[cfg(feature = "broken-variants")]
+        if self.bug == Some(ControllerBug::TerminalCheckedBeforeWait) {
+            return false;
+        }
+        true
     }
 
     /// Begin and end with no wait in between.

@@ -256,6 +256,7 @@ impl Row {
 }
 
 /// Deliberately broken variants of the controller, for testing checkers (never on by default).
+#[cfg(feature = "broken-variants")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ControllerBug {
     /// Admission trusts the state it saw before the wait: the terminal check is not repeated

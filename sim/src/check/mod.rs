@@ -11,12 +11,12 @@ mod shrink;
 mod swarm;
 
 pub use shrink::{shrink, to_ron};
-pub use swarm::{randomise, requests, set_requests, swarm, SeedResult};
+pub use swarm::{randomise, requests, set_requests, swarm, swarm_with, SeedResult};
 
 use crate::metrics::Summary;
-use crate::run::{self, Report, RunOptions};
+use crate::run::{self, Report};
 use crate::scenario::{Expect, Policy, Scenario, TargetDisposition};
-use crate::world::Hooks;
+use crate::world::RunError;
 
 /// Judge one report against the scenario: properties always; expectations and coverage only for
 /// the scenario as written (`full`), not for swarm variants whose parameters moved.
@@ -126,13 +126,23 @@ fn expect_one(e: &Expect, p: &Summary, out: &mut Vec<String>) {
     );
 }
 
+/// How a check runs a scenario on a seed: the simulator itself, or (tests of the checker) a
+/// deliberately broken variant of it.
+pub type Runner<'a> = &'a (dyn Fn(&Scenario, u64) -> Result<Report, RunError> + Sync);
+
 /// Run and judge. `Err` carries the failure messages.
-pub fn check_one(s: &Scenario, seed: u64, hooks: Hooks, full: bool) -> Result<Report, Vec<String>> {
-    let opts = RunOptions {
-        hooks,
-        ..RunOptions::default()
-    };
-    match run::run(s, seed, opts).map(|(r, _)| r) {
+pub fn check_one(s: &Scenario, seed: u64, full: bool) -> Result<Report, Vec<String>> {
+    check_with(&run::report, s, seed, full)
+}
+
+/// `check_one` with another runner.
+pub fn check_with(
+    runner: Runner,
+    s: &Scenario,
+    seed: u64,
+    full: bool,
+) -> Result<Report, Vec<String>> {
+    match runner(s, seed) {
         Err(e) => Err(vec![e.to_string()]),
         Ok(report) => {
             let failures = judge(s, &report, full);

@@ -4,10 +4,10 @@
 
 use rayon::prelude::*;
 
-use super::check_one;
+use super::{check_with, Runner};
 use crate::kernel::rng::{Purpose, Stream};
+use crate::run;
 use crate::scenario::{Cancellation, Scenario, Scheduler, Source, Stage};
-use crate::world::Hooks;
 
 /// The scenario with its swarm parameters drawn for `seed` (a keyed stream: the draws depend
 /// only on the seed).
@@ -89,22 +89,24 @@ pub struct SeedResult {
 }
 
 /// Run seeds `first..first + n` of `base` in parallel, collected in seed order.
-pub fn swarm(base: &Scenario, first: u64, n: u64, hooks: Hooks) -> Vec<SeedResult> {
+pub fn swarm(base: &Scenario, first: u64, n: u64) -> Vec<SeedResult> {
+    swarm_with(&run::report, base, first, n)
+}
+
+/// `swarm` with another runner.
+pub fn swarm_with(runner: Runner, base: &Scenario, first: u64, n: u64) -> Vec<SeedResult> {
     (first..first + n)
         .into_par_iter()
         .map(|seed| {
             let s = randomise(base, seed);
-            match check_one(&s, seed, hooks, false) {
-                Ok(r) => SeedResult {
-                    seed,
-                    failures: Vec::new(),
-                    run_hash: Some(r.run_hash),
-                },
-                Err(f) => SeedResult {
-                    seed,
-                    failures: f,
-                    run_hash: None,
-                },
+            let (failures, run_hash) = match check_with(runner, &s, seed, false) {
+                Ok(r) => (Vec::new(), Some(r.run_hash)),
+                Err(f) => (f, None),
+            };
+            SeedResult {
+                seed,
+                failures,
+                run_hash,
             }
         })
         .collect()

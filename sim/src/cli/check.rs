@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use cancelsim::check;
 use cancelsim::scenario::Scenario;
-use cancelsim::world::Hooks;
 
 pub struct Args {
     pub paths: Vec<PathBuf>,
@@ -92,7 +91,7 @@ fn check_file(file: &Path, scenario: &Scenario, goldens: &mut Goldens, update: b
         .unwrap_or("?")
         .to_string();
     let seed = scenario.seed;
-    let report = match check::check_one(scenario, seed, Hooks::default(), true) {
+    let report = match check::check_one(scenario, seed, true) {
         Ok(r) => r,
         Err(fs) => {
             for f in &fs {
@@ -122,7 +121,7 @@ fn check_file(file: &Path, scenario: &Scenario, goldens: &mut Goldens, update: b
 /// The swarm of one scenario: failing seeds reported, the first few shrunk and written out.
 /// Returns its failures.
 fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
-    let results = check::swarm(scenario, args.first_seed, args.swarm, Hooks::default());
+    let results = check::swarm(scenario, args.first_seed, args.swarm);
     let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
     for r in &failed {
         let what = format!("swarm: {}", r.failures.join("; "));
@@ -130,7 +129,7 @@ fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
     }
     for r in failed.iter().take(SHRINK_MAX) {
         let variant = check::randomise(scenario, r.seed);
-        let fails = |s: &Scenario| check::check_one(s, r.seed, Hooks::default(), false).is_err();
+        let fails = |s: &Scenario| check::check_one(s, r.seed, false).is_err();
         let small = check::shrink(&variant, r.seed, 200, &fails);
         let out = args
             .out

@@ -32,7 +32,9 @@ pub use baseline::{CfRecord, CfTable};
 pub use error::RunError;
 pub use event::{Cause, Event};
 
-use cancelsim_models::ownership::{ClockDomain, ControllerBug, EvidenceLevel, Owners, Retention};
+#[cfg(feature = "broken-variants")]
+use cancelsim_models::ownership::ControllerBug;
+use cancelsim_models::ownership::{ClockDomain, EvidenceLevel, Owners, Retention};
 use cancelsim_models::protocol::Scope;
 
 use accounts::Accounts;
@@ -53,8 +55,9 @@ use crate::metrics::Summary;
 use crate::record::{Extras, Recording};
 use crate::scenario::{Policy, Scenario};
 
-/// Deliberately broken variants, to show that `check --swarm` catches real bugs. Only the library
-/// API sets them (tests); no scenario file or command-line flag can.
+/// Deliberately broken variants, to show that `check --swarm` catches real bugs. Only tests
+/// build them (the `broken-variants` feature); no scenario file or command-line flag can.
+#[cfg(feature = "broken-variants")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Hooks {
     pub controller_bug: Option<ControllerBug>,
@@ -132,6 +135,7 @@ impl<'s> World<'s> {
     }
 
     /// Turn on deliberately broken variants (tests of the checker only).
+    #[cfg(feature = "broken-variants")]
     pub fn with_hooks(mut self, hooks: Hooks) -> Self {
         self.owners.set_bug(hooks.controller_bug);
         let policy = self.cancel.policy();

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use cancelsim::check;
+use cancelsim::run;
 use cancelsim::scenario::Scenario;
 use cancelsim::world::Hooks;
 use cancelsim_models::ownership::ControllerBug;
@@ -25,7 +26,7 @@ fn the_whole_library_passes() {
             continue;
         }
         let s = Scenario::load(&path).unwrap();
-        if let Err(f) = check::check_one(&s, s.seed, Hooks::default(), true) {
+        if let Err(f) = check::check_one(&s, s.seed, true) {
             panic!("{}: {f:?}", path.display());
         }
         n += 1;
@@ -41,7 +42,7 @@ fn swarm_results_do_not_depend_on_the_thread_count() {
             .num_threads(threads)
             .build()
             .unwrap()
-            .install(|| check::swarm(&s, 1, 24, Hooks::default()))
+            .install(|| check::swarm(&s, 1, 24))
     };
     let one = run(1);
     let four = run(4);
@@ -56,16 +57,17 @@ fn swarm_results_do_not_depend_on_the_thread_count() {
 /// Swarm a broken variant, expect it caught, shrink the first failure, and return the shrunk
 /// scenario (which must still fail).
 fn caught_and_shrunk(s: &Scenario, hooks: Hooks) -> Scenario {
-    let results = check::swarm(s, 1, 40, hooks);
+    let broken = move |s: &Scenario, seed: u64| run::report_with(s, seed, hooks);
+    let results = check::swarm_with(&broken, s, 1, 40);
     let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
     assert!(!failed.is_empty(), "the swarm missed the broken variant");
     let seed = failed[0].seed;
     let variant = check::randomise(s, seed);
-    let fails = |c: &Scenario| check::check_one(c, seed, hooks, false).is_err();
+    let fails = |c: &Scenario| check::check_with(&broken, c, seed, false).is_err();
     let small = check::shrink(&variant, seed, 300, &fails);
     assert!(fails(&small), "the shrunk scenario must still fail");
     // The correct controller and adapter pass the same shrunk scenario: it isolates the bug.
-    assert!(check::check_one(&small, seed, Hooks::default(), false).is_ok());
+    assert!(check::check_one(&small, seed, false).is_ok());
     // And it round-trips through RON as a file the user can re-run.
     let text = check::to_ron(&small);
     let again = Scenario::parse(&text, "<shrunk>").unwrap();
@@ -108,10 +110,10 @@ fn undeclared_coverage_and_broken_expectations_fail_the_check() {
     // A scenario that declares a path it cannot reach fails; so does a violated expectation.
     let mut s = library("s02-mid-decode-w1.ron");
     s.coverage.push("playback.blocked".into());
-    let f = check::check_one(&s, s.seed, Hooks::default(), true).unwrap_err();
+    let f = check::check_one(&s, s.seed, true).unwrap_err();
     assert!(f.iter().any(|m| m.contains("playback.blocked")), "{f:?}");
     let mut s = library("s02-mid-decode-w1.ron");
     s.expect[0].leaked_gpu_s_max = Some(0.0);
-    let f = check::check_one(&s, s.seed, Hooks::default(), true).unwrap_err();
+    let f = check::check_one(&s, s.seed, true).unwrap_err();
     assert!(f.iter().any(|m| m.contains("leaked")), "{f:?}");
 }
