@@ -7,16 +7,16 @@
 //! prompt + output at formation) return to the pool only when the whole batch ends. This is the
 //! contract's "shared execution frame".
 //!
-//! It speaks the same step interface as the continuous engine: `dispatch`, `step_done`,
-//! `Outcome`, `Released`. It runs one step at a time (W = 1).
+//! It implements the same `Scheduler` as the continuous engine. It runs one step at a time
+//! (W = 1).
 
 use std::collections::VecDeque;
 
 use crate::gpu::{StepCost, StepShape};
 use crate::kv::KvPool;
 use crate::protocol::{
-    Abort, CheckpointReport, Dispatch, NewRequest, Observed, Outcome, Rejection, Released,
-    StepOutput, StepReport,
+    fits, Abort, CheckpointReport, Dispatch, Gauges, NewRequest, Observed, Outbox, Outcome,
+    Rejection, Released, ReplicaStats, Scheduler, StepOutput, StepReport,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,20 +42,6 @@ struct Queued {
     enqueued_ns: u64,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BatcherStats {
-    pub batches: u64,
-    pub steps: u64,
-    pub busy_ns: u64,
-    pub tokens_delivered: u64,
-    pub padding_token_steps: u64,
-    pub rejected: u64,
-    pub aborts_handled: u64,
-    pub aborts_unknown: u64,
-    /// Aborts for members of a running batch: a shared execution frame observes none.
-    pub aborts_unobserved: u64,
-}
-
 pub struct Batcher {
     cfg: BatcherConfig,
     kv: KvPool,
@@ -65,9 +51,11 @@ pub struct Batcher {
     /// The step in flight: its id, end time and duration.
     inflight: Option<(u64, u64, u64)>,
     step_next: u64,
-    stats: BatcherStats,
+    /// Its counters are the replica counters (padding and batches; no preemption, no fault).
+    /// Aborts for members of a running batch count as unobserved: a shared execution frame
+    /// observes none.
+    stats: ReplicaStats,
     pending_aborts: Vec<Abort>,
-    started: Vec<u32>,
 }
 
 impl Batcher {
@@ -81,22 +69,19 @@ impl Batcher {
             batch_started_ns: 0,
             inflight: None,
             step_next: 0,
-            stats: BatcherStats::default(),
+            stats: ReplicaStats::default(),
             pending_aborts: Vec::new(),
-            started: Vec::new(),
         }
     }
 
-    pub fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
-        assert!(
-            r.prompt_tokens > 0 && r.output_tokens > 0,
-            "empty request {r:?}"
-        );
-        let total = r.prompt_tokens as u64 + r.output_tokens as u64;
-        if self.kv.blocks_for(total) > self.kv.capacity_blocks() {
-            self.stats.rejected += 1;
-            return Err(Rejection::TooLongForKv);
-        }
+    pub fn stats(&self) -> ReplicaStats {
+        self.stats
+    }
+}
+
+impl Scheduler for Batcher {
+    fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
+        fits(&self.kv, &r).inspect_err(|_| self.stats.rejected += 1)?;
         self.queue.push_back(Queued {
             req: r,
             enqueued_ns: now_ns,
@@ -104,17 +89,7 @@ impl Batcher {
         Ok(())
     }
 
-    /// When the batcher wants to be woken to form a batch by timeout, if ever.
-    pub fn timer_ns(&self) -> Option<u64> {
-        if !self.batch.is_empty() || self.queue.len() as u32 >= self.cfg.max_batch_size {
-            return None;
-        }
-        self.queue
-            .front()
-            .map(|q| q.enqueued_ns + self.cfg.max_queue_delay_ns)
-    }
-
-    pub fn dispatch(&mut self, now_ns: u64) -> Option<Dispatch> {
+    fn dispatch(&mut self, now_ns: u64, out: &mut Outbox) -> Option<Dispatch> {
         if self.inflight.is_some() {
             return None;
         }
@@ -136,7 +111,7 @@ impl Batcher {
                     break;
                 }
                 let q = self.queue.pop_front().expect("front exists");
-                self.started.push(q.req.tag);
+                out.started.push(q.req.tag);
                 self.batch.push(Member {
                     req: q.req,
                     blocks,
@@ -172,13 +147,7 @@ impl Batcher {
         })
     }
 
-    pub fn step_done(
-        &mut self,
-        now_ns: u64,
-        step: u64,
-        outputs: &mut Vec<StepOutput>,
-        released: &mut Vec<Released>,
-    ) -> StepReport {
+    fn step_done(&mut self, now_ns: u64, step: u64, out: &mut Outbox) -> StepReport {
         let (id, end_ns, duration_ns) = self.inflight.take().expect("a step in flight");
         assert_eq!((id, end_ns), (step, now_ns));
         let prefill = self.batch.iter().all(|m| m.done_out == 0);
@@ -199,7 +168,7 @@ impl Batcher {
                 Outcome::Padding
             };
             all_done &= m.done_out == m.req.output_tokens;
-            outputs.push(StepOutput {
+            out.outputs.push(StepOutput {
                 id: m.req.id,
                 tag: m.req.tag,
                 corrupted: false,
@@ -211,7 +180,7 @@ impl Batcher {
             let held_ns = (now_ns - self.batch_started_ns) as u128;
             for m in self.batch.drain(..) {
                 self.kv.free(m.blocks);
-                released.push(Released {
+                out.released.push(Released {
                     id: m.req.id,
                     tag: m.req.tag,
                     kv_block_ns: m.blocks as u128 * held_ns,
@@ -226,13 +195,8 @@ impl Batcher {
         }
     }
 
-    /// Tags of requests whose batch started since the last call.
-    pub fn take_started(&mut self, into: &mut Vec<u32>) {
-        into.append(&mut self.started);
-    }
-
     /// An abort arrives; it takes effect at the next scheduling pass.
-    pub fn abort(&mut self, a: Abort) {
+    fn abort(&mut self, a: Abort) {
         self.pending_aborts.push(a);
     }
 
@@ -241,12 +205,7 @@ impl Batcher {
     /// shared execution frame that observes nothing (a backend that does not poll); its output is
     /// discarded by the owner, and its blocks return when the batch ends. Abort-path faults are
     /// not modelled here: the core path has none.
-    pub fn checkpoint(
-        &mut self,
-        _now_ns: u64,
-        observed: &mut Vec<Observed>,
-        released: &mut Vec<Released>,
-    ) -> CheckpointReport {
+    fn checkpoint(&mut self, _now_ns: u64, out: &mut Outbox) -> CheckpointReport {
         let mut report = CheckpointReport::default();
         for a in std::mem::take(&mut self.pending_aborts) {
             report.aborts += 1;
@@ -255,12 +214,12 @@ impl Batcher {
             let mut kept = VecDeque::with_capacity(before);
             for q in self.queue.drain(..) {
                 if a.scope.reaches(&q.req.handle) {
-                    observed.push(Observed {
+                    out.observed.push(Observed {
                         id: q.req.id,
                         tag: q.req.tag,
                         in_scope: true,
                     });
-                    released.push(Released {
+                    out.released.push(Released {
                         id: q.req.id,
                         tag: q.req.tag,
                         kv_block_ns: 0,
@@ -282,24 +241,41 @@ impl Batcher {
         report
     }
 
-    /// (queued, in the running batch).
-    pub fn lens(&self) -> (usize, usize) {
-        (self.queue.len(), self.batch.len())
+    /// Retained KV is not tracked here: a batch's blocks are the batch's, held until it ends.
+    fn mark_intent(&mut self, _now_ns: u64, _tag: u32) {}
+
+    /// When the batcher wants to be woken to form a batch by timeout, if ever.
+    fn timer_ns(&self) -> Option<u64> {
+        if !self.batch.is_empty() || self.queue.len() as u32 >= self.cfg.max_batch_size {
+            return None;
+        }
+        self.queue
+            .front()
+            .map(|q| q.enqueued_ns + self.cfg.max_queue_delay_ns)
     }
 
-    pub fn load(&self) -> u64 {
+    fn gauges(&self) -> Gauges {
+        Gauges {
+            waiting: self.queue.len() as u64,
+            running: self.batch.len() as u64,
+            kv_blocks: self.kv.in_use(),
+            kv_retained: 0,
+        }
+    }
+
+    fn load(&self) -> u64 {
         (self.queue.len() + self.batch.len()) as u64
     }
 
-    pub fn is_idle(&self) -> bool {
+    fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.batch.is_empty() && self.inflight.is_none()
     }
 
-    pub fn kv(&self) -> &KvPool {
+    fn kv(&self) -> &KvPool {
         &self.kv
     }
 
-    pub fn stats(&self) -> BatcherStats {
+    fn totals(&self) -> ReplicaStats {
         self.stats
     }
 }

@@ -1,6 +1,8 @@
 //! The protocol between the world and a replica's scheduler (the continuous engine or the
 //! dynamic batcher): how a request is named, what an abort reaches, what a step produced, and
-//! what left. Both schedulers speak it, so the world wires them alike.
+//! what left. Both schedulers implement `Scheduler`, so the world wires them alike.
+
+use crate::kv::KvPool;
 
 /// How a request can be named by an abort.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -187,4 +189,120 @@ pub enum Rejection {
     TooLongForKv,
     /// Without chunked prefill, the prompt plus output must fit one step's token budget.
     TooLongForBudget,
+}
+
+/// What a scheduler produced since its caller last drained it. One convention for every model:
+/// `dispatch`, `step_done` and `checkpoint` append here, and the caller drains.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// One per request of each processed step.
+    pub outputs: Vec<StepOutput>,
+    /// Requests whose blocks are back in the pool.
+    pub released: Vec<Released>,
+    /// Requests an abort removed at a checkpoint.
+    pub observed: Vec<Observed>,
+    /// Tags of requests dispatched for the first time.
+    pub started: Vec<u32>,
+}
+
+impl Outbox {
+    pub fn clear(&mut self) {
+        self.outputs.clear();
+        self.released.clear();
+        self.observed.clear();
+        self.started.clear();
+    }
+}
+
+/// What a replica holds at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gauges {
+    pub waiting: u64,
+    pub running: u64,
+    pub kv_blocks: u64,
+    /// KV blocks held by requests with a cancel intent.
+    pub kv_retained: u64,
+}
+
+/// Counters common to both kinds of scheduler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaStats {
+    pub steps: u64,
+    pub busy_ns: u64,
+    pub preemptions: u64,
+    pub tokens_delivered: u64,
+    /// Tokens sampled and thrown away (in-flight window overshoot, preempted in-flight samples).
+    pub tokens_discarded: u64,
+    /// Finished members' slots computed in a shared batch.
+    pub padding_token_steps: u64,
+    pub rejected: u64,
+    pub batches: u64,
+    pub aborts_handled: u64,
+    pub aborts_unknown: u64,
+    pub aborts_unobserved: u64,
+    pub faults: u64,
+    pub corrupted_allocations: u64,
+    pub admission_stalls: u64,
+    pub marked_blocks_peak: u64,
+}
+
+impl ReplicaStats {
+    /// Sum another replica's counters into these (peaks take the larger).
+    pub fn add(&mut self, s: &ReplicaStats) {
+        self.steps += s.steps;
+        self.busy_ns += s.busy_ns;
+        self.preemptions += s.preemptions;
+        self.tokens_delivered += s.tokens_delivered;
+        self.tokens_discarded += s.tokens_discarded;
+        self.padding_token_steps += s.padding_token_steps;
+        self.rejected += s.rejected;
+        self.batches += s.batches;
+        self.aborts_handled += s.aborts_handled;
+        self.aborts_unknown += s.aborts_unknown;
+        self.aborts_unobserved += s.aborts_unobserved;
+        self.faults += s.faults;
+        self.corrupted_allocations += s.corrupted_allocations;
+        self.admission_stalls += s.admission_stalls;
+        self.marked_blocks_peak = self.marked_blocks_peak.max(s.marked_blocks_peak);
+    }
+}
+
+/// One replica's scheduler, as the world drives it: the continuous engine or the dynamic
+/// batcher. Sans-IO: every call takes `now`, and what follows comes back as a return value or in
+/// the outbox.
+pub trait Scheduler {
+    /// Accept a request, or refuse it if it can never run here.
+    fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection>;
+    /// Compose and dispatch the next step, if there is room and work.
+    fn dispatch(&mut self, now_ns: u64, out: &mut Outbox) -> Option<Dispatch>;
+    /// Process the oldest dispatched step, which ends now.
+    fn step_done(&mut self, now_ns: u64, step: u64, out: &mut Outbox) -> StepReport;
+    /// An abort arrives; it takes effect at the next checkpoint.
+    fn abort(&mut self, a: Abort);
+    /// A scheduler pass begins: maybe a checkpoint, where pending aborts take effect.
+    fn checkpoint(&mut self, now_ns: u64, out: &mut Outbox) -> CheckpointReport;
+    /// The caller's cancel intent for request `tag` happened now (retained-KV accounting).
+    fn mark_intent(&mut self, now_ns: u64, tag: u32);
+    /// When the scheduler wants a pass without any other event (a batch timeout).
+    fn timer_ns(&self) -> Option<u64>;
+    fn gauges(&self) -> Gauges;
+    /// Requests waiting, running or draining: what a least-loaded router compares.
+    fn load(&self) -> u64;
+    fn is_idle(&self) -> bool;
+    fn kv(&self) -> &KvPool;
+    fn totals(&self) -> ReplicaStats;
+}
+
+/// Whether a request can ever fit a pool of `kv`: its prompt plus output in blocks. Returns the
+/// request's total tokens.
+pub fn fits(kv: &KvPool, r: &NewRequest) -> Result<u64, Rejection> {
+    assert!(
+        r.prompt_tokens > 0 && r.output_tokens > 0,
+        "empty request {r:?}"
+    );
+    let total = r.prompt_tokens as u64 + r.output_tokens as u64;
+    if kv.blocks_for(total) > kv.capacity_blocks() {
+        return Err(Rejection::TooLongForKv);
+    }
+    Ok(total)
 }

@@ -32,25 +32,7 @@ enum Command {
         opts: RunOpts,
     },
     /// Run scenarios and check invariants, properties, expectations, coverage and golden hashes.
-    Check {
-        /// Scenario files or directories (default: scenarios/library).
-        paths: Vec<PathBuf>,
-        /// Also run N swarm seeds of every scenario that declares swarm ranges.
-        #[arg(long, default_value_t = 0)]
-        swarm: u64,
-        /// First swarm seed.
-        #[arg(long, default_value_t = 1)]
-        first_seed: u64,
-        /// Worker threads for the swarm (0: all cores). Results do not depend on it.
-        #[arg(long, default_value_t = 0)]
-        threads: usize,
-        /// Where shrunk reproductions are written.
-        #[arg(long, default_value = "output/check")]
-        out: PathBuf,
-        /// Rewrite the golden run hashes of the checked scenarios.
-        #[arg(long)]
-        update_golden: bool,
-    },
+    Check(cli::check::Args),
     /// Run a grid of parameters x seeds (SWEEP.ron); resumable, shardable.
     Sweep {
         sweep: PathBuf,
@@ -102,23 +84,7 @@ fn main() -> ExitCode {
         }) => cli::sweep::sweep(&sweep, &out, &shard, threads),
         Some(Command::Merge { sweep, dirs, out }) => cli::sweep::merge(&sweep, &dirs, &out),
         Some(Command::Compare { a, b }) => cancelsim::sweep::compare(&a, &b).map(|t| print!("{t}")),
-        Some(Command::Check {
-            paths,
-            swarm,
-            first_seed,
-            threads,
-            out,
-            update_golden,
-        }) => {
-            return cli::check::main(cli::check::Args {
-                paths,
-                swarm,
-                first_seed,
-                threads,
-                out,
-                update_golden,
-            })
-        }
+        Some(Command::Check(args)) => return cli::check::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

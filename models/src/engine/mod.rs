@@ -24,8 +24,9 @@ use std::collections::VecDeque;
 use crate::gpu::{StepCost, StepShape};
 use crate::kv::KvPool;
 use crate::protocol::{
-    Abort, Checkpoint, Dispatch, NewRequest, Outcome, Rejection, ReleaseMode, Released, StepOutput,
-    StepReport, UnknownAbort,
+    fits, Abort, Checkpoint, CheckpointReport, Dispatch, Gauges, NewRequest, Outbox, Outcome,
+    Rejection, ReleaseMode, Released, ReplicaStats, Scheduler, StepOutput, StepReport,
+    UnknownAbort,
 };
 
 pub use seq::{EngineStats, TOMBSTONES_MAX};
@@ -99,6 +100,14 @@ fn free_blocks(kv: &mut KvPool, marked_blocks: &mut u64, marked: bool, blocks: u
     }
 }
 
+/// A sequence's fenced blocks go back to the pool once no step in flight uses them.
+fn release_fenced(kv: &mut KvPool, marked_blocks: &mut u64, seq: &mut Seq) {
+    if seq.inflight == 0 {
+        free_blocks(kv, marked_blocks, seq.marked, seq.fenced_blocks);
+        seq.fenced_blocks = 0;
+    }
+}
+
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.window > 0);
@@ -128,64 +137,6 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
-    }
-
-    /// Accept a request into the waiting queue, or refuse it if it can never run here.
-    pub fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
-        assert!(
-            r.prompt_tokens > 0 && r.output_tokens > 0,
-            "empty request {r:?}"
-        );
-        let total = r.prompt_tokens as u64 + r.output_tokens as u64;
-        if self.kv.blocks_for(total) > self.kv.capacity_blocks() {
-            self.stats.rejected += 1;
-            return Err(Rejection::TooLongForKv);
-        }
-        if !self.cfg.chunked_prefill && total > self.cfg.max_num_batched_tokens as u64 {
-            self.stats.rejected += 1;
-            return Err(Rejection::TooLongForBudget);
-        }
-        let seq = Seq::new(&r, now_ns);
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.seqs[s as usize] = seq;
-                s
-            }
-            None => {
-                self.seqs.push(seq);
-                (self.seqs.len() - 1) as u32
-            }
-        };
-        self.waiting.push_back(slot);
-        self.live += 1;
-        let t = r.tag as usize;
-        if self.slot_of_tag.len() <= t {
-            self.slot_of_tag.resize(t + 1, None);
-        }
-        self.slot_of_tag[t] = Some(slot);
-        Ok(())
-    }
-
-    /// Compose and dispatch the next step if the window has room and there is work.
-    pub fn dispatch(&mut self, now_ns: u64) -> Option<Dispatch> {
-        if self.inflight.len() as u32 >= self.cfg.window {
-            return None;
-        }
-        let entries = self.spare_entries.pop().unwrap_or_default();
-        debug_assert!(entries.is_empty());
-        let mut c = Compose {
-            entries,
-            shape: StepShape::default(),
-            budget: self.cfg.max_num_batched_tokens,
-            preempted: false,
-        };
-        self.compose_running(now_ns, &mut c);
-        self.admit_waiting(now_ns, &mut c);
-        if c.entries.is_empty() {
-            self.spare_entries.push(c.entries);
-            return None;
-        }
-        Some(self.launch(now_ns, c))
     }
 
     /// Running requests first, oldest first: a prefill chunk or one decode token each.
@@ -335,55 +286,10 @@ impl Engine {
         seq.touch(now_ns);
         seq.fenced_blocks += seq.blocks;
         seq.blocks = 0;
-        if seq.inflight == 0 {
-            free_blocks(
-                &mut self.kv,
-                &mut self.marked_blocks,
-                seq.marked,
-                seq.fenced_blocks,
-            );
-            seq.fenced_blocks = 0;
-        }
+        release_fenced(&mut self.kv, &mut self.marked_blocks, seq);
         seq.restart();
         self.waiting.push_front(slot);
         self.stats.preemptions += 1;
-    }
-
-    /// Process the oldest dispatched step, which ends now. Pushes one `StepOutput` per entry and
-    /// one `Released` per request that left the engine.
-    pub fn step_done(
-        &mut self,
-        now_ns: u64,
-        step: u64,
-        outputs: &mut Vec<StepOutput>,
-        released: &mut Vec<Released>,
-    ) -> StepReport {
-        let s = self.inflight.pop_front().expect("a step in flight");
-        assert_eq!(s.id, step, "steps complete in dispatch order");
-        self.at_boundary = true;
-        assert_eq!(s.end_ns, now_ns, "step processed at its end time");
-        let mut tokens_total = 0u64;
-        let mut finished_any = false;
-        for e in &s.entries {
-            tokens_total += e.tokens as u64;
-            finished_any |= self.process_entry(e, now_ns, outputs);
-            // A request appears at most once per step, so it is retired at most once here.
-            self.try_retire(e.slot, released);
-        }
-        self.taint.step_ended(step);
-        if finished_any {
-            let seqs = &self.seqs;
-            self.running
-                .retain(|&slot| seqs[slot as usize].phase == Phase::Running);
-        }
-        let mut entries = s.entries;
-        entries.clear();
-        self.spare_entries.push(entries);
-        StepReport {
-            step,
-            duration_ns: s.duration_ns,
-            tokens: tokens_total,
-        }
     }
 
     /// One request's share of a processed step: its outcome, and its fenced blocks back to the
@@ -406,13 +312,7 @@ impl Engine {
         });
         if seq.inflight == 0 && seq.fenced_blocks > 0 {
             seq.touch(now_ns);
-            free_blocks(
-                &mut self.kv,
-                &mut self.marked_blocks,
-                seq.marked,
-                seq.fenced_blocks,
-            );
-            seq.fenced_blocks = 0;
+            release_fenced(&mut self.kv, &mut self.marked_blocks, seq);
         }
         matches!(outcome, Outcome::Token { last: true, .. })
     }
@@ -451,16 +351,6 @@ impl Engine {
         self.live -= 1;
     }
 
-    /// Tags of requests dispatched for the first time since the last call.
-    pub fn take_started(&mut self, into: &mut Vec<u32>) {
-        into.append(&mut self.started);
-    }
-
-    /// Requests waiting, running or draining here: what a least-loaded router compares.
-    pub fn load(&self) -> u64 {
-        self.live
-    }
-
     /// Blocks held now by requests with a cancel intent (retained).
     pub fn marked_blocks(&self) -> u64 {
         self.marked_blocks
@@ -478,15 +368,187 @@ impl Engine {
         self.inflight.len()
     }
 
-    pub fn is_idle(&self) -> bool {
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+}
+
+impl Scheduler for Engine {
+    /// Accept a request into the waiting queue, or refuse it if it can never run here.
+    fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
+        let total = fits(&self.kv, &r).inspect_err(|_| self.stats.rejected += 1)?;
+        if !self.cfg.chunked_prefill && total > self.cfg.max_num_batched_tokens as u64 {
+            self.stats.rejected += 1;
+            return Err(Rejection::TooLongForBudget);
+        }
+        let seq = Seq::new(&r, now_ns);
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.seqs[s as usize] = seq;
+                s
+            }
+            None => {
+                self.seqs.push(seq);
+                (self.seqs.len() - 1) as u32
+            }
+        };
+        self.waiting.push_back(slot);
+        self.live += 1;
+        let t = r.tag as usize;
+        if self.slot_of_tag.len() <= t {
+            self.slot_of_tag.resize(t + 1, None);
+        }
+        self.slot_of_tag[t] = Some(slot);
+        Ok(())
+    }
+
+    /// Compose and dispatch the next step if the window has room and there is work.
+    fn dispatch(&mut self, now_ns: u64, out: &mut Outbox) -> Option<Dispatch> {
+        if self.inflight.len() as u32 >= self.cfg.window {
+            return None;
+        }
+        let entries = self.spare_entries.pop().unwrap_or_default();
+        debug_assert!(entries.is_empty());
+        let mut c = Compose {
+            entries,
+            shape: StepShape::default(),
+            budget: self.cfg.max_num_batched_tokens,
+            preempted: false,
+        };
+        self.compose_running(now_ns, &mut c);
+        self.admit_waiting(now_ns, &mut c);
+        out.started.append(&mut self.started);
+        if c.entries.is_empty() {
+            self.spare_entries.push(c.entries);
+            return None;
+        }
+        Some(self.launch(now_ns, c))
+    }
+
+    /// Process the oldest dispatched step, which ends now. Pushes one `StepOutput` per entry and
+    /// one `Released` per request that left the engine.
+    fn step_done(&mut self, now_ns: u64, step: u64, out: &mut Outbox) -> StepReport {
+        let s = self.inflight.pop_front().expect("a step in flight");
+        assert_eq!(s.id, step, "steps complete in dispatch order");
+        self.at_boundary = true;
+        assert_eq!(s.end_ns, now_ns, "step processed at its end time");
+        let mut tokens_total = 0u64;
+        let mut finished_any = false;
+        for e in &s.entries {
+            tokens_total += e.tokens as u64;
+            finished_any |= self.process_entry(e, now_ns, &mut out.outputs);
+            // A request appears at most once per step, so it is retired at most once here.
+            self.try_retire(e.slot, &mut out.released);
+        }
+        self.taint.step_ended(step);
+        if finished_any {
+            let seqs = &self.seqs;
+            self.running
+                .retain(|&slot| seqs[slot as usize].phase == Phase::Running);
+        }
+        let mut entries = s.entries;
+        entries.clear();
+        self.spare_entries.push(entries);
+        StepReport {
+            step,
+            duration_ns: s.duration_ns,
+            tokens: tokens_total,
+        }
+    }
+
+    /// An abort arrives at the engine. It takes effect at the next checkpoint.
+    fn abort(&mut self, a: Abort) {
+        self.pending_aborts.push(a);
+    }
+
+    /// A scheduler pass begins: if it is a checkpoint, handle the pending aborts. Every request
+    /// an abort reaches leaves the waiting queue or the running set now; a step already in
+    /// flight keeps it (its output will be discarded). Call before `dispatch`.
+    ///
+    /// The engine loop looks at aborts between steps, never during one: a pass is a checkpoint
+    /// only right after a step ended, or while nothing is in flight. With `EveryPasses(k)`, only
+    /// every k-th such boundary is.
+    fn checkpoint(&mut self, now_ns: u64, out: &mut Outbox) -> CheckpointReport {
+        let mut report = CheckpointReport::default();
+        if !self.is_checkpoint() {
+            return report;
+        }
+        let mut aborts = std::mem::take(&mut self.pending_aborts);
+        for a in &aborts {
+            self.handle_abort(a, now_ns, &mut report, out);
+        }
+        let seqs = &self.seqs;
+        self.running
+            .retain(|&slot| seqs[slot as usize].phase == Phase::Running);
+        self.waiting
+            .retain(|&slot| seqs[slot as usize].phase == Phase::Waiting);
+        aborts.clear();
+        if self.pending_aborts.is_empty() {
+            self.pending_aborts = aborts;
+        }
+        report
+    }
+
+    /// The caller's cancel intent for request `tag` happened now: from here on its blocks count as
+    /// retained. Does nothing if the request is not here (or already gone).
+    fn mark_intent(&mut self, now_ns: u64, tag: u32) {
+        let Some(&Some(slot)) = self.slot_of_tag.get(tag as usize) else {
+            return;
+        };
+        let seq = &mut self.seqs[slot as usize];
+        if seq.marked || seq.tag != tag {
+            return;
+        }
+        seq.touch(now_ns);
+        seq.marked = true;
+        self.marked_blocks += seq.blocks + seq.fenced_blocks;
+        self.stats.marked_blocks_peak = self.stats.marked_blocks_peak.max(self.marked_blocks);
+    }
+
+    fn timer_ns(&self) -> Option<u64> {
+        None
+    }
+
+    fn gauges(&self) -> Gauges {
+        Gauges {
+            waiting: self.waiting.len() as u64,
+            running: self.running.len() as u64,
+            kv_blocks: self.kv.in_use(),
+            kv_retained: self.marked_blocks,
+        }
+    }
+
+    /// Requests waiting, running or draining here: what a least-loaded router compares.
+    fn load(&self) -> u64 {
+        self.live
+    }
+
+    fn is_idle(&self) -> bool {
         self.live == 0 && self.inflight.is_empty()
     }
 
-    pub fn kv(&self) -> &KvPool {
+    fn kv(&self) -> &KvPool {
         &self.kv
     }
 
-    pub fn stats(&self) -> EngineStats {
-        self.stats
+    fn totals(&self) -> ReplicaStats {
+        let s = &self.stats;
+        ReplicaStats {
+            steps: s.steps,
+            busy_ns: s.busy_ns,
+            preemptions: s.preemptions,
+            tokens_delivered: s.tokens_delivered,
+            tokens_discarded: s.tokens_discarded,
+            padding_token_steps: 0,
+            rejected: s.rejected,
+            batches: 0,
+            aborts_handled: s.aborts_handled,
+            aborts_unknown: s.aborts_unknown + s.aborts_tombstoned,
+            aborts_unobserved: s.aborts_unobserved,
+            faults: s.faults,
+            corrupted_allocations: s.corrupted_allocations,
+            admission_stalls: s.admission_stalls,
+            marked_blocks_peak: s.marked_blocks_peak,
+        }
     }
 }

@@ -7,8 +7,8 @@ use cancelsim_models::batcher::{Batcher, BatcherConfig};
 use cancelsim_models::engine::{Engine, EngineConfig};
 use cancelsim_models::gpu::StepCost;
 use cancelsim_models::protocol::{
-    Abort, BlastRadius, Checkpoint, Dispatch, Handle, NewRequest, Observed, Outcome, Rejection,
-    ReleaseMode, Released, Scope, StepOutput, UnknownAbort,
+    Abort, BlastRadius, Checkpoint, Dispatch, Handle, NewRequest, Outbox, Outcome, Rejection,
+    ReleaseMode, Scheduler, Scope, UnknownAbort,
 };
 
 const MS: u64 = 1_000_000;
@@ -38,57 +38,6 @@ fn cfg(window: u32) -> EngineConfig {
     }
 }
 
-trait Replica {
-    fn enqueue(&mut self, now: u64, r: NewRequest) -> Result<(), Rejection>;
-    fn dispatch(&mut self, now: u64) -> Option<Dispatch>;
-    fn step_done(&mut self, now: u64, step: u64, o: &mut Vec<StepOutput>, r: &mut Vec<Released>);
-    fn timer(&self) -> Option<u64>;
-    fn abort(&mut self, a: Abort);
-    fn checkpoint(&mut self, now: u64, o: &mut Vec<Observed>, r: &mut Vec<Released>);
-}
-
-impl Replica for Engine {
-    fn enqueue(&mut self, now: u64, r: NewRequest) -> Result<(), Rejection> {
-        Engine::enqueue(self, now, r)
-    }
-    fn dispatch(&mut self, now: u64) -> Option<Dispatch> {
-        Engine::dispatch(self, now)
-    }
-    fn step_done(&mut self, now: u64, step: u64, o: &mut Vec<StepOutput>, r: &mut Vec<Released>) {
-        Engine::step_done(self, now, step, o, r);
-    }
-    fn timer(&self) -> Option<u64> {
-        None
-    }
-    fn abort(&mut self, a: Abort) {
-        Engine::abort(self, a)
-    }
-    fn checkpoint(&mut self, now: u64, o: &mut Vec<Observed>, r: &mut Vec<Released>) {
-        Engine::checkpoint(self, now, o, r);
-    }
-}
-
-impl Replica for Batcher {
-    fn enqueue(&mut self, now: u64, r: NewRequest) -> Result<(), Rejection> {
-        Batcher::enqueue(self, now, r)
-    }
-    fn dispatch(&mut self, now: u64) -> Option<Dispatch> {
-        Batcher::dispatch(self, now)
-    }
-    fn step_done(&mut self, now: u64, step: u64, o: &mut Vec<StepOutput>, r: &mut Vec<Released>) {
-        Batcher::step_done(self, now, step, o, r);
-    }
-    fn timer(&self) -> Option<u64> {
-        Batcher::timer_ns(self)
-    }
-    fn abort(&mut self, a: Abort) {
-        Batcher::abort(self, a)
-    }
-    fn checkpoint(&mut self, now: u64, o: &mut Vec<Observed>, r: &mut Vec<Released>) {
-        Batcher::checkpoint(self, now, o, r);
-    }
-}
-
 /// Per request: token times, discarded tokens, release.
 #[derive(Default, Debug)]
 struct Trace {
@@ -101,26 +50,25 @@ struct Trace {
 }
 
 /// Feed `(time, request)` arrivals, run to idle, return what each request saw.
-fn drive(rep: &mut impl Replica, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64, Trace> {
+fn drive(rep: &mut impl Scheduler, arrivals: &[(u64, NewRequest)]) -> BTreeMap<u64, Trace> {
     drive_aborts(rep, arrivals, &[])
 }
 
 /// The same, with aborts delivered at given times (arrivals first at a tie).
 fn drive_aborts(
-    rep: &mut impl Replica,
+    rep: &mut impl Scheduler,
     arrivals: &[(u64, NewRequest)],
     aborts: &[(u64, Abort)],
 ) -> BTreeMap<u64, Trace> {
     let mut next_abort = 0;
-    let mut observed = Vec::new();
     let mut traces: BTreeMap<u64, Trace> = BTreeMap::new();
     let mut inflight: Vec<Dispatch> = Vec::new();
     let mut next_arrival = 0;
-    let (mut outs, mut rels) = (Vec::new(), Vec::new());
+    let mut out = Outbox::default();
     for _ in 0..1_000_000 {
         let t_arr = arrivals.get(next_arrival).map(|a| a.0);
         let t_step = inflight.first().map(|d| d.end_ns);
-        let t_timer = rep.timer();
+        let t_timer = rep.timer_ns();
         let t_abort = aborts.get(next_abort).map(|a| a.0);
         let now = [t_arr, t_step, t_timer, t_abort]
             .into_iter()
@@ -129,8 +77,8 @@ fn drive_aborts(
         let Some(now) = now else { return traces };
         if t_step == Some(now) {
             let d = inflight.remove(0);
-            rep.step_done(now, d.step, &mut outs, &mut rels);
-            for o in outs.drain(..) {
+            rep.step_done(now, d.step, &mut out);
+            for o in out.outputs.drain(..) {
                 let t = traces.entry(o.id).or_default();
                 match o.outcome {
                     Outcome::Token { index, .. } => {
@@ -143,11 +91,7 @@ fn drive_aborts(
                     Outcome::Prefill => {}
                 }
             }
-            for r in rels.drain(..) {
-                let t = traces.entry(r.id).or_default();
-                assert!(t.released_ns.is_none(), "released twice");
-                t.released_ns = Some(now);
-            }
+            released(&mut traces, &mut out, now);
         } else if t_abort == Some(now) && t_arr != Some(now) {
             rep.abort(aborts[next_abort].1);
             next_abort += 1;
@@ -163,23 +107,28 @@ fn drive_aborts(
             || aborts.get(next_abort).is_some_and(|a| a.0 == now)
             || inflight.first().is_some_and(|d| d.end_ns == now);
         if !more_now {
-            rep.checkpoint(now, &mut observed, &mut rels);
-            for o in observed.drain(..) {
+            rep.checkpoint(now, &mut out);
+            for o in out.observed.drain(..) {
                 let t = traces.entry(o.id).or_default();
                 assert!(t.observed_ns.is_none(), "observed twice");
                 t.observed_ns = Some(now);
             }
-            for r in rels.drain(..) {
-                let t = traces.entry(r.id).or_default();
-                assert!(t.released_ns.is_none(), "released twice");
-                t.released_ns = Some(now);
-            }
-            while let Some(d) = rep.dispatch(now) {
+            released(&mut traces, &mut out, now);
+            while let Some(d) = rep.dispatch(now, &mut out) {
                 inflight.push(d);
             }
         }
     }
     panic!("did not go idle");
+}
+
+/// Requests whose blocks came back now, each once.
+fn released(traces: &mut BTreeMap<u64, Trace>, out: &mut Outbox, now: u64) {
+    for r in out.released.drain(..) {
+        let t = traces.entry(r.id).or_default();
+        assert!(t.released_ns.is_none(), "released twice");
+        t.released_ns = Some(now);
+    }
 }
 
 fn req(id: u64, prompt: u32, output: u32) -> NewRequest {

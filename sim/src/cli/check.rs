@@ -8,12 +8,24 @@ use std::time::Instant;
 use cancelsim::check;
 use cancelsim::scenario::Scenario;
 
+#[derive(clap::Args)]
 pub struct Args {
+    /// Scenario files or directories (default: scenarios/library).
     pub paths: Vec<PathBuf>,
+    /// Also run N swarm seeds of every scenario that declares swarm ranges.
+    #[arg(long, default_value_t = 0)]
     pub swarm: u64,
+    /// First swarm seed.
+    #[arg(long, default_value_t = 1)]
     pub first_seed: u64,
+    /// Worker threads for the swarm (0: all cores). Results do not depend on it.
+    #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Where shrunk reproductions are written.
+    #[arg(long, default_value = "output/check")]
     pub out: PathBuf,
+    /// Rewrite the golden run hashes of the checked scenarios.
+    #[arg(long)]
     pub update_golden: bool,
 }
 

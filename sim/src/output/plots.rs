@@ -13,7 +13,7 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
 use crate::metrics::Summary;
-use crate::record::{Extras, Sample};
+use crate::record::Extras;
 use crate::run::Report;
 
 type Res = Result<(), Box<dyn std::error::Error>>;
@@ -59,42 +59,78 @@ where
     Ok(())
 }
 
+/// One series per policy run: its label, and what `pick` takes from its extras (the
+/// counterfactual's extras come first, so policy `i` has extras `i + 1`).
+fn per_policy<'a, T>(
+    report: &'a Report,
+    extras: &'a [Extras],
+    pick: fn(&Extras) -> &[T],
+) -> Vec<(&'a str, &'a [T])> {
+    report
+        .policies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| extras.get(i + 1).map(|e| (p.policy.as_str(), pick(e))))
+        .collect()
+}
+
+/// The plots, by file name.
+const CHARTS: [(&str, Chart); 4] = [
+    ("policies", Chart::Policies),
+    ("cleanup_cdf", Chart::CleanupCdf),
+    ("kv_retained", Chart::KvRetained),
+    ("sibling_ttft", Chart::SiblingTtft),
+];
+
+#[derive(Clone, Copy)]
+enum Chart {
+    Policies,
+    CleanupCdf,
+    KvRetained,
+    SiblingTtft,
+}
+
+/// What the plots are drawn from.
+struct Charts<'a> {
+    report: &'a Report,
+    extras: &'a [Extras],
+}
+
+impl Charts<'_> {
+    /// One chart on a white canvas of either backend.
+    fn draw<DB: DrawingBackend>(&self, chart: Chart, area: DrawingArea<DB, Shift>) -> Res
+    where
+        DB::ErrorType: 'static,
+    {
+        area.fill(&WHITE)?;
+        match chart {
+            Chart::Policies => self.policies(&area)?,
+            Chart::CleanupCdf => self.cleanup_cdf(&area)?,
+            Chart::KvRetained => self.kv_retained(&area)?,
+            Chart::SiblingTtft => self.sibling_ttft(&area)?,
+        }
+        area.present()?;
+        Ok(())
+    }
+}
+
 /// Draw every plot into `dir`, as `<name>.png` and `<name>.svg`; returns the PNG paths.
 pub fn draw_all(dir: &Path, report: &Report, extras: &[Extras]) -> Result<Vec<PathBuf>, String> {
     fonts();
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let charts = Charts { report, extras };
     let mut written = Vec::new();
-    type Draw<'a> = Box<dyn Fn(DrawingArea<BitMapBackend, Shift>) -> Res + 'a>;
-    type DrawSvg<'a> = Box<dyn Fn(DrawingArea<SVGBackend, Shift>) -> Res + 'a>;
-    let charts: Vec<(&str, Draw, DrawSvg)> = vec![
-        (
-            "policies",
-            Box::new(|a| policies_impl(a, report)),
-            Box::new(|a| policies_impl(a, report)),
-        ),
-        (
-            "cleanup_cdf",
-            Box::new(|a| cleanup_cdf_impl(a, report, extras)),
-            Box::new(|a| cleanup_cdf_impl(a, report, extras)),
-        ),
-        (
-            "kv_retained",
-            Box::new(|a| kv_retained_impl(a, report, extras)),
-            Box::new(|a| kv_retained_impl(a, report, extras)),
-        ),
-        (
-            "sibling_ttft",
-            Box::new(|a| sibling_ttft_impl(a, report, extras)),
-            Box::new(|a| sibling_ttft_impl(a, report, extras)),
-        ),
-    ];
-    for (name, png, svg) in charts {
+    for (name, chart) in CHARTS {
         let p = dir.join(format!("{name}.png"));
         let area = BitMapBackend::new(&p, SIZE).into_drawing_area();
-        png(area).map_err(|e| format!("{}: {e}", p.display()))?;
+        charts
+            .draw(chart, area)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
         let s = dir.join(format!("{name}.svg"));
         let area = SVGBackend::new(&s, SIZE).into_drawing_area();
-        svg(area).map_err(|e| format!("{}: {e}", s.display()))?;
+        charts
+            .draw(chart, area)
+            .map_err(|e| format!("{}: {e}", s.display()))?;
         written.push(p);
     }
     Ok(written)
@@ -188,206 +224,176 @@ where
     Ok(())
 }
 
-/// Three panels: leaked GPU-s, late discards, sibling survival; one bar per policy.
-fn policies_impl<DB: DrawingBackend>(area: DrawingArea<DB, Shift>, report: &Report) -> Res
-where
-    DB::ErrorType: 'static,
-{
-    area.fill(&WHITE)?;
-    let (title, rest) = area.split_vertically(90);
-    policies_title(&title, report)?;
-    let panels = rest.split_evenly((1, 3));
-    for (panel, (caption, unit, value)) in panels.iter().zip(POLICY_METRICS.iter()) {
-        let values: Vec<f64> = report.policies.iter().map(value).collect();
-        policies_panel(panel, (caption, unit), &values)?;
+impl Charts<'_> {
+    /// Three panels: leaked GPU-s, late discards, sibling survival; one bar per policy.
+    fn policies<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
+    where
+        DB::ErrorType: 'static,
+    {
+        let report = self.report;
+        let (title, rest) = area.split_vertically(90);
+        policies_title(&title, report)?;
+        let panels = rest.split_evenly((1, 3));
+        for (panel, (caption, unit, value)) in panels.iter().zip(POLICY_METRICS.iter()) {
+            let values: Vec<f64> = report.policies.iter().map(value).collect();
+            policies_panel(panel, (caption, unit), &values)?;
+        }
+        Ok(())
     }
-    area.present()?;
-    Ok(())
-}
 
-fn cleanup_cdf_impl<DB: DrawingBackend>(
-    area: DrawingArea<DB, Shift>,
-    report: &Report,
-    extras: &[Extras],
-) -> Res
-where
-    DB::ErrorType: 'static,
-{
-    area.fill(&WHITE)?;
-    // The first policy whose backend observed cancels (the most evidence levels), else the first.
-    let idx = (0..report.policies.len())
-        .find(|&i| {
-            extras
-                .get(i + 1)
-                .is_some_and(|e| e.cleanup_cdf_ms.contains_key("backend_observation"))
-        })
-        .unwrap_or(0);
-    let cdfs = extras.get(idx + 1).map(|e| &e.cleanup_cdf_ms);
-    let policy = report
-        .policies
-        .get(idx)
-        .map(|p| p.policy.clone())
-        .unwrap_or_default();
-    let xmax = cdfs
-        .map(|c| {
-            c.values()
-                .flat_map(|v| v.iter().map(|p| p.0))
-                .fold(0.0f64, f64::max)
-        })
-        .unwrap_or(0.0)
-        .max(1.0);
-    let mut chart = ChartBuilder::on(&area)
-        .caption(
-            format!("Cleanup latency from intent, per evidence level ({policy})"),
-            ("sans-serif", 24),
-        )
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..xmax * 1.05, 0f64..1.0)?;
-    chart
-        .configure_mesh()
-        .x_desc("latency from intent (ms, virtual time)")
-        .y_desc("fraction of cancelled requests with this evidence")
-        .draw()?;
-    if let Some(cdfs) = cdfs {
-        for (i, (level, points)) in cdfs.iter().enumerate() {
-            let unknown = report.policies[idx]
-                .cleanup_latency_ms
-                .get(level)
-                .map_or(0, |l| l.unknown);
+    fn cleanup_cdf<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
+    where
+        DB::ErrorType: 'static,
+    {
+        let (report, extras) = (self.report, self.extras);
+        // The first policy whose backend observed cancels (the most evidence levels), else the first.
+        let idx = (0..report.policies.len())
+            .find(|&i| {
+                extras
+                    .get(i + 1)
+                    .is_some_and(|e| e.cleanup_cdf_ms.contains_key("backend_observation"))
+            })
+            .unwrap_or(0);
+        let cdfs = extras.get(idx + 1).map(|e| &e.cleanup_cdf_ms);
+        let policy = report
+            .policies
+            .get(idx)
+            .map(|p| p.policy.clone())
+            .unwrap_or_default();
+        let xmax = cdfs
+            .map(|c| {
+                c.values()
+                    .flat_map(|v| v.iter().map(|p| p.0))
+                    .fold(0.0f64, f64::max)
+            })
+            .unwrap_or(0.0)
+            .max(1.0);
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!("Cleanup latency from intent, per evidence level ({policy})"),
+                ("sans-serif", 24),
+            )
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..xmax * 1.05, 0f64..1.0)?;
+        chart
+            .configure_mesh()
+            .x_desc("latency from intent (ms, virtual time)")
+            .y_desc("fraction of cancelled requests with this evidence")
+            .draw()?;
+        if let Some(cdfs) = cdfs {
+            for (i, (level, points)) in cdfs.iter().enumerate() {
+                let unknown = report.policies[idx]
+                    .cleanup_latency_ms
+                    .get(level)
+                    .map_or(0, |l| l.unknown);
+                let c = palette(i);
+                chart
+                    .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(3)))?
+                    .label(format!("{} ({} unknown)", level.replace('_', " "), unknown))
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
+                    });
+            }
+        }
+        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+        Ok(())
+    }
+
+    fn kv_retained<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
+    where
+        DB::ErrorType: 'static,
+    {
+        let (report, extras) = (self.report, self.extras);
+        let series = per_policy(report, extras, |e| e.timeseries.as_slice());
+        let tmax = series
+            .iter()
+            .flat_map(|(_, s)| s.last().map(|x| x.t_s))
+            .fold(0.0f64, f64::max)
+            .max(1.0);
+        let ymax = series
+            .iter()
+            .flat_map(|(_, s)| s.iter().map(|x| x.kv_retained))
+            .max()
+            .unwrap_or(0)
+            .max(1) as f64;
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                "KV blocks retained by cancelled requests, over time",
+                ("sans-serif", 24),
+            )
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..tmax, 0f64..ymax * 1.1)?;
+        chart
+            .configure_mesh()
+            .x_desc("virtual time (s)")
+            .y_desc("KV blocks held after intent (all replicas)")
+            .draw()?;
+        for (i, (name, samples)) in series.iter().enumerate() {
             let c = palette(i);
             chart
-                .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(3)))?
-                .label(format!("{} ({} unknown)", level.replace('_', " "), unknown))
+                .draw_series(LineSeries::new(
+                    samples.iter().map(|s| (s.t_s, s.kv_retained as f64)),
+                    c.stroke_width(1),
+                ))?
+                .label(name.replace('_', " "))
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
                 });
         }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+        Ok(())
     }
-    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
-    area.present()?;
-    Ok(())
-}
 
-fn kv_retained_impl<DB: DrawingBackend>(
-    area: DrawingArea<DB, Shift>,
-    report: &Report,
-    extras: &[Extras],
-) -> Res
-where
-    DB::ErrorType: 'static,
-{
-    area.fill(&WHITE)?;
-    let series: Vec<(&str, &[Sample])> = report
-        .policies
-        .iter()
-        .enumerate()
-        .filter_map(|(i, p)| {
-            extras
-                .get(i + 1)
-                .map(|e| (p.policy.as_str(), e.timeseries.as_slice()))
-        })
-        .collect();
-    let tmax = series
-        .iter()
-        .flat_map(|(_, s)| s.last().map(|x| x.t_s))
-        .fold(0.0f64, f64::max)
-        .max(1.0);
-    let ymax = series
-        .iter()
-        .flat_map(|(_, s)| s.iter().map(|x| x.kv_retained))
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
-    let mut chart = ChartBuilder::on(&area)
-        .caption(
-            "KV blocks retained by cancelled requests, over time",
-            ("sans-serif", 24),
-        )
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(80)
-        .build_cartesian_2d(0f64..tmax, 0f64..ymax * 1.1)?;
-    chart
-        .configure_mesh()
-        .x_desc("virtual time (s)")
-        .y_desc("KV blocks held after intent (all replicas)")
-        .draw()?;
-    for (i, (name, samples)) in series.iter().enumerate() {
-        let c = palette(i);
+    fn sibling_ttft<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
+    where
+        DB::ErrorType: 'static,
+    {
+        let (report, extras) = (self.report, self.extras);
+        let series = per_policy(report, extras, |e| e.sibling_ttft_ms.as_slice());
+        let max = series
+            .iter()
+            .flat_map(|(_, s)| s.iter().map(|&(a, b)| a.max(b)))
+            .fold(0.0f64, f64::max)
+            .max(1.0)
+            * 1.05;
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                "Sibling TTFT during the storm against the counterfactual",
+                ("sans-serif", 24),
+            )
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..max, 0f64..max)?;
         chart
-            .draw_series(LineSeries::new(
-                samples.iter().map(|s| (s.t_s, s.kv_retained as f64)),
-                c.stroke_width(1),
-            ))?
-            .label(name.replace('_', " "))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+            .configure_mesh()
+            .x_desc("TTFT without cancellations (ms)")
+            .y_desc("TTFT with cancellations (ms)")
+            .draw()?;
+        chart.draw_series(LineSeries::new(
+            vec![(0.0, 0.0), (max, max)],
+            BLACK.stroke_width(1),
+        ))?;
+        for (i, (name, pairs)) in series.iter().enumerate() {
+            let c = palette(i);
+            chart
+                .draw_series(
+                    pairs
+                        .iter()
+                        .map(|&(x, y)| Circle::new((x, y), 2, c.mix(0.6).filled())),
+                )?
+                .label(format!(
+                    "{} ({} siblings)",
+                    name.replace('_', " "),
+                    pairs.len()
+                ))
+                .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+        Ok(())
     }
-    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
-    area.present()?;
-    Ok(())
-}
-
-fn sibling_ttft_impl<DB: DrawingBackend>(
-    area: DrawingArea<DB, Shift>,
-    report: &Report,
-    extras: &[Extras],
-) -> Res
-where
-    DB::ErrorType: 'static,
-{
-    area.fill(&WHITE)?;
-    let series: Vec<(&str, &[(f64, f64)])> = report
-        .policies
-        .iter()
-        .enumerate()
-        .filter_map(|(i, p)| {
-            extras
-                .get(i + 1)
-                .map(|e| (p.policy.as_str(), e.sibling_ttft_ms.as_slice()))
-        })
-        .collect();
-    let max = series
-        .iter()
-        .flat_map(|(_, s)| s.iter().map(|&(a, b)| a.max(b)))
-        .fold(0.0f64, f64::max)
-        .max(1.0)
-        * 1.05;
-    let mut chart = ChartBuilder::on(&area)
-        .caption(
-            "Sibling TTFT during the storm against the counterfactual",
-            ("sans-serif", 24),
-        )
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..max, 0f64..max)?;
-    chart
-        .configure_mesh()
-        .x_desc("TTFT without cancellations (ms)")
-        .y_desc("TTFT with cancellations (ms)")
-        .draw()?;
-    chart.draw_series(LineSeries::new(
-        vec![(0.0, 0.0), (max, max)],
-        BLACK.stroke_width(1),
-    ))?;
-    for (i, (name, pairs)) in series.iter().enumerate() {
-        let c = palette(i);
-        chart
-            .draw_series(
-                pairs
-                    .iter()
-                    .map(|&(x, y)| Circle::new((x, y), 2, c.mix(0.6).filled())),
-            )?
-            .label(format!(
-                "{} ({} siblings)",
-                name.replace('_', " "),
-                pairs.len()
-            ))
-            .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
-    }
-    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
-    area.present()?;
-    Ok(())
 }

@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::dist::Dist;
+use cancelsim_models::gpu::{self, Profile, StepCost};
+
+use crate::dist::{ms_to_ns, Dist};
 
 /// What arrives, and what each request asks for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -138,6 +140,57 @@ pub enum ProfileRef {
         per_kv_token_ns: f64,
         kv_blocks_16: u64,
     },
+}
+
+/// The fields of a `Custom` profile, as the scenario gives them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CustomCosts {
+    pub c0_ms: f64,
+    pub prefill_tokens_per_s: f64,
+    pub per_seq_us: f64,
+    pub per_kv_token_ns: f64,
+    pub kv_blocks_16: u64,
+}
+
+impl ProfileRef {
+    /// The fields of a `Custom` profile; `None` for a named one.
+    pub fn custom(&self) -> Option<CustomCosts> {
+        match *self {
+            ProfileRef::Named(_) => None,
+            ProfileRef::Custom {
+                c0_ms,
+                prefill_tokens_per_s,
+                per_seq_us,
+                per_kv_token_ns,
+                kv_blocks_16,
+            } => Some(CustomCosts {
+                c0_ms,
+                prefill_tokens_per_s,
+                per_seq_us,
+                per_kv_token_ns,
+                kv_blocks_16,
+            }),
+        }
+    }
+
+    /// The step costs, KV capacity (16-token blocks) and named profile (if any) of one replica.
+    /// The profile is validated: a named one exists.
+    pub fn costs(&self) -> (StepCost, u64, Option<Profile>) {
+        let Some(c) = self.custom() else {
+            let ProfileRef::Named(name) = self else {
+                unreachable!("not custom, so named")
+            };
+            let p = gpu::profile(name).expect("validated profile name");
+            return (p.cost, p.kv_blocks_16, Some(p));
+        };
+        let cost = StepCost {
+            c0_ns: ms_to_ns(c.c0_ms),
+            prefill_tokens_per_s: c.prefill_tokens_per_s.round() as u64,
+            per_seq_ns: (c.per_seq_us * 1e3).round() as u64,
+            per_kv_token_ps: (c.per_kv_token_ns * 1e3).round() as u64,
+        };
+        (cost, c.kv_blocks_16, None)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

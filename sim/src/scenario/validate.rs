@@ -203,21 +203,21 @@ fn validate_source(source: &Source) -> Check {
             count("workload.source.Poisson.requests", *requests)
         }
         Source::OnOff {
-            rate_on_per_s,
-            rate_off_per_s,
+            rate_on_per_s: on,
+            rate_off_per_s: off,
             on_ms,
             off_ms,
-            requests,
+            requests: n,
         } => {
             let f = "workload.source.OnOff";
-            positive(&format!("{f}.rate_on_per_s"), *rate_on_per_s)?;
-            non_negative(&format!("{f}.rate_off_per_s"), *rate_off_per_s)?;
+            positive(&format!("{f}.rate_on_per_s"), *on)?;
+            non_negative(&format!("{f}.rate_off_per_s"), *off)?;
             dist(&format!("{f}.on_ms"), on_ms)?;
             dist(&format!("{f}.off_ms"), off_ms)?;
             if on_ms.mean() <= 0.0 {
                 return err(&format!("{f}.on_ms"), "must have a mean > 0".into());
             }
-            count(&format!("{f}.requests"), *requests)
+            count(&format!("{f}.requests"), *n)
         }
         Source::Conversations { .. } => validate_conversations(source),
         Source::Trace {
@@ -281,36 +281,28 @@ fn validate_lengths(w: &Workload) -> Check {
 }
 
 fn validate_profile(p: &ProfileRef) -> Check {
-    match p {
-        ProfileRef::Named(name) => {
-            if cancelsim_models::gpu::profile(name).is_none() {
-                let known: Vec<&str> = cancelsim_models::gpu::PROFILES
-                    .iter()
-                    .map(|p| p.name)
-                    .collect();
-                let m = format!("unknown profile {name:?}; known: {}", known.join(", "));
-                return err("cluster.profile.Named", m);
-            }
-            Ok(())
-        }
-        ProfileRef::Custom {
-            c0_ms,
-            prefill_tokens_per_s,
-            per_seq_us,
-            per_kv_token_ns,
-            kv_blocks_16,
-        } => {
-            let f = "cluster.profile.Custom";
-            positive(&format!("{f}.c0_ms"), *c0_ms)?;
-            non_negative(&format!("{f}.prefill_tokens_per_s"), *prefill_tokens_per_s)?;
-            non_negative(&format!("{f}.per_seq_us"), *per_seq_us)?;
-            non_negative(&format!("{f}.per_kv_token_ns"), *per_kv_token_ns)?;
-            if *kv_blocks_16 == 0 {
-                return err(&format!("{f}.kv_blocks_16"), "must be > 0".into());
-            }
-            Ok(())
+    if let ProfileRef::Named(name) = p {
+        if cancelsim_models::gpu::profile(name).is_none() {
+            let known: Vec<&str> = cancelsim_models::gpu::PROFILES
+                .iter()
+                .map(|p| p.name)
+                .collect();
+            let m = format!("unknown profile {name:?}; known: {}", known.join(", "));
+            return err("cluster.profile.Named", m);
         }
     }
+    let Some(c) = p.custom() else {
+        return Ok(());
+    };
+    let f = "cluster.profile.Custom";
+    positive(&format!("{f}.c0_ms"), c.c0_ms)?;
+    non_negative(&format!("{f}.prefill_tokens_per_s"), c.prefill_tokens_per_s)?;
+    non_negative(&format!("{f}.per_seq_us"), c.per_seq_us)?;
+    non_negative(&format!("{f}.per_kv_token_ns"), c.per_kv_token_ns)?;
+    if c.kv_blocks_16 == 0 {
+        return err(&format!("{f}.kv_blocks_16"), "must be > 0".into());
+    }
+    Ok(())
 }
 
 fn validate_scheduler(s: &Scheduler) -> Check {

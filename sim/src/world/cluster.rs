@@ -3,20 +3,17 @@
 
 use cancelsim_models::batcher::BatcherConfig;
 use cancelsim_models::engine::EngineConfig;
-use cancelsim_models::gpu::{self, Profile, StepCost};
 use cancelsim_models::protocol::{
-    Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, NewRequest, Observed, Rejection,
-    ReleaseMode, Released, StepOutput, StepReport, UnknownAbort,
+    Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, NewRequest, Outbox,
+    Rejection, ReleaseMode, ReplicaStats, StepReport, UnknownAbort,
 };
-use cancelsim_models::replica::{Replica, ReplicaStats};
+use cancelsim_models::replica::{self, Replica};
 
 use super::event::Event;
-use super::requests::Tag;
 use crate::dist::ms_to_ns;
 use crate::kernel::{Class, Kernel, LimitError};
 use crate::scenario::{
-    AfterCompletion, CheckpointConfig, IdentityMode, ProfileRef, Radius, Release, Router, Scenario,
-    Scheduler,
+    AfterCompletion, CheckpointConfig, IdentityMode, Radius, Release, Router, Scenario, Scheduler,
 };
 
 pub(crate) fn radius(r: Radius) -> BlastRadius {
@@ -27,35 +24,9 @@ pub(crate) fn radius(r: Radius) -> BlastRadius {
     }
 }
 
-/// The step costs, KV capacity and named profile (if any) of the scenario's replicas.
-fn costs(s: &Scenario) -> (StepCost, u64, Option<Profile>) {
-    match &s.cluster.profile {
-        ProfileRef::Named(name) => {
-            let p = gpu::profile(name).expect("validated profile name");
-            (p.cost, p.kv_blocks_16, Some(p))
-        }
-        ProfileRef::Custom {
-            c0_ms,
-            prefill_tokens_per_s,
-            per_seq_us,
-            per_kv_token_ns,
-            kv_blocks_16,
-        } => (
-            StepCost {
-                c0_ns: ms_to_ns(*c0_ms),
-                prefill_tokens_per_s: prefill_tokens_per_s.round() as u64,
-                per_seq_ns: (per_seq_us * 1e3).round() as u64,
-                per_kv_token_ps: (per_kv_token_ns * 1e3).round() as u64,
-            },
-            *kv_blocks_16,
-            None,
-        ),
-    }
-}
-
 /// One replica as the scenario configures it.
-fn replica(s: &Scenario) -> Replica {
-    let (cost, kv_blocks_16, profile) = costs(s);
+fn configured(s: &Scenario) -> Replica {
+    let (cost, kv_blocks_16, profile) = s.cluster.profile.costs();
     let blocks = |block_tokens: u32, explicit: Option<u64>| {
         explicit.unwrap_or_else(|| (kv_blocks_16 * 16 / block_tokens as u64).max(1))
     };
@@ -68,7 +39,7 @@ fn replica(s: &Scenario) -> Replica {
             block_tokens,
             kv_blocks,
             window,
-        } => Replica::continuous(EngineConfig {
+        } => replica::continuous(EngineConfig {
             max_num_seqs: max_num_seqs
                 .or(profile.map(|p| p.max_num_seqs))
                 .unwrap_or(256),
@@ -100,7 +71,7 @@ fn replica(s: &Scenario) -> Replica {
             max_queue_delay_ms,
             block_tokens,
             kv_blocks,
-        } => Replica::dynamic(BatcherConfig {
+        } => replica::dynamic(BatcherConfig {
             max_batch_size: *max_batch_size,
             max_queue_delay_ns: ms_to_ns(*max_queue_delay_ms),
             block_tokens: *block_tokens,
@@ -108,15 +79,6 @@ fn replica(s: &Scenario) -> Replica {
             cost,
         }),
     }
-}
-
-/// What the replicas hold at one moment, summed (for samples).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Gauges {
-    pub queue: u64,
-    pub running: u64,
-    pub kv_blocks: u64,
-    pub kv_retained: u64,
 }
 
 /// The replicas' totals at the end of a run, once every one drained.
@@ -128,15 +90,6 @@ pub(crate) struct Drained {
     pub kv_peak: u64,
 }
 
-/// Buffers a replica fills during a pass or a step, taken and given back.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    pub outputs: Vec<StepOutput>,
-    pub released: Vec<Released>,
-    pub observed: Vec<Observed>,
-    pub started: Vec<Tag>,
-}
-
 pub(crate) struct Cluster {
     replicas: Vec<Replica>,
     router: Router,
@@ -146,20 +99,21 @@ pub(crate) struct Cluster {
     /// Cancel intents so far per replica: a request that sees this move while it is on the
     /// replica shared its engine with a cancelled request (a sibling).
     intent_epoch: Vec<u64>,
-    scratch: Scratch,
+    /// The replicas' outbox, lent to the world while it drains one pass or step.
+    outbox: Outbox,
 }
 
 impl Cluster {
     pub fn new(s: &Scenario) -> Cluster {
         let n = s.cluster.replicas as usize;
         Cluster {
-            replicas: (0..n).map(|_| replica(s)).collect(),
+            replicas: (0..n).map(|_| configured(s)).collect(),
             router: s.cluster.router,
             rr_next: 0,
             pass_pending: vec![false; n],
             timer_at: vec![None; n],
             intent_epoch: vec![0; n],
-            scratch: Scratch::default(),
+            outbox: Outbox::default(),
         }
     }
 
@@ -199,50 +153,31 @@ impl Cluster {
         }
     }
 
-    /// A pass begins: the replica's checkpoint. The scratch buffers come out filled with who was
-    /// observed and released; give them back with `recycle`.
-    pub fn checkpoint(&mut self, replica: u32, now_ns: u64) -> (CheckpointReport, Scratch) {
+    /// A pass begins: the replica's checkpoint. The outbox comes out with who was observed and
+    /// released; give it back with `recycle`.
+    pub fn checkpoint(&mut self, replica: u32, now_ns: u64) -> (CheckpointReport, Outbox) {
         let r = replica as usize;
         self.pass_pending[r] = false;
-        let mut s = std::mem::take(&mut self.scratch);
-        let report = self.replicas[r].checkpoint(now_ns, &mut s.observed, &mut s.released);
-        (report, s)
+        let mut out = std::mem::take(&mut self.outbox);
+        let report = self.replicas[r].checkpoint(now_ns, &mut out);
+        (report, out)
     }
 
-    /// A step of `replica` ends: its outputs and releases, in the scratch buffers.
-    pub fn step_done(&mut self, replica: u32, step: u64, now_ns: u64) -> (StepReport, Scratch) {
-        let mut s = std::mem::take(&mut self.scratch);
-        let report = self.replicas[replica as usize].step_done(
-            now_ns,
-            step,
-            &mut s.outputs,
-            &mut s.released,
-        );
-        (report, s)
+    /// A step of `replica` ends: its outputs and releases, in the outbox.
+    pub fn step_done(&mut self, replica: u32, step: u64, now_ns: u64) -> (StepReport, Outbox) {
+        let mut out = std::mem::take(&mut self.outbox);
+        let report = self.replicas[replica as usize].step_done(now_ns, step, &mut out);
+        (report, out)
     }
 
-    pub fn recycle(&mut self, mut s: Scratch) {
-        s.outputs.clear();
-        s.released.clear();
-        s.observed.clear();
-        s.started.clear();
-        self.scratch = s;
+    pub fn recycle(&mut self, mut out: Outbox) {
+        out.clear();
+        self.outbox = out;
     }
 
-    pub fn dispatch(&mut self, replica: u32, now_ns: u64) -> Option<Dispatch> {
-        self.replicas[replica as usize].dispatch(now_ns)
-    }
-
-    /// Requests dispatched for the first time in this pass.
-    pub fn take_started(&mut self, replica: u32) -> Vec<Tag> {
-        let mut started = std::mem::take(&mut self.scratch.started);
-        self.replicas[replica as usize].take_started(&mut started);
-        started
-    }
-
-    pub fn give_started(&mut self, mut started: Vec<Tag>) {
-        started.clear();
-        self.scratch.started = started;
+    /// The next step of `replica`, if it has room and work; first dispatches go to `out.started`.
+    pub fn dispatch(&mut self, replica: u32, now_ns: u64, out: &mut Outbox) -> Option<Dispatch> {
+        self.replicas[replica as usize].dispatch(now_ns, out)
     }
 
     /// After a pass: schedule the batcher's timer if it wants one it does not have yet.
@@ -277,7 +212,7 @@ impl Cluster {
     }
 
     /// A request on `replica` got a cancel intent now: its blocks count as retained from here.
-    pub fn intent(&mut self, replica: u32, now_ns: u64, tag: Tag) {
+    pub fn intent(&mut self, replica: u32, now_ns: u64, tag: u32) {
         self.intent_epoch[replica as usize] += 1;
         self.replicas[replica as usize].mark_intent(now_ns, tag);
     }
@@ -289,11 +224,11 @@ impl Cluster {
     pub fn gauges(&self) -> Gauges {
         let mut g = Gauges::default();
         for r in &self.replicas {
-            let (q, run, kv, kept) = r.gauges();
-            g.queue += q;
-            g.running += run;
-            g.kv_blocks += kv;
-            g.kv_retained += kept;
+            let x = r.gauges();
+            g.waiting += x.waiting;
+            g.running += x.running;
+            g.kv_blocks += x.kv_blocks;
+            g.kv_retained += x.kv_retained;
         }
         g
     }
@@ -309,7 +244,7 @@ impl Cluster {
             d.kv_allocated += kv.allocated_total();
             d.kv_freed += kv.freed_total();
             d.kv_peak = d.kv_peak.max(kv.in_use_max());
-            d.stats.add(&r.stats());
+            d.stats.add(&r.totals());
         }
         Some(d)
     }

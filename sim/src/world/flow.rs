@@ -98,8 +98,8 @@ impl World<'_> {
     /// leave.
     pub(super) fn on_step_done(&mut self, replica: u32, step: u64) -> Step {
         let now_ns = self.kernel.now_ns();
-        let (report, scratch) = self.cluster.step_done(replica, step, now_ns);
-        for &o in &scratch.outputs {
+        let (report, out) = self.cluster.step_done(replica, step, now_ns);
+        for &o in &out.outputs {
             let q = &mut self.requests[o.tag];
             self.accounts
                 .step_share(&mut q.cost, &q.cancel, &o, &report, now_ns);
@@ -107,10 +107,10 @@ impl World<'_> {
                 self.on_token(o.tag, index, last, o.corrupted)?;
             }
         }
-        for &rel in &scratch.released {
+        for &rel in &out.released {
             self.on_released(rel)?;
         }
-        self.cluster.recycle(scratch);
+        self.cluster.recycle(out);
         Ok(self.cluster.request_pass(&mut self.kernel, replica)?)
     }
 
@@ -118,16 +118,15 @@ impl World<'_> {
     /// the window is full, then the requests that started.
     pub(super) fn on_schedule_pass(&mut self, replica: u32) -> Step {
         let now_ns = self.kernel.now_ns();
-        let (report, scratch) = self.cluster.checkpoint(replica, now_ns);
+        let (report, mut out) = self.cluster.checkpoint(replica, now_ns);
         self.cancel.checkpoint_report(report.unknown, report.faults);
-        for &o in &scratch.observed {
+        for &o in &out.observed {
             self.on_observed(o)?;
         }
-        for &rel in &scratch.released {
+        for &rel in &out.released {
             self.on_released(rel)?;
         }
-        self.cluster.recycle(scratch);
-        while let Some(d) = self.cluster.dispatch(replica, now_ns) {
+        while let Some(d) = self.cluster.dispatch(replica, now_ns, &mut out) {
             self.recorder.step(replica, &d);
             let done = Event::StepDone {
                 replica,
@@ -135,15 +134,14 @@ impl World<'_> {
             };
             self.kernel.schedule_at(d.end_ns, Class::Completion, done)?;
         }
-        let started = self.cluster.take_started(replica);
-        for &tag in &started {
+        for &tag in &out.started {
             if !self.requests[tag].life.started {
                 self.requests[tag].life.started = true;
                 self.accounts.counts.started += 1;
                 self.stage_reached(tag, Stage::Prefill)?;
             }
         }
-        self.cluster.give_started(started);
+        self.cluster.recycle(out);
         Ok(self.cluster.arm_timer(&mut self.kernel, replica, now_ns)?)
     }
 

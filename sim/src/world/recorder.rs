@@ -3,9 +3,8 @@
 //! change a run.
 
 use cancelsim_models::ownership::{EvidenceLevel, State};
-use cancelsim_models::protocol::Dispatch;
+use cancelsim_models::protocol::{Dispatch, Gauges};
 
-use super::cluster::Gauges;
 use super::requests::Req;
 use crate::kernel::NS_PER_S;
 use crate::record::{
@@ -65,7 +64,7 @@ impl Recorder {
                 t_s: self.next_sample_ns as f64 / NS_PER_S as f64,
                 kv_blocks: g.kv_blocks,
                 kv_retained: g.kv_retained,
-                queue: g.queue,
+                queue: g.waiting,
                 running: g.running,
                 cancels_in_flight: in_flight,
             });
