@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
@@ -72,6 +73,42 @@ fn per_policy<'a, T>(
         .enumerate()
         .filter_map(|(i, p)| extras.get(i + 1).map(|e| (p.policy.as_str(), pick(e))))
         .collect()
+}
+
+/// A line chart's frame: its caption, axis labels and the room for its y labels.
+struct Axes<'a> {
+    caption: &'a str,
+    x_desc: &'a str,
+    y_desc: &'a str,
+    y_label_area: u32,
+}
+
+type LineChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+impl Axes<'_> {
+    /// The chart on `area` over `x` × `y`, its mesh drawn.
+    fn chart<'a, DB: DrawingBackend>(
+        &self,
+        area: &'a DrawingArea<DB, Shift>,
+        x: std::ops::Range<f64>,
+        y: std::ops::Range<f64>,
+    ) -> Result<LineChart<'a, DB>, Box<dyn std::error::Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        let mut chart = ChartBuilder::on(area)
+            .caption(self.caption, ("sans-serif", 24))
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(self.y_label_area)
+            .build_cartesian_2d(x, y)?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_desc)
+            .y_desc(self.y_desc)
+            .draw()?;
+        Ok(chart)
+    }
 }
 
 /// The plots, by file name.
@@ -268,20 +305,13 @@ impl Charts<'_> {
             })
             .unwrap_or(0.0)
             .max(1.0);
-        let mut chart = ChartBuilder::on(area)
-            .caption(
-                format!("Cleanup latency from intent, per evidence level ({policy})"),
-                ("sans-serif", 24),
-            )
-            .margin(20)
-            .x_label_area_size(50)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..xmax * 1.05, 0f64..1.0)?;
-        chart
-            .configure_mesh()
-            .x_desc("latency from intent (ms, virtual time)")
-            .y_desc("fraction of cancelled requests with this evidence")
-            .draw()?;
+        let axes = Axes {
+            caption: &format!("Cleanup latency from intent, per evidence level ({policy})"),
+            x_desc: "latency from intent (ms, virtual time)",
+            y_desc: "fraction of cancelled requests with this evidence",
+            y_label_area: 70,
+        };
+        let mut chart = axes.chart(area, 0f64..xmax * 1.05, 0f64..1.0)?;
         if let Some(cdfs) = cdfs {
             for (i, (level, points)) in cdfs.iter().enumerate() {
                 let unknown = report.policies[idx]
@@ -305,8 +335,7 @@ impl Charts<'_> {
     where
         DB::ErrorType: 'static,
     {
-        let (report, extras) = (self.report, self.extras);
-        let series = per_policy(report, extras, |e| e.timeseries.as_slice());
+        let series = per_policy(self.report, self.extras, |e| e.timeseries.as_slice());
         let tmax = series
             .iter()
             .flat_map(|(_, s)| s.last().map(|x| x.t_s))
@@ -318,20 +347,13 @@ impl Charts<'_> {
             .max()
             .unwrap_or(0)
             .max(1) as f64;
-        let mut chart = ChartBuilder::on(area)
-            .caption(
-                "KV blocks retained by cancelled requests, over time",
-                ("sans-serif", 24),
-            )
-            .margin(20)
-            .x_label_area_size(50)
-            .y_label_area_size(80)
-            .build_cartesian_2d(0f64..tmax, 0f64..ymax * 1.1)?;
-        chart
-            .configure_mesh()
-            .x_desc("virtual time (s)")
-            .y_desc("KV blocks held after intent (all replicas)")
-            .draw()?;
+        let axes = Axes {
+            caption: "KV blocks retained by cancelled requests, over time",
+            x_desc: "virtual time (s)",
+            y_desc: "KV blocks held after intent (all replicas)",
+            y_label_area: 80,
+        };
+        let mut chart = axes.chart(area, 0f64..tmax, 0f64..ymax * 1.1)?;
         for (i, (name, samples)) in series.iter().enumerate() {
             let c = palette(i);
             chart
@@ -352,28 +374,20 @@ impl Charts<'_> {
     where
         DB::ErrorType: 'static,
     {
-        let (report, extras) = (self.report, self.extras);
-        let series = per_policy(report, extras, |e| e.sibling_ttft_ms.as_slice());
+        let series = per_policy(self.report, self.extras, |e| e.sibling_ttft_ms.as_slice());
         let max = series
             .iter()
             .flat_map(|(_, s)| s.iter().map(|&(a, b)| a.max(b)))
             .fold(0.0f64, f64::max)
             .max(1.0)
             * 1.05;
-        let mut chart = ChartBuilder::on(area)
-            .caption(
-                "Sibling TTFT during the storm against the counterfactual",
-                ("sans-serif", 24),
-            )
-            .margin(20)
-            .x_label_area_size(50)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..max, 0f64..max)?;
-        chart
-            .configure_mesh()
-            .x_desc("TTFT without cancellations (ms)")
-            .y_desc("TTFT with cancellations (ms)")
-            .draw()?;
+        let axes = Axes {
+            caption: "Sibling TTFT during the storm against the counterfactual",
+            x_desc: "TTFT without cancellations (ms)",
+            y_desc: "TTFT with cancellations (ms)",
+            y_label_area: 70,
+        };
+        let mut chart = axes.chart(area, 0f64..max, 0f64..max)?;
         chart.draw_series(LineSeries::new(
             vec![(0.0, 0.0), (max, max)],
             BLACK.stroke_width(1),

@@ -2,10 +2,10 @@
 //! million-request trace never sits in memory. It also hashes every arrival, conversations' too,
 //! into the run's `workload_hash`.
 
-use super::error::{Step, Stop};
+use super::error::{Scheduled, Step, Stop};
 use super::event::Event;
 use super::requests::Tag;
-use crate::kernel::{Class, Kernel, LimitError};
+use crate::kernel::{Class, Kernel};
 use crate::scenario::{Scenario, Workload};
 use crate::workload::{self, Arrival, OpenLoop};
 
@@ -16,7 +16,7 @@ pub(crate) fn client_timers(
     w: &Workload,
     seed: u64,
     (id, tag): (u64, Tag),
-) -> Result<(), LimitError> {
+) -> Scheduled {
     let (deadline, disconnect) = workload::timing(w, seed, id);
     if let Some(d) = deadline {
         k.schedule_in(d, Class::Control, Event::Deadline { request: id, tag })?;

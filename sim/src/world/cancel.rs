@@ -7,7 +7,7 @@ use cancelsim_models::ownership::{EvidenceLevel, Owners, OwnershipError, Timesta
 use cancelsim_models::protocol::{Abort, Handle, Scope};
 
 use super::cluster::radius;
-use super::error::Stop;
+use super::error::{Scheduled, Stop};
 use super::event::Event;
 use super::requests::Tag;
 use crate::coverage::Mark;
@@ -159,7 +159,7 @@ impl<'s> CancelClient<'s> {
         id: u64,
         tag: Tag,
         holds: bool,
-    ) -> Result<(), LimitError> {
+    ) -> Scheduled {
         let Some(policy) = self.policy else {
             return Ok(());
         };
@@ -218,7 +218,7 @@ impl<'s> CancelClient<'s> {
         (request, tag): (u64, Tag),
         (replica, handle): (u32, &Handle),
         attempt: u8,
-    ) -> Result<(), LimitError> {
+    ) -> Scheduled {
         let scope = self.scope(handle);
         st.attempts = attempt + 1;
         self.rpc.attempts += 1;
@@ -333,7 +333,7 @@ impl<'s> CancelClient<'s> {
     }
 
     /// The backend observed the cancel of `(id, tag)`: its acknowledgement travels back.
-    pub fn send_ack(&self, k: &mut Kernel<Event>, id: u64, tag: Tag) -> Result<(), LimitError> {
+    pub fn send_ack(&self, k: &mut Kernel<Event>, id: u64, tag: Tag) -> Scheduled {
         let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, id, key::ACK_LATENCY);
         let latency = ms_to_ns(self.scenario.adapter.rpc_latency_ms.sample(&mut s));
         let ack = Event::CancelAck { request: id, tag };

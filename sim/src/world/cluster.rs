@@ -9,9 +9,10 @@ use cancelsim_models::protocol::{
 };
 use cancelsim_models::replica::{self, Replica};
 
+use super::error::Scheduled;
 use super::event::Event;
 use crate::dist::ms_to_ns;
-use crate::kernel::{Class, Kernel, LimitError};
+use crate::kernel::{Class, Kernel};
 use crate::scenario::{
     AfterCompletion, CheckpointConfig, IdentityMode, Radius, Release, Router, Scenario, Scheduler,
 };
@@ -137,7 +138,7 @@ impl Cluster {
     }
 
     /// Ask for a scheduler pass of `replica` at this tick, once.
-    pub fn request_pass(&mut self, k: &mut Kernel<Event>, replica: u32) -> Result<(), LimitError> {
+    pub fn request_pass(&mut self, k: &mut Kernel<Event>, replica: u32) -> Scheduled {
         if !self.pass_pending[replica as usize] {
             self.pass_pending[replica as usize] = true;
             k.schedule_in(0, Class::Schedule, Event::SchedulePass { replica })?;
@@ -181,12 +182,7 @@ impl Cluster {
     }
 
     /// After a pass: schedule the batcher's timer if it wants one it does not have yet.
-    pub fn arm_timer(
-        &mut self,
-        k: &mut Kernel<Event>,
-        replica: u32,
-        now_ns: u64,
-    ) -> Result<(), LimitError> {
+    pub fn arm_timer(&mut self, k: &mut Kernel<Event>, replica: u32, now_ns: u64) -> Scheduled {
         let r = replica as usize;
         let timer = self.replicas[r].timer_ns();
         if let Some(at) = timer.filter(|_| timer != self.timer_at[r]) {
@@ -201,12 +197,7 @@ impl Cluster {
     }
 
     /// An abort reaches `replica`'s backend; it acts at its next checkpoint.
-    pub fn abort(
-        &mut self,
-        k: &mut Kernel<Event>,
-        replica: u32,
-        abort: Abort,
-    ) -> Result<(), LimitError> {
+    pub fn abort(&mut self, k: &mut Kernel<Event>, replica: u32, abort: Abort) -> Scheduled {
         self.replicas[replica as usize].abort(abort);
         self.request_pass(k, replica)
     }

@@ -2,6 +2,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::error::Scheduled;
 use super::event::Event;
 use super::requests::Tag;
 use crate::dist::round_ns;
@@ -54,12 +55,7 @@ impl Conversations {
     }
 
     /// Conversation `conv` starts: the next start is scheduled, and its first turn now.
-    pub fn start(
-        &mut self,
-        k: &mut Kernel<Event>,
-        w: &Workload,
-        conv: u64,
-    ) -> Result<(), LimitError> {
+    pub fn start(&mut self, k: &mut Kernel<Event>, w: &Workload, conv: u64) -> Scheduled {
         let Source::Conversations {
             conversations,
             start_rate_per_s,

@@ -96,3 +96,6 @@ impl Stop {
 }
 
 pub(crate) type Step<T = ()> = Result<T, Stop>;
+
+/// What scheduling events can fail with: a run limit.
+pub(crate) type Scheduled = Result<(), LimitError>;

@@ -7,12 +7,12 @@ use cancelsim_models::ownership::{
     Admission, BarrierId, Disposition, Owners, State, Ticket, UpdateClass,
 };
 
-use super::error::{Step, Stop};
+use super::error::{Scheduled, Step, Stop};
 use super::event::Event;
 use super::requests::Tag;
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{key, Purpose, Stream};
-use crate::kernel::{Class, Kernel, LimitError};
+use crate::kernel::{Class, Kernel};
 use crate::metrics::Playback;
 use crate::scenario::PlaybackConfig;
 
@@ -328,7 +328,7 @@ impl PlaybackSink {
         k: &mut Kernel<Event>,
         owners: &mut Owners<u64>,
         owner: u64,
-    ) -> Result<(), LimitError> {
+    ) -> Scheduled {
         let barrier = BarrierId::of_owner(owner);
         let epoch = owners.barrier_advance_on(barrier);
         owners.set_clear_on(barrier, false);
