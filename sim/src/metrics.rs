@@ -390,7 +390,13 @@ mod tests {
     #[test]
     fn t95_matches_published_quantiles() {
         // t(0.975, df) from standard tables.
-        for (df, t) in [(1, 12.706), (10, 2.228), (30, 2.042), (40, 2.021), (60, 2.000)] {
+        for (df, t) in [
+            (1, 12.706),
+            (10, 2.228),
+            (30, 2.042),
+            (40, 2.021),
+            (60, 2.000),
+        ] {
             assert!((t95(df) - t).abs() < 6e-4, "df {df}: {} vs {t}", t95(df));
         }
         assert!((t95(120) - 1.980).abs() < 6e-4);
@@ -409,6 +415,10 @@ mod tests {
         }
         let s = l.summary();
         let half = t95(15) * (0.516_397_779_494_322_2 / 4.0) * 1.0;
-        assert!((s.mean_ci95 - half).abs() < 1e-9, "{} vs {half}", s.mean_ci95);
+        assert!(
+            (s.mean_ci95 - half).abs() < 1e-9,
+            "{} vs {half}",
+            s.mean_ci95
+        );
     }
 }

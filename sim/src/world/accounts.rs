@@ -3,7 +3,9 @@
 //! as they leave, so memory does not grow with the run.
 
 use cancelsim_models::ownership::{EvidenceLevel, State};
-use cancelsim_models::protocol::{Outcome, StepOutput, StepReport};
+use cancelsim_models::protocol::{Outcome, ReplicaStats, StepOutput, StepReport};
+
+use super::error::Stop;
 
 use super::cancel::CancelState;
 use super::requests::Req;
@@ -80,6 +82,9 @@ pub(crate) struct Accounts {
     pub disconnects: u64,
     pub storm_targets: u64,
     pub coverage: Coverage,
+    /// Output tokens and token-steps of the requests that left, for conservation.
+    pub tokens_left: u64,
+    pub token_steps_left: u64,
     /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
     /// requests leave: folded into the run hash, so two runs whose events coincide but whose
     /// outcomes differ (a killed sibling under a flat step cost) never share a hash.
@@ -109,6 +114,8 @@ impl Accounts {
             disconnects: 0,
             storm_targets: 0,
             coverage: Coverage::default(),
+            tokens_left: 0,
+            token_steps_left: 0,
             outcomes: blake3::Hasher::new(),
         }
     }
@@ -177,6 +184,8 @@ impl Accounts {
         }
         self.disposition(q, state);
         self.gpu.requests_ns += q.cost.gpu_ns;
+        self.tokens_left += q.life.tokens as u64;
+        self.token_steps_left += q.cost.token_steps;
         if let Some(intent_ns) = q.cancel.intent_ns {
             self.cancelled_left(q, state, intent_ns, finish_and_discard);
         }
@@ -264,7 +273,65 @@ impl Accounts {
         }
     }
 
+    /// Conservation at the end of a run (invariant 5): every output token a replica delivered
+    /// reached its request (which then played it or discarded it as late), every token-step was
+    /// shared to a request, and GPU time split into requests', discarded and padding work adds
+    /// up to the replicas' busy time.
+    pub fn conserved(&self, replicas: &ReplicaStats) -> Result<(), Stop> {
+        if self.tokens_left != replicas.tokens_delivered {
+            let what = format!(
+                "tokens not conserved: replicas delivered {}, requests received {}",
+                replicas.tokens_delivered, self.tokens_left
+            );
+            return Err(Stop::broken(vec![], what));
+        }
+        if self.token_steps_left != self.gpu.token_steps {
+            let what = format!(
+                "token-steps not conserved: steps computed {}, requests were charged {}",
+                self.gpu.token_steps, self.token_steps_left
+            );
+            return Err(Stop::broken(vec![], what));
+        }
+        let g = &self.gpu;
+        let shared_ns = g.requests_ns + g.discarded_ns + g.padding_ns;
+        let busy_ns = replicas.busy_ns as f64;
+        if (shared_ns - busy_ns).abs() > 1e-9 * busy_ns + 1.0 {
+            let what = format!("GPU time not conserved: busy {busy_ns} ns, shared {shared_ns} ns");
+            return Err(Stop::broken(vec![], what));
+        }
+        Ok(())
+    }
+
     pub fn outcome_hash(&self) -> blake3::Hash {
         self.outcomes.finalize()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conservation_catches_a_lost_token_a_lost_token_step_and_lost_gpu_time() {
+        let mut a = Accounts::new();
+        a.tokens_left = 10;
+        a.gpu.token_steps = 40;
+        a.token_steps_left = 40;
+        a.gpu.requests_ns = 900.0;
+        a.gpu.discarded_ns = 100.0;
+        let mut r = ReplicaStats {
+            tokens_delivered: 10,
+            busy_ns: 1000,
+            ..ReplicaStats::default()
+        };
+        assert_eq!(a.conserved(&r), Ok(()));
+        r.tokens_delivered = 11;
+        assert!(matches!(a.conserved(&r), Err(Stop::Broken { .. })));
+        r.tokens_delivered = 10;
+        a.token_steps_left = 39;
+        assert!(a.conserved(&r).is_err());
+        a.token_steps_left = 40;
+        r.busy_ns = 1_100;
+        assert!(a.conserved(&r).is_err());
     }
 }

@@ -312,6 +312,7 @@ impl<'s> World<'s> {
             .cluster
             .drained()
             .ok_or_else(|| Stop::broken(vec![], "a replica did not drain, or KV blocks leaked"))?;
+        self.accounts.conserved(&drained.stats)?;
         let pairs = self.baseline.take_pairs();
         let run_hash = {
             let mut h = blake3::Hasher::new();
