@@ -1,4 +1,4 @@
-//! What a run reports: the summary types (the `summary.json` keys of DESIGN.md) and the streaming
+//! What a run reports: the summary types (the `summary.json` keys) and the streaming
 //! accumulators behind them.
 
 use std::collections::BTreeMap;

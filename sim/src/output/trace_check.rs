@@ -1,6 +1,6 @@
 //! A structural checker for Chrome Trace Event JSON, the rules Perfetto's importer needs.
 //!
-//! No offline validator exists (`shared/research/ecosystem.md` §6), so this one checks:
+//! No offline validator of the format exists, so this one checks:
 //! - every `ph` is known;
 //! - `ts` is a number on everything but metadata;
 //! - thread events (`B`, `E`, `X`, `i`) have a pid and a tid;
