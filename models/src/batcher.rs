@@ -16,7 +16,7 @@ use crate::gpu::{StepCost, StepShape};
 use crate::kv::KvPool;
 use crate::protocol::{
     fits, Abort, CheckpointReport, Dispatch, Gauges, NewRequest, Observed, Outbox, Outcome,
-    Rejection, Released, ReplicaStats, Scheduler, StepOutput, StepReport,
+    Rejection, Released, ReplicaStats, Retired, Scheduler, StepOutput, StepReport,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,6 +186,10 @@ impl Scheduler for Batcher {
                     kv_block_ns: m.blocks as u128 * held_ns,
                     kv_block_ns_marked: 0,
                 });
+                out.retired.push(Retired {
+                    id: m.req.id,
+                    tag: m.req.tag,
+                });
             }
         }
         StepReport {
@@ -224,6 +228,10 @@ impl Scheduler for Batcher {
                         tag: q.req.tag,
                         kv_block_ns: 0,
                         kv_block_ns_marked: 0,
+                    });
+                    out.retired.push(Retired {
+                        id: q.req.id,
+                        tag: q.req.tag,
                     });
                 } else {
                     kept.push_back(q);

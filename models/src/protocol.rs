@@ -203,6 +203,17 @@ pub struct Outbox {
     pub observed: Vec<Observed>,
     /// Tags of requests dispatched for the first time.
     pub started: Vec<u32>,
+    /// Requests that left the scheduler: no step in flight holds them any more, so their tag may
+    /// be reused. With a fenced release this is the moment of `released`; with an immediate
+    /// one it can come later.
+    pub retired: Vec<Retired>,
+}
+
+/// A request left the scheduler for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retired {
+    pub id: u64,
+    pub tag: u32,
 }
 
 impl Outbox {
@@ -211,6 +222,7 @@ impl Outbox {
         self.released.clear();
         self.observed.clear();
         self.started.clear();
+        self.retired.clear();
     }
 }
 

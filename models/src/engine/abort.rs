@@ -120,6 +120,6 @@ impl Engine {
                 out.released.push(seq.released());
             }
         }
-        self.try_retire(slot, &mut out.released);
+        self.try_retire(slot, out);
     }
 }

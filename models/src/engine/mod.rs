@@ -25,8 +25,7 @@ use crate::gpu::{StepCost, StepShape};
 use crate::kv::KvPool;
 use crate::protocol::{
     fits, Abort, Checkpoint, CheckpointReport, Dispatch, Gauges, NewRequest, Outbox, Outcome,
-    Rejection, ReleaseMode, Released, ReplicaStats, Scheduler, StepOutput, StepReport,
-    UnknownAbort,
+    Rejection, ReleaseMode, ReplicaStats, Retired, Scheduler, StepOutput, StepReport, UnknownAbort,
 };
 
 pub use seq::{EngineStats, TOMBSTONES_MAX};
@@ -331,7 +330,7 @@ impl Engine {
     }
 
     /// Leave the engine once finished or aborted and no step in flight uses the request.
-    fn try_retire(&mut self, slot: u32, released: &mut Vec<Released>) {
+    fn try_retire(&mut self, slot: u32, out: &mut Outbox) {
         let seq = &mut self.seqs[slot as usize];
         if !matches!(seq.phase, Phase::Finished | Phase::Aborted) || seq.inflight > 0 {
             return;
@@ -339,8 +338,12 @@ impl Engine {
         debug_assert_eq!(seq.blocks + seq.fenced_blocks, 0);
         if !seq.released_sent {
             seq.released_sent = true;
-            released.push(seq.released());
+            out.released.push(seq.released());
         }
+        out.retired.push(Retired {
+            id: seq.id,
+            tag: seq.tag,
+        });
         if self.slot_of_tag.get(seq.tag as usize) == Some(&Some(slot)) {
             self.slot_of_tag[seq.tag as usize] = None;
         }
@@ -438,7 +441,7 @@ impl Scheduler for Engine {
             tokens_total += e.tokens as u64;
             finished_any |= self.process_entry(e, now_ns, &mut out.outputs);
             // A request appears at most once per step, so it is retired at most once here.
-            self.try_retire(e.slot, &mut out.released);
+            self.try_retire(e.slot, out);
         }
         self.taint.step_ended(step);
         if finished_any {

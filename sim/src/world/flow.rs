@@ -5,7 +5,7 @@
 
 use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
 use cancelsim_models::ownership::{State, Ticket, Timestamp};
-use cancelsim_models::protocol::{NewRequest, Observed, Outcome, Released};
+use cancelsim_models::protocol::{NewRequest, Observed, Outcome, Released, Retired};
 
 use super::cancel::{self, evidence_mark, stage_mark, CancelState};
 use super::conversations::TurnEnd;
@@ -110,6 +110,9 @@ impl World<'_> {
         for &rel in &out.released {
             self.on_released(rel)?;
         }
+        for &r in &out.retired {
+            self.on_retired(r)?;
+        }
         self.cluster.recycle(out);
         Ok(self.cluster.request_pass(&mut self.kernel, replica)?)
     }
@@ -125,6 +128,9 @@ impl World<'_> {
         }
         for &rel in &out.released {
             self.on_released(rel)?;
+        }
+        for &r in &out.retired {
+            self.on_retired(r)?;
         }
         while let Some(d) = self.cluster.dispatch(replica, now_ns, &mut out) {
             self.recorder.step(replica, &d);
@@ -223,6 +229,7 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         q.life.rejected = true;
         q.life.engine_released = true;
+        q.life.engine_retired = true;
         let (id, conv) = (q.id, q.conv);
         let cancelled = self.owners.finish(&id, Disposition::Cancelled);
         cancelled.map_err(Stop::controller(id))?;
@@ -359,6 +366,16 @@ impl World<'_> {
             self.evidence(rel.tag, EvidenceLevel::ResourceRelease, domain)?;
         }
         self.try_finalize(rel.tag)
+    }
+
+    /// A request left its replica: no step in flight holds it any more.
+    fn on_retired(&mut self, r: Retired) -> Step {
+        if !self.requests.live(r.id, r.tag) {
+            let what = "a replica retired a request that is not here";
+            return Err(Stop::broken(vec![r.id], what));
+        }
+        self.requests[r.tag].life.engine_retired = true;
+        self.try_finalize(r.tag)
     }
 
     /// Output token `index` of a request: the lifecycle moves on, then the token passes the
@@ -510,7 +527,9 @@ impl World<'_> {
         }
         let state = self.owners.state(&q.id);
         let terminal = state.is_none_or(State::is_terminal);
-        let engine_done = q.life.engine_released || !q.life.enqueued;
+        // Not before its replica is done with it: a step in flight still holds its tag, and its
+        // output must be charged to this request, not to the next owner of the tag.
+        let engine_done = q.life.engine_retired || !q.life.enqueued;
         let settled = self.cancel.settled(&q.cancel, q.life.enqueued);
         if !terminal || !engine_done || q.chunks.busy() || q.cancel.intent_pending || !settled {
             return Ok(());

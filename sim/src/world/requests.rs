@@ -22,7 +22,10 @@ pub(crate) type TurnRef = (u64, u32);
 pub(crate) struct Life {
     pub enqueued: bool,
     pub started: bool,
+    /// Its blocks are back in the pool.
     pub engine_released: bool,
+    /// It left its replica: no step in flight holds it, so its tag may be reused.
+    pub engine_retired: bool,
     pub rejected: bool,
     /// Mirror of the controller's state being terminal, so a token need not look it up.
     pub terminal: bool,

@@ -458,3 +458,36 @@ fn cancel_after_completion_is_ignored_or_faults_by_runtime() {
         "the engine fault took every sibling"
     );
 }
+
+#[test]
+fn immediate_release_charges_the_in_flight_step_to_the_target_not_to_the_next_tag() {
+    // Defect 5 of the correctness issue: with an immediate release the target left at its early
+    // release and its tag went to the next request while a step that held it was in flight, so
+    // the step's share vanished from the target's leak and went to a request that never ran
+    // (and per-request token-steps summed to one less than the run's, which the end-of-run
+    // conservation check now refuses). A tag is never reused while a step holds it: the target's
+    // leak is the same under both release modes.
+    let requests = [(40, 100), (40, 10)];
+    let leak = |release: &str| {
+        let backend = format!("release: {release}");
+        let r = run(Setup {
+            name: release,
+            requests: &requests,
+            cancellation: "requests: [0], stage: Decode, delay_ms: Constant(15.0)",
+            window: 2,
+            max_num_seqs: 1,
+            backend: &backend,
+            ..Setup::default()
+        });
+        r.policies[0].leaked_work.clone()
+    };
+    let (fenced, immediate) = (leak("Fenced"), leak("Immediate"));
+    assert!(fenced.gpu_s > 0.0);
+    assert_eq!(immediate.token_steps, fenced.token_steps);
+    assert!(
+        (immediate.gpu_s - fenced.gpu_s).abs() < 1e-12,
+        "immediate {} vs fenced {}",
+        immediate.gpu_s,
+        fenced.gpu_s
+    );
+}
