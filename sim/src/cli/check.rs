@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use cancelsim::check;
+use cancelsim::check::{self, fuzz, fuzz::Tier};
+use cancelsim::run;
 use cancelsim::scenario::Scenario;
 
 #[derive(clap::Args)]
@@ -27,6 +28,15 @@ pub struct Args {
     /// Rewrite the golden run hashes of the checked scenarios.
     #[arg(long)]
     pub update_golden: bool,
+    /// Also run N whole scenarios drawn by the fuzzer (small worlds, every field at its edges).
+    #[arg(long, default_value_t = 0)]
+    pub fuzz: u64,
+    /// Also run N big worlds drawn by the fuzzer (5,000-50,000 requests, overload, tight KV).
+    #[arg(long, default_value_t = 0)]
+    pub big: u64,
+    /// Stop starting new fuzz or big-world seeds after this many seconds (0: no budget).
+    #[arg(long, default_value_t = 0.0)]
+    pub budget_s: f64,
 }
 
 pub const COMMIT: &str = env!("CANCELSIM_COMMIT");
@@ -160,6 +170,42 @@ fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
     failed.len()
 }
 
+/// The fuzzer's seeds of one tier: failures reported, the first few shrunk and written out.
+/// Returns (seeds run, failures).
+fn fuzz_tier(tier: Tier, n: u64, args: &Args) -> (u64, usize) {
+    let start = Instant::now();
+    let until = (args.budget_s > 0.0).then(|| start + Duration::from_secs_f64(args.budget_s));
+    let runner = &run::report;
+    let base = PathBuf::from("scenarios");
+    let results = fuzz::fuzz_with(runner, tier, (args.first_seed, n), &base, until);
+    let name = format!("fuzz-{tier:?}").to_lowercase();
+    let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
+    for r in &failed {
+        let what = r.failures.join("; ");
+        println!("FAIL {name} seed {}: {what} | reproduce: cancelsim check --{} 1 --first-seed {} (commit {COMMIT})",
+            r.seed, if tier == Tier::Big { "big" } else { "fuzz" }, r.seed);
+    }
+    for r in failed.iter().take(SHRINK_MAX) {
+        let drawn = fuzz::scenario(r.seed, tier, base.clone());
+        let fails = |s: &Scenario| fuzz::check_drawn(runner, s).is_err();
+        let small = check::shrink(&drawn, r.seed, 200, &fails);
+        let out = args.out.join(format!("{name}-seed{}.ron", r.seed));
+        let written = std::fs::create_dir_all(&args.out)
+            .and_then(|_| std::fs::write(&out, check::to_ron(&small)));
+        match written {
+            Ok(()) => println!("     shrunk to {}", out.display()),
+            Err(e) => println!("     could not write {}: {e}", out.display()),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{name}: {} seeds in {secs:.1} s, {} failed",
+        results.len(),
+        failed.len()
+    );
+    (results.len() as u64, failed.len())
+}
+
 pub fn main(args: Args) -> ExitCode {
     let paths = if args.paths.is_empty() {
         vec![PathBuf::from("scenarios/library")]
@@ -198,6 +244,12 @@ pub fn main(args: Args) -> ExitCode {
             swarm_s += start.elapsed().as_secs_f64();
             swarm_seeds += args.swarm;
         }
+    }
+    if args.fuzz > 0 {
+        failures += fuzz_tier(Tier::Small, args.fuzz, &args).1;
+    }
+    if args.big > 0 {
+        failures += fuzz_tier(Tier::Big, args.big, &args).1;
     }
     if args.update_golden {
         for (dir, g) in &goldens {

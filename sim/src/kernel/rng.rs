@@ -39,6 +39,8 @@ pub enum Purpose {
     Playback = 10,
     /// Swarm testing's draw of a scenario's parameters (entity 0, keyed by the swarm seed).
     Swarm = 11,
+    /// The scenario fuzzer's draw of a whole scenario (entity = tier, keyed by the fuzz seed).
+    Fuzz = 12,
 }
 
 /// Entity and sub-key values that name one stream among an entity's several. Part of the key

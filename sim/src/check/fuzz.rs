@@ -1,0 +1,454 @@
+//! The whole-scenario fuzzer: every field of the schema drawn per seed, within and at the edges
+//! of its valid range, and two tiers of size. `Small` worlds are many and quick; `Big` worlds are
+//! the swarm's second tier: thousands of requests, overload, conversations with every intent
+//! source, tight KV pools at every window, reused ids, both release modes.
+//!
+//! A drawn scenario always validates (a test holds the generator to it), so every failure is the
+//! simulator's: a limit hit, an invariant broken, or a summary that means nothing.
+
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+
+use super::{check_with, Runner, SeedResult};
+use crate::dist::Dist;
+use crate::kernel::rng::{Purpose, Stream};
+use crate::run::Report;
+use crate::scenario::*;
+
+/// How big the drawn worlds are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    /// Up to a few hundred requests: every field, every edge.
+    Small = 1,
+    /// 5,000 to 50,000 requests, offered up to 3x capacity.
+    Big = 2,
+}
+
+/// Draws, with a bias to the edges of each range.
+struct Draw {
+    s: Stream,
+}
+
+impl Draw {
+    fn chance(&mut self, p: f64) -> bool {
+        self.s.uniform_open01() < p
+    }
+
+    fn int(&mut self, lo: u64, hi: u64) -> u64 {
+        match self.s.below(8) {
+            0 => lo,
+            1 => hi,
+            _ => lo + self.s.below(hi - lo + 1),
+        }
+    }
+
+    fn real(&mut self, lo: f64, hi: f64) -> f64 {
+        match self.s.below(8) {
+            0 => lo,
+            1 => hi,
+            _ => lo + (hi - lo) * self.s.uniform_open01(),
+        }
+    }
+
+    /// Log-uniform in `[lo, hi]`, `lo > 0`, with the edges.
+    fn scale(&mut self, lo: f64, hi: f64) -> f64 {
+        match self.s.below(8) {
+            0 => lo,
+            1 => hi,
+            _ => lo * libm::exp(libm::log(hi / lo) * self.s.uniform_open01()),
+        }
+    }
+
+    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
+        xs[self.s.below(xs.len() as u64) as usize].clone()
+    }
+
+    /// A distribution of non-negative values around `typical`, of every kind.
+    fn dist(&mut self, typical: f64, sigma_max: f64) -> Dist {
+        match self.s.below(5) {
+            0 => Dist::Constant(self.real(0.0, 2.0 * typical)),
+            1 => Dist::Exponential {
+                mean: self.scale(typical * 1e-3 + 1e-9, typical * 2.0 + 1e-9),
+            },
+            2 => {
+                let low = self.real(0.0, typical);
+                Dist::Uniform {
+                    low,
+                    high: low + self.real(0.0, typical),
+                }
+            }
+            3 => Dist::LogNormal {
+                median: self.real(0.0, typical),
+                sigma: self.real(0.0, sigma_max),
+            },
+            _ => {
+                let n = self.int(1, 5) as usize;
+                Dist::Empirical((0..n).map(|_| self.real(0.0, 2.0 * typical)).collect())
+            }
+        }
+    }
+}
+
+/// The scenario of fuzz seed `seed` in tier `tier`. `base_dir` is where trace paths resolve.
+pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
+    let mut d = Draw {
+        s: Stream::new(seed, Purpose::Fuzz, tier as u64),
+    };
+    let mut s = Scenario::parse(DEFAULT_SCENARIO, DEFAULT_SCENARIO_PATH)
+        .expect("the embedded default scenario is valid");
+    s.name = format!(
+        "fuzz-{}-{seed}",
+        if tier == Tier::Big { "big" } else { "small" }
+    );
+    s.description = format!("Drawn by `cancelsim check --fuzz`, seed {seed}.");
+    s.seed = seed;
+    s.base_dir = base_dir;
+    s.limits = LimitsConfig {
+        max_events: 100_000_000,
+        max_time_s: 1e7,
+        max_queue_len: 10_000_000,
+    };
+    s.workload = workload(&mut d, tier);
+    s.cluster = cluster(&mut d, tier);
+    s.cancellation = d.chance(0.8).then(|| cancellation(&mut d));
+    s.policies = policies(&mut d);
+    s.adapter = adapter(&mut d);
+    s.backend = backend(&mut d);
+    s.playback = playback(&mut d);
+    s.expect.clear();
+    s.coverage.clear();
+    s.properties = Properties::default();
+    s.swarm = None;
+    s
+}
+
+fn workload(d: &mut Draw, tier: Tier) -> Workload {
+    let big = tier == Tier::Big;
+    let requests = if big {
+        d.int(5_000, 50_000)
+    } else {
+        d.int(1, 300)
+    };
+    // Long outputs cost a step each: heavy tails only in small worlds, and then few requests.
+    let sigma_max = if big { 1.5 } else { 10.0 };
+    let (prompt_tokens, output_tokens) = (d.dist(600.0, sigma_max), d.dist(120.0, sigma_max));
+    let heavy = [&prompt_tokens, &output_tokens]
+        .iter()
+        .any(|x| matches!(x, Dist::LogNormal { sigma, .. } if *sigma > 2.0));
+    let requests = if heavy { requests.min(8) } else { requests };
+    Workload {
+        source: source(d, requests, big),
+        prompt_tokens,
+        output_tokens,
+        // A deadline far past the run's end is an edge too: its timer must not keep the run alive.
+        deadline_ms: d.chance(0.3).then(|| {
+            let near = d.dist(5_000.0, 1.0);
+            d.pick(&[near, Dist::Constant(7e8)])
+        }),
+        disconnect_ms: d.chance(0.2).then(|| d.dist(10_000.0, 1.0)),
+    }
+}
+
+fn source(d: &mut Draw, requests: u64, big: bool) -> Source {
+    // Big worlds are offered up to 3x what one 8B/H100 replica serves (~40 req/s).
+    let rate = if big {
+        d.scale(5.0, 120.0)
+    } else {
+        d.scale(0.01, 10_000.0)
+    };
+    match d.s.below(if big { 3 } else { 4 }) {
+        0 => Source::Poisson {
+            rate_per_s: rate,
+            requests,
+        },
+        1 => Source::Conversations {
+            conversations: (requests / 4).max(1),
+            start_rate_per_s: rate / 4.0,
+            turns: d.dist(4.0, 1.0),
+            think_ms: d.dist(500.0, 1.0),
+            requests_per_turn: d.int(1, if big { 4 } else { 64 }) as u32,
+            barge_in: d.chance(0.6).then(|| BargeIn {
+                probability: d.real(0.0, 1.0),
+                after_ms: d.dist(200.0, 1.0),
+            }),
+        },
+        2 => Source::OnOff {
+            rate_on_per_s: rate,
+            rate_off_per_s: d.real(0.0, rate / 4.0),
+            on_ms: Dist::Exponential {
+                mean: d.scale(1.0, 5_000.0),
+            },
+            off_ms: d.dist(1_000.0, 1.0),
+            requests,
+        },
+        _ => Source::Trace {
+            path: d
+                .pick(&[
+                    "traces/azure_llm_2023_conv.csv",
+                    "traces/azure_llm_2023_code.csv",
+                ])
+                .to_string(),
+            format: TraceFormat::AzureCsv,
+            speedup: d.scale(0.5, 200.0),
+            first_row: d.int(0, 5_000),
+            rows: Some(requests),
+            sample_fraction: d.real(1e-3, 1.0),
+        },
+    }
+}
+
+fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
+    let big = tier == Tier::Big;
+    let profile = if d.chance(0.7) {
+        let names = [
+            "llama-3.1-8b-h100",
+            "llama-3.1-70b-tp4-h100",
+            "llama-2-7b-a100",
+        ];
+        ProfileRef::Named(d.pick(&names).to_string())
+    } else {
+        ProfileRef::Custom {
+            c0_ms: d.scale(1e-3, 50.0),
+            prefill_tokens_per_s: {
+                let any = d.scale(1.0, 1e5);
+                d.pick(&[0.0, 0.4, 0.6, any])
+            },
+            per_seq_us: d.real(0.0, 100.0),
+            per_kv_token_ns: d.real(0.0, 500.0),
+            kv_blocks_16: d.int(1, 30_000),
+        }
+    };
+    // Tight pools are the point: a few blocks up to the profile's.
+    let kv_blocks = d
+        .chance(0.6)
+        .then(|| d.int(1, if big { 4_000 } else { 600 }));
+    let block_tokens = d.pick(&[1, 8, 16, 16, 32]);
+    let scheduler = if d.chance(0.75) {
+        Scheduler::Continuous {
+            max_num_seqs: d.chance(0.7).then(|| d.int(1, 512) as u32),
+            max_num_batched_tokens: d.chance(0.7).then(|| d.int(1, 16_384) as u32),
+            chunked_prefill: d.chance(0.8),
+            block_tokens,
+            kv_blocks,
+            window: d.int(1, 4) as u32,
+        }
+    } else {
+        Scheduler::Dynamic {
+            max_batch_size: d.int(1, 64) as u32,
+            max_queue_delay_ms: d.real(0.0, 100.0),
+            block_tokens,
+            kv_blocks,
+        }
+    };
+    Cluster {
+        replicas: d.int(1, if big { 16 } else { 4 }) as u32,
+        router: d.pick(&[Router::RoundRobin, Router::LeastLoaded]),
+        profile,
+        scheduler,
+    }
+}
+
+fn cancellation(d: &mut Draw) -> Cancellation {
+    let stages = [
+        Stage::Random,
+        Stage::BeforeAdmission,
+        Stage::Queued,
+        Stage::Prefill,
+        Stage::Decode,
+        Stage::AfterFinalOutput,
+        Stage::AfterCompletion,
+        Stage::AfterArrival,
+    ];
+    Cancellation {
+        fraction: d.real(0.0, 1.0),
+        requests: Vec::new(),
+        stage: d.pick(&stages),
+        delay_ms: d.dist(50.0, 1.0),
+    }
+}
+
+fn policies(d: &mut Draw) -> Vec<Policy> {
+    let all = [
+        Policy::FinishAndDiscard,
+        Policy::PerRequest,
+        Policy::GroupAbort(GroupScope::Stream),
+        Policy::GroupAbort(GroupScope::Sequence),
+        Policy::GroupAbort(GroupScope::Prefix),
+        Policy::GroupAbort(GroupScope::Engine),
+        Policy::PerRequestWithFallback {
+            fallback_after_ms: d.real(0.0, 1_000.0),
+        },
+    ];
+    let n = d.int(1, 3) as usize;
+    let mut ps: Vec<Policy> = Vec::new();
+    for _ in 0..n {
+        let p = d.pick(&all);
+        if !ps.iter().any(|q| q.label() == p.label()) {
+            ps.push(p);
+        }
+    }
+    ps
+}
+
+fn adapter(d: &mut Draw) -> AdapterConfig {
+    AdapterConfig {
+        submit_delay_ms: d.dist(5.0, 1.0),
+        rpc_latency_ms: d.dist(1.0, 1.0),
+        loss: d.real(0.0, 1.0),
+        duplicate: d.real(0.0, 1.0),
+        timeout_ms: d.scale(1e-3, 1_000.0),
+        max_attempts: d.int(1, 100) as u32,
+        streams: d.int(0, 8),
+        identity: if d.chance(0.3) {
+            IdentityMode::ClientReused {
+                pool: d.int(1, 1_000),
+            }
+        } else {
+            IdentityMode::ServerGenerated
+        },
+    }
+}
+
+fn backend(d: &mut Draw) -> BackendConfig {
+    let radii = [Radius::Request, Radius::Batch, Radius::Engine];
+    BackendConfig {
+        checkpoint: match d.s.below(3) {
+            0 => CheckpointConfig::EveryStep,
+            1 => CheckpointConfig::EveryKSteps(d.int(1, 1_000_000) as u32),
+            _ => CheckpointConfig::Never,
+        },
+        release: d.pick(&[Release::Fenced, Release::Immediate]),
+        cancel_after_completion: if d.chance(0.5) {
+            AfterCompletion::Ignore
+        } else {
+            AfterCompletion::Fault(d.pick(&radii))
+        },
+        abort_fault_probability: {
+            let any = d.real(0.0, 1.0);
+            d.pick(&[0.0, 0.0, any])
+        },
+        abort_fault_radius: d.pick(&radii),
+        clock_offset_ms: d.real(0.0, 1e6),
+    }
+}
+
+fn playback(d: &mut Draw) -> PlaybackConfig {
+    PlaybackConfig {
+        chunk_tokens: {
+            let any = d.int(1, 1 << 20) as u32;
+            d.pick(&[1, 8, any])
+        },
+        writer_wait_ms: d.dist(2.0, 1.0),
+        clear_ack_ms: d.dist(50.0, 1.0),
+        max_age_ms: {
+            let any = d.real(0.0, 10_000.0);
+            d.pick(&[0.0, 60_000.0, 1e308, any])
+        },
+        admit_retries: d.int(0, 1_000) as u32,
+    }
+}
+
+/// What a summary must never say, whatever the scenario: a NaN or a negative where that means
+/// nothing, a rate outside [0, 1], or Little's law broken. Returns the problems.
+pub fn nonsense(p: &crate::metrics::Summary) -> Vec<String> {
+    let mut out = Vec::new();
+    let v = serde_json::to_value(p).expect("a summary serialises");
+    walk(&v, &mut String::new(), &mut out);
+    for (name, rate) in [
+        ("sibling_survival.rate", p.sibling_survival.rate),
+        ("gpu.utilisation", p.gpu.utilisation),
+    ] {
+        if !(0.0..=1.0 + 1e-9).contains(&rate) {
+            out.push(format!("{}: {name} = {rate} is not in [0, 1]", p.policy));
+        }
+    }
+    if p.requests.scheduled > 0 && p.littles_law.relative_gap > 1e-6 {
+        let gap = p.littles_law.relative_gap;
+        out.push(format!("{}: Little's law gap {gap}", p.policy));
+    }
+    out.iter_mut().for_each(|m| {
+        if !m.starts_with(&p.policy) {
+            *m = format!("{}: {m}", p.policy);
+        }
+    });
+    out
+}
+
+/// Every number finite and non-negative, but the signed sibling deltas; a null (a NaN) only for
+/// a mean's interval with too few batches.
+fn walk(v: &serde_json::Value, path: &mut String, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+                walk(x, path, out);
+                path.truncate(len);
+            }
+        }
+        Value::Array(xs) => xs.iter().for_each(|x| walk(x, path, out)),
+        Value::Null if !path.ends_with("mean_ci95") => out.push(format!("{path} is NaN")),
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            let signed = path.starts_with("sibling_latency_delta_ms");
+            if !x.is_finite() || (x < 0.0 && !signed) {
+                out.push(format!("{path} = {x}"));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Check one drawn scenario: it validates, runs to its end within its limits with no invariant
+/// broken, keeps its properties, and every summary makes sense.
+pub fn check_drawn(runner: Runner, s: &Scenario) -> Result<Report, Vec<String>> {
+    if let Err(e) = s.validate() {
+        let m = format!(
+            "the fuzzer drew an invalid scenario: field `{}` {}",
+            e.field, e.message
+        );
+        return Err(vec![m]);
+    }
+    let report = check_with(runner, s, s.seed, false)?;
+    let runs = std::iter::once(&report.counterfactual).chain(&report.policies);
+    let problems: Vec<String> = runs.flat_map(nonsense).collect();
+    if problems.is_empty() {
+        Ok(report)
+    } else {
+        Err(problems)
+    }
+}
+
+/// Fuzz seeds `first..first + n` of `tier` in parallel, collected in seed order. Seeds not yet
+/// started when `until` passes are skipped (a time budget for CI); the result says which ran.
+pub fn fuzz_with(
+    runner: Runner,
+    tier: Tier,
+    (first, n): (u64, u64),
+    base_dir: &std::path::Path,
+    until: Option<std::time::Instant>,
+) -> Vec<SeedResult> {
+    (first..first.saturating_add(n))
+        .into_par_iter()
+        .filter_map(|seed| {
+            if until.is_some_and(|t| std::time::Instant::now() > t) {
+                return None;
+            }
+            let s = scenario(seed, tier, base_dir.to_path_buf());
+            let (failures, run_hash) = match check_drawn(runner, &s) {
+                Ok(r) => (Vec::new(), Some(r.run_hash)),
+                Err(f) => (f, None),
+            };
+            Some(SeedResult {
+                seed,
+                failures,
+                run_hash,
+            })
+        })
+        .collect()
+}
