@@ -177,13 +177,33 @@ impl<E: Traced> Kernel<E> {
             "event scheduled in the past: {time_ns} < now {}",
             self.now_ns
         );
+        self.check_room()?;
+        self.queue.push(time_ns, class, event);
+        Ok(())
+    }
+
+    /// Schedule a weak event `delay_ns` after now: one that does not keep the run alive (a client's
+    /// timer, say). The run ends when only weak events are left; until then they are dispatched
+    /// like any other.
+    pub fn schedule_weak_in(
+        &mut self,
+        delay_ns: u64,
+        class: Class,
+        event: E,
+    ) -> Result<(), LimitError> {
+        self.check_room()?;
+        let at = self.now_ns.saturating_add(delay_ns);
+        self.queue.push_weak(at, class, event);
+        Ok(())
+    }
+
+    fn check_room(&self) -> Result<(), LimitError> {
         if self.queue.len() as u64 >= self.limits.queue_len_max {
             return Err(LimitError::QueueLen {
                 limit: self.limits.queue_len_max,
                 time_ns: self.now_ns,
             });
         }
-        self.queue.push(time_ns, class, event);
         Ok(())
     }
 
@@ -195,9 +215,12 @@ impl<E: Traced> Kernel<E> {
     }
 
     /// Pop the next event, advance the clock to it and record it in the run hash.
-    /// `Ok(None)` means the queue is empty: the run is over.
+    /// `Ok(None)` means no event but weak ones is pending: the run is over.
     #[inline]
     pub fn next_event(&mut self) -> Result<Option<E>, LimitError> {
+        if self.queue.strong_len() == 0 {
+            return Ok(None);
+        }
         let Some((key, event)) = self.queue.pop() else {
             return Ok(None);
         };

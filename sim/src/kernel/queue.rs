@@ -47,6 +47,8 @@ impl Key {
 struct Entry<E> {
     key: Key,
     event: E,
+    /// A weak event does not keep the run alive (see `EventQueue::push_weak`).
+    weak: bool,
 }
 
 impl<E> PartialEq for Entry<E> {
@@ -71,6 +73,8 @@ impl<E> Ord for Entry<E> {
 pub struct EventQueue<E> {
     heap: BinaryHeap<Entry<E>>,
     seq_next: u64,
+    /// Events pending that are not weak.
+    strong: usize,
 }
 
 impl<E> Default for EventQueue<E> {
@@ -88,6 +92,7 @@ impl<E> EventQueue<E> {
         EventQueue {
             heap: BinaryHeap::with_capacity(capacity),
             seq_next: 0,
+            strong: 0,
         }
     }
 
@@ -102,6 +107,18 @@ impl<E> EventQueue<E> {
     /// Insert an event; returns its key.
     #[inline]
     pub fn push(&mut self, time_ns: u64, class: Class, event: E) -> Key {
+        self.insert(time_ns, class, event, false)
+    }
+
+    /// Insert a weak event: one that does not keep the run alive. Once only weak events are
+    /// pending, nothing they could do matters (a timer of a request that already left), and the
+    /// run is over. Ordered like any other event while it lasts.
+    #[inline]
+    pub fn push_weak(&mut self, time_ns: u64, class: Class, event: E) -> Key {
+        self.insert(time_ns, class, event, true)
+    }
+
+    fn insert(&mut self, time_ns: u64, class: Class, event: E, weak: bool) -> Key {
         let seq = self.seq_next;
         assert!(seq <= SEQ_MAX, "event sequence space exhausted");
         self.seq_next = seq + 1;
@@ -109,13 +126,21 @@ impl<E> EventQueue<E> {
             time_ns,
             order: ((class as u64) << CLASS_SHIFT) | seq,
         };
-        self.heap.push(Entry { key, event });
+        self.heap.push(Entry { key, event, weak });
+        self.strong += !weak as usize;
         key
     }
 
     #[inline]
     pub fn pop(&mut self) -> Option<(Key, E)> {
-        self.heap.pop().map(|e| (e.key, e.event))
+        let e = self.heap.pop()?;
+        self.strong -= !e.weak as usize;
+        Some((e.key, e.event))
+    }
+
+    /// Events pending that are not weak.
+    pub fn strong_len(&self) -> usize {
+        self.strong
     }
 
     pub fn peek_time_ns(&self) -> Option<u64> {

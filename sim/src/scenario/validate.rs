@@ -297,6 +297,14 @@ fn validate_profile(p: &ProfileRef) -> Check {
     let f = "cluster.profile.Custom";
     positive(&format!("{f}.c0_ms"), c.c0_ms)?;
     non_negative(&format!("{f}.prefill_tokens_per_s"), c.prefill_tokens_per_s)?;
+    // Kept in whole tokens per second: a rate below one would round to 0, which means free.
+    if c.prefill_tokens_per_s > 0.0 && c.prefill_tokens_per_s < 1.0 {
+        let m = format!(
+            "must be 0 (prefill costs nothing) or at least 1 token/s (got {})",
+            c.prefill_tokens_per_s
+        );
+        return err(&format!("{f}.prefill_tokens_per_s"), m);
+    }
     non_negative(&format!("{f}.per_seq_us"), c.per_seq_us)?;
     non_negative(&format!("{f}.per_kv_token_ns"), c.per_kv_token_ns)?;
     if c.kv_blocks_16 == 0 {

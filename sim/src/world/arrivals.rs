@@ -18,11 +18,12 @@ pub(crate) fn client_timers(
     (id, tag): (u64, Tag),
 ) -> Scheduled {
     let (deadline, disconnect) = workload::timing(w, seed, id);
+    // Weak: a request that left does not keep the run alive with its client's timers.
     if let Some(d) = deadline {
-        k.schedule_in(d, Class::Control, Event::Deadline { request: id, tag })?;
+        k.schedule_weak_in(d, Class::Control, Event::Deadline { request: id, tag })?;
     }
     if let Some(d) = disconnect {
-        k.schedule_in(d, Class::Control, Event::Disconnect { request: id, tag })?;
+        k.schedule_weak_in(d, Class::Control, Event::Disconnect { request: id, tag })?;
     }
     Ok(())
 }

@@ -186,7 +186,6 @@ impl World<'_> {
             Some((Stage::BeforeAdmission, _)) => {
                 // Cancelled before it reaches a replica: nothing to clean up on a backend.
                 self.intent(tag, Cause::Storm)?;
-                self.turn_request_done(conv)?;
                 return self.try_finalize(tag);
             }
             Some((Stage::AfterArrival, delay)) => self.plan_intent(tag, delay)?,
@@ -230,11 +229,11 @@ impl World<'_> {
         q.life.rejected = true;
         q.life.engine_released = true;
         q.life.engine_retired = true;
-        let (id, conv) = (q.id, q.conv);
+        let id = q.id;
         let cancelled = self.owners.finish(&id, Disposition::Cancelled);
         cancelled.map_err(Stop::controller(id))?;
         self.requests[tag].life.terminal = true;
-        self.turn_request_done(conv)?;
+        self.turn_over(tag)?;
         self.try_finalize(tag)
     }
 
@@ -280,7 +279,9 @@ impl World<'_> {
             self.accounts.coverage.hit(Mark::RaceCancelWon);
         }
         self.evidence(tag, EvidenceLevel::Intent, ClockDomain::Local)?;
-        self.invalidate(tag, cause)?;
+        if self.invalidate(tag, cause)? {
+            self.turn_over(tag)?;
+        }
         let q = &mut self.requests[tag];
         if !q.life.enqueued {
             return Ok(()); // never reached a backend
@@ -294,7 +295,8 @@ impl World<'_> {
     }
 
     /// The local invalidation: the first terminal transition wins, and never changes after.
-    fn invalidate(&mut self, tag: Tag, cause: Cause) -> Step {
+    /// True if this intent ended the request (it was running, or the sink just expired it).
+    fn invalidate(&mut self, tag: Tag, cause: Cause) -> Step<bool> {
         let id = self.requests[tag].id;
         let disposition = match cause {
             Cause::Deadline | Cause::Playback => Disposition::Expired,
@@ -305,10 +307,11 @@ impl World<'_> {
         // The sink expires a request itself (the controller did it in admit_end): that is this
         // intent's local invalidation too.
         let invalidated_now = before == Some(State::Running) || cause == Cause::Playback;
-        if invalidated_now && after.is_some_and(State::is_terminal) {
+        let ended_now = invalidated_now && after.is_some_and(State::is_terminal);
+        if ended_now {
             self.evidence(tag, EvidenceLevel::LocalInvalidation, ClockDomain::Local)?;
         }
-        Ok(())
+        Ok(ended_now)
     }
 
     /// `finish` in the controller, checking that a terminal disposition never changes.
@@ -342,10 +345,9 @@ impl World<'_> {
         let q = &mut self.requests[o.tag];
         q.cancel.collateral = true;
         q.cancel.sibling = !hit;
-        let conv = q.conv;
         self.cancel.collateral_kill();
         self.terminate(o.tag, Disposition::Cancelled)?;
-        self.turn_request_done(conv)
+        self.turn_over(o.tag)
     }
 
     /// A request's blocks are back in its replica's pool.
@@ -467,8 +469,7 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         playback::complete(&mut self.owners, q.id)?;
         q.life.terminal = true;
-        let conv = q.conv;
-        self.turn_request_done(conv)?;
+        self.turn_over(tag)?;
         self.stage_reached(tag, Stage::AfterCompletion)
     }
 
@@ -478,9 +479,14 @@ impl World<'_> {
         self.try_finalize(tag)
     }
 
-    /// A request of a conversation turn is done (or refused, or gone).
-    fn turn_request_done(&mut self, conv: Option<TurnRef>) -> Step {
-        let Some((c, g)) = conv else {
+    /// The request became terminal (completed, cancelled, expired or refused): its turn has one
+    /// request fewer out. Once per request, however it ended.
+    fn turn_over(&mut self, tag: Tag) -> Step {
+        let q = &mut self.requests[tag];
+        if std::mem::replace(&mut q.life.turn_over, true) {
+            return Ok(());
+        }
+        let Some((c, g)) = q.conv else {
             return Ok(());
         };
         let w = &self.scenario.workload;

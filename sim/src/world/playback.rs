@@ -126,7 +126,9 @@ impl PlaybackSink {
         PlaybackSink {
             seed,
             cfg: cfg.clone(),
-            max_age_ns: cfg.max_age_ms * 1e6,
+            // A valid age bound in ms can overflow to infinity in ns (1e308 ms): the largest
+            // finite bound is the same bound, and the controller takes only finite ones.
+            max_age_ns: (cfg.max_age_ms * 1e6).min(f64::MAX),
             zero_writer_wait: cfg.writer_wait_ms == Dist::Constant(0.0),
             counts: Playback::default(),
             late_admitted: 0,

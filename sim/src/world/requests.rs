@@ -36,6 +36,8 @@ pub(crate) struct Life {
     pub released_ns: Option<u64>,
     /// The replica's intent epoch when the request reached it.
     pub epoch_at_enqueue: u64,
+    /// Its conversation turn has counted it as ended.
+    pub turn_over: bool,
 }
 
 /// A request in the system.

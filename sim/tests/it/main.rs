@@ -3,6 +3,7 @@
 mod cancel;
 mod check;
 mod cli;
+mod defects;
 mod model;
 mod outputs;
 mod replay;

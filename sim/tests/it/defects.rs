@@ -1,0 +1,87 @@
+//! One regression test per defect of the correctness issue ("right answers in every
+//! configuration"): each failed before its fix. The worlds are the smallest that showed it.
+
+use cancelsim::run::{self, Report};
+use cancelsim::scenario::Scenario;
+
+fn scenario(text: &str) -> Scenario {
+    Scenario::parse(text, "<defect>").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn report(text: &str) -> Report {
+    let s = scenario(text);
+    run::report(&s, s.seed).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One conversation on a flat 10 ms step, with the given extra sections.
+fn conversation(turns: u32, extra: &str) -> String {
+    format!(
+        r#"Scenario(name: "conv", seed: 1,
+        workload: (source: Conversations(conversations: 1, start_rate_per_s: 1.0,
+            turns: Constant({turns}.0), think_ms: Constant(0.0)),
+            prompt_tokens: Constant(10.0), output_tokens: Constant(10.0)),
+        cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 1000), scheduler: Continuous()),
+        {extra})"#
+    )
+}
+
+#[test]
+fn defect_1_a_conversation_ends_when_its_turn_is_expired_by_playback() {
+    let r = report(&conversation(
+        2,
+        "playback: (writer_wait_ms: Constant(1.0), max_age_ms: 0.0)",
+    ));
+    let cf = &r.counterfactual;
+    assert_eq!(cf.workload.turns, 2, "both turns ran");
+    assert_eq!(
+        cf.requests.expired, 2,
+        "each turn's request expired at the sink"
+    );
+}
+
+#[test]
+fn defect_1_a_conversation_ends_when_its_turns_are_cancelled_by_a_storm() {
+    let r = report(&conversation(
+        3,
+        "cancellation: (fraction: 1.0, stage: Decode), policies: [PerRequest]",
+    ));
+    let p = &r.policies[0];
+    assert_eq!(p.workload.turns, 3);
+    assert_eq!(p.requests.cancelled, 3);
+    assert_eq!(r.counterfactual.requests.completed, 3);
+}
+
+#[test]
+fn defect_9_a_deadline_past_the_time_limit_does_not_keep_the_run_alive() {
+    let r = report(
+        r#"Scenario(name: "late-deadline", seed: 1,
+        workload: (source: Poisson(rate_per_s: 10.0, requests: 200),
+            output_tokens: Constant(20.0), deadline_ms: Constant(7e8), disconnect_ms: Constant(6e8)),
+        cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()),
+        cancellation: (fraction: 0.1, stage: Decode))"#,
+    );
+    let p = &r.policies[0];
+    assert_eq!(p.requests.completed + p.requests.cancelled, 200);
+    // The run ends with its work (20 s of arrivals), not with the timers of requests long gone.
+    assert!(p.virtual_time_s < 60.0, "ran {} s", p.virtual_time_s);
+    assert_eq!(p.workload.deadlines_missed, 0);
+}
+
+#[test]
+fn defect_10_a_huge_but_valid_max_age_runs() {
+    let r = report(&conversation(1, "playback: (max_age_ms: 1e308)"));
+    assert_eq!(r.counterfactual.requests.completed, 1);
+}
+
+#[test]
+fn defect_11_a_prefill_rate_that_would_round_to_free_is_refused_at_load() {
+    let text = r#"Scenario(name: "p", workload: (source: Poisson(rate_per_s: 1.0, requests: 1)),
+        cluster: (profile: Custom(c0_ms: 1.0, prefill_tokens_per_s: 0.4, kv_blocks_16: 100),
+        scheduler: Continuous()))"#;
+    let e = Scenario::parse(text, "p.ron").unwrap_err().to_string();
+    assert!(
+        e.contains("cluster.profile.Custom.prefill_tokens_per_s") && e.contains("0.4"),
+        "{e}"
+    );
+    assert!(e.starts_with("p.ron:2:"), "names the line: {e}");
+}
