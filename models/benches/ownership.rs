@@ -45,6 +45,7 @@ fn bench<K: Identity>(requests: u64, mk: impl Fn(u64) -> K) -> f64 {
         tombstones_max: 4096,
         tombstone_age_ns_max: None,
         evicted_max: usize::MAX,
+        until_retired: false,
     });
     let ids: Vec<K> = (0..requests).map(&mk).collect();
     let start = Instant::now();

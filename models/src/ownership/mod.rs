@@ -124,14 +124,35 @@ impl<K: Identity> Owners<K> {
             return Ok(Some(row.state));
         }
         row.state = disposition.state();
-        // The record just finished is the newest tombstone; eviction by count only removes it if
-        // the bound is 1 and it is alone, in which case it is gone and late from now on.
+        if !self.tombstones.retention.until_retired {
+            self.entomb(identity);
+        }
+        Ok(Some(disposition.state()))
+    }
+
+    /// The record becomes the newest tombstone. Eviction by count only removes it if the bound
+    /// is 1 and it is alone, in which case it is gone and late from now on.
+    fn entomb(&mut self, identity: &K) {
         let rows = &mut self.rows;
         self.tombstones.push(identity.clone(), &mut |id| {
             let row = rows.remove(&id).expect("tombstones point at rows");
             debug_assert!(row.state.is_terminal());
         });
-        Ok(Some(disposition.state()))
+    }
+
+    /// The caller no longer needs a terminal record (with `Retention::until_retired`): it joins
+    /// the tombstones now. A record that is still running is an error, and nothing changes.
+    pub fn retire(&mut self, identity: &K) -> Result<(), OwnershipError> {
+        let Some(row) = self.rows.get(identity) else {
+            return self.missing(identity, ());
+        };
+        if !row.state.is_terminal() {
+            return Err(OwnershipError::StillRunning);
+        }
+        if self.tombstones.retention.until_retired {
+            self.entomb(identity);
+        }
+        Ok(())
     }
 
     /// Classify a piece of output evidence. Validation (the caller's types) comes first, then the

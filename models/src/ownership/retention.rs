@@ -19,6 +19,11 @@ pub struct Retention {
     /// is forgotten altogether. Callers whose identities are unique by construction can keep it
     /// small; the reference's behaviour needs it unbounded.
     pub evicted_max: usize,
+    /// A terminal record joins the tombstones when the caller retires it (`Owners::retire`),
+    /// not at its terminal transition: for a caller that still needs the record after the
+    /// request is terminal, until nothing can refer to it any more. Memory then follows the
+    /// records not yet retired, plus the tombstones.
+    pub until_retired: bool,
 }
 
 impl Retention {
@@ -27,6 +32,7 @@ impl Retention {
         tombstones_max: usize::MAX,
         tombstone_age_ns_max: None,
         evicted_max: usize::MAX,
+        until_retired: false,
     };
 }
 
@@ -36,6 +42,7 @@ impl Default for Retention {
             tombstones_max: 1 << 20,
             tombstone_age_ns_max: None,
             evicted_max: 1 << 22,
+            until_retired: false,
         }
     }
 }

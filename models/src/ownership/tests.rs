@@ -74,6 +74,7 @@ fn tombstones_are_bounded_by_count_and_late_evidence_is_rejected() {
         tombstones_max: 2,
         tombstone_age_ns_max: None,
         evicted_max: usize::MAX,
+        until_retired: false,
     });
     for id in 0..5 {
         o.start(id, 0).unwrap();
@@ -105,6 +106,7 @@ fn tombstones_are_bounded_by_age() {
         tombstones_max: usize::MAX,
         tombstone_age_ns_max: Some(1_000),
         evicted_max: usize::MAX,
+        until_retired: false,
     });
     o.start(1, 0).unwrap();
     o.start(2, 0).unwrap();
@@ -118,4 +120,30 @@ fn tombstones_are_bounded_by_age() {
     assert_eq!(o.expire_tombstones(1_601), 1);
     assert_eq!(o.evictions(), 2);
     assert!(o.is_empty());
+}
+
+#[test]
+fn with_until_retired_a_terminal_record_stays_until_its_caller_retires_it() {
+    let mut o: Owners<u64> = Owners::new(Retention {
+        tombstones_max: 1,
+        tombstone_age_ns_max: None,
+        evicted_max: usize::MAX,
+        until_retired: true,
+    });
+    for id in 0..4 {
+        o.start(id, 0).unwrap();
+        o.finish(&id, Disposition::Cancelled).unwrap();
+    }
+    // Terminal, not retired: all four records are still there, whatever the bound.
+    assert_eq!(o.len(), 4);
+    assert_eq!(o.state(&0), Some(State::Cancelled));
+    o.start(9, 0).unwrap();
+    assert_eq!(o.retire(&9), Err(OwnershipError::StillRunning));
+    assert_eq!(o.retire(&0), Ok(()));
+    assert_eq!(o.retire(&1), Ok(()));
+    // Retired records are tombstones under the bound: the older one is evicted, and late.
+    assert!(o.is_evicted(&0) && !o.is_evicted(&1));
+    assert_eq!(o.finish(&0, Disposition::Completed), Ok(None));
+    assert_eq!(o.retire(&0), Ok(()), "retiring an evicted record is late, not an error");
+    assert_eq!(o.retire(&42), Err(OwnershipError::UnknownRequest));
 }

@@ -177,6 +177,8 @@ pub enum OwnershipError {
     InvalidIdentity,
     ReusedIdentity,
     UnknownRequest,
+    /// A running record cannot be retired.
+    StillRunning,
     InvalidAgeInputs,
     InvalidClock,
     EvidenceOutOfOrder {
@@ -192,6 +194,7 @@ impl fmt::Display for OwnershipError {
             OwnershipError::InvalidIdentity => f.write_str("invalid request identity"),
             OwnershipError::ReusedIdentity => f.write_str("reused request identity"),
             OwnershipError::UnknownRequest => f.write_str("unknown request"),
+            OwnershipError::StillRunning => f.write_str("a running request cannot be retired"),
             OwnershipError::InvalidAgeInputs => f.write_str("invalid age inputs"),
             OwnershipError::InvalidClock => f.write_str("invalid local clock"),
             OwnershipError::EvidenceOutOfOrder { level, after } => write!(

@@ -82,11 +82,13 @@ fn scenario() -> impl Strategy<Value = (Retention, Vec<Op>)> {
             tombstones_max: n,
             tombstone_age_ns_max: None,
             evicted_max: usize::MAX,
+            until_retired: false,
         }),
         (0u64..3).prop_map(|a| Retention {
             tombstones_max: usize::MAX,
             tombstone_age_ns_max: Some(a),
             evicted_max: usize::MAX,
+            until_retired: false,
         }),
     ];
     (retention, prop::collection::vec(op(), 1..60))

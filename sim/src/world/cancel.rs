@@ -3,7 +3,7 @@
 //! retries, acknowledgements, the finish-and-discard fallback). Its random draws come from
 //! streams keyed by the request, so nothing here can shift anyone else's workload.
 
-use cancelsim_models::ownership::{EvidenceLevel, Owners, OwnershipError, Timestamp};
+use cancelsim_models::ownership::{EvidenceLevel, Owners, Timestamp};
 use cancelsim_models::protocol::{Abort, Handle, Scope};
 
 use super::cluster::radius;
@@ -408,10 +408,9 @@ pub(crate) fn evidence(
         return Ok(false);
     }
     *slot = Some(now_ns);
+    // The record of a request in the world is never evicted, so its ledger is always there.
     match owners.record_evidence(&id, level, at) {
         Ok(()) => Ok(true),
-        // An evicted tombstone has no ledger any more: the timeline above still has it.
-        Err(OwnershipError::UnknownRequest) if owners.is_evicted(&id) => Ok(true),
         Err(e) => Err(Stop::broken(vec![id], format!("evidence: {e}"))),
     }
 }

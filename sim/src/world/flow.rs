@@ -540,7 +540,14 @@ impl World<'_> {
         if !terminal || !engine_done || q.chunks.busy() || q.cancel.intent_pending || !settled {
             return Ok(());
         }
-        self.leave(tag, state.unwrap_or(State::Cancelled));
+        // The world never substitutes a state the controller did not give: a record of a
+        // request still in the world is never evicted (`Retention::until_retired`).
+        let Some(state) = state else {
+            let what = "the controller lost the record of a request still in the world";
+            return Err(Stop::broken(vec![q.id], what));
+        };
+        self.owners.retire(&q.id).map_err(Stop::controller(q.id))?;
+        self.leave(tag, state);
         Ok(())
     }
 

@@ -73,13 +73,15 @@ pub enum Mode<'a> {
     Policy(&'a Policy, &'a CfTable),
 }
 
-/// Controller records kept after their terminal transition. Request ids are unique by
-/// construction and the world ignores events for requests it has finalized, so a small retention
-/// serves; memory stays with requests in flight.
+/// Controller records stay as long as the request is in the world (an event can still refer to
+/// it: a backlog, a long cancel path, a delayed intent), and join the tombstones when it leaves.
+/// Request ids are unique by construction and the world ignores events for requests that left,
+/// so a small retention of tombstones serves: memory follows the requests in the world.
 const RETENTION: Retention = Retention {
     tombstones_max: 4096,
     tombstone_age_ns_max: None,
     evicted_max: 4096,
+    until_retired: true,
 };
 
 /// One run of one scenario in one mode.

@@ -85,3 +85,22 @@ fn defect_11_a_prefill_rate_that_would_round_to_free_is_refused_at_load() {
     );
     assert!(e.starts_with("p.ron:2:"), "names the line: {e}");
 }
+
+#[test]
+fn defect_2_a_controller_record_outlives_thousands_of_others_while_its_request_is_here() {
+    // After-completion intents 6 s late at 1,000 requests/s: over 6,000 requests end between a
+    // target's completion and its intent, more than the controller's 4,096 + 4,096 tombstones.
+    // The record used to be evicted and the world reported the completed target as cancelled.
+    let r = report(
+        r#"Scenario(name: "late-intents", seed: 1,
+        workload: (source: Poisson(rate_per_s: 1000.0, requests: 9000),
+            prompt_tokens: Constant(4.0), output_tokens: Constant(1.0)),
+        cluster: (replicas: 4, profile: Custom(c0_ms: 1.0, kv_blocks_16: 1000),
+            scheduler: Continuous()),
+        cancellation: (fraction: 0.05, stage: AfterCompletion, delay_ms: Constant(6000.0)),
+        policies: [PerRequest])"#,
+    );
+    let t = &r.policies[0].targets;
+    assert!(t.completed > 300, "{t:?}");
+    assert_eq!((t.cancelled, t.expired), (0, 0), "{t:?}");
+}
