@@ -159,7 +159,7 @@ impl Engine {
                 1
             };
             let grow = self.kv.blocks_for((seq.ctx + tokens) as u64) - seq.blocks;
-            if !self.make_room(slot, grow, now_ns, c) {
+            if !self.make_room(i, grow, now_ns, c) {
                 break;
             }
             self.place(slot, now_ns, grow, prefill, tokens, c);
@@ -168,23 +168,37 @@ impl Engine {
         }
     }
 
-    /// Allocate `grow` blocks for `slot`, preempting the newest running request (possibly `slot`
-    /// itself) until they fit. False if `slot` preempted itself.
-    fn make_room(&mut self, slot: u32, grow: u64, now_ns: u64, c: &mut Compose) -> bool {
-        while !self.kv.try_alloc(grow) {
-            let victim = *self.running.last().expect("running is not empty");
-            self.preempt(victim, now_ns);
-            c.preempted = true;
-            if victim == slot {
+    /// Allocate `grow` blocks for the running request at index `i`, preempting the newest running
+    /// requests (those after it) until they fit. Never the requester itself: with steps in
+    /// flight a preempted request's blocks come back only when they end, so preempting the
+    /// requester too would free nothing now and throw its in-flight work away, again and again.
+    /// False if the requester must wait: for blocks already on their way back, or because no
+    /// newer request is left to preempt (an older one will finish, or preempt it).
+    fn make_room(&mut self, i: usize, grow: u64, now_ns: u64, c: &mut Compose) -> bool {
+        loop {
+            if self.kv.try_alloc(grow) {
+                return true;
+            }
+            if self.kv.free_blocks() + self.fenced_pending() >= grow {
                 return false;
             }
+            if self.running.len() <= i + 1 {
+                return false;
+            }
+            let victim = *self.running.last().expect("a newer running request");
+            self.preempt(victim, now_ns);
+            c.preempted = true;
         }
-        true
+    }
+
+    /// Blocks fenced by steps in flight: back in the pool when those steps end. Only looked at
+    /// when the pool is full.
+    fn fenced_pending(&self) -> u64 {
+        self.seqs.iter().map(|s| s.fenced_blocks).sum()
     }
 
     /// Then waiting requests, in order, while nothing was preempted this step (vLLM's rule),
-    /// unless the step would otherwise be empty: a lone request that preempted itself has freed
-    /// everything and must be readmitted, or nothing would ever dispatch again.
+    /// unless the step would otherwise be empty.
     fn admit_waiting(&mut self, now_ns: u64, c: &mut Compose) {
         while (!c.preempted || c.entries.is_empty())
             && c.budget > 0

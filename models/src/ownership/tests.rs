@@ -144,6 +144,10 @@ fn with_until_retired_a_terminal_record_stays_until_its_caller_retires_it() {
     // Retired records are tombstones under the bound: the older one is evicted, and late.
     assert!(o.is_evicted(&0) && !o.is_evicted(&1));
     assert_eq!(o.finish(&0, Disposition::Completed), Ok(None));
-    assert_eq!(o.retire(&0), Ok(()), "retiring an evicted record is late, not an error");
+    assert_eq!(
+        o.retire(&0),
+        Ok(()),
+        "retiring an evicted record is late, not an error"
+    );
     assert_eq!(o.retire(&42), Err(OwnershipError::UnknownRequest));
 }

@@ -217,6 +217,29 @@ fn kv_pressure_preempts_by_recompute_and_conserves_everything() {
 }
 
 #[test]
+fn preemption_never_takes_the_requester_itself_at_any_window() {
+    // Two requests that cannot both fit 30 blocks of 16 tokens. At W >= 2 the requester's
+    // blocks stay fenced while its step is in flight, so preempting itself freed nothing and
+    // threw its work away, forever. The older one preempts the newer one; both finish, and the
+    // discarded work stays small.
+    for w in 1..=4 {
+        let mut c = cfg(w);
+        c.kv_blocks = 30;
+        let mut e = Engine::new(c);
+        let t = drive(&mut e, &[(0, req(1, 200, 100)), (0, req(2, 200, 100))]);
+        for id in [1, 2] {
+            assert_eq!(
+                t[&id].tokens_ns.len(),
+                100,
+                "W = {w}: request {id} finished"
+            );
+        }
+        assert!(e.stats().preemptions <= 4, "W = {w}: {:?}", e.stats());
+        assert!(e.is_idle());
+    }
+}
+
+#[test]
 fn kv_pressure_with_window_2_conserves_blocks_and_tokens() {
     let mut c = cfg(2);
     c.kv_blocks = 9;

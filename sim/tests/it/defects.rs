@@ -104,3 +104,35 @@ fn defect_2_a_controller_record_outlives_thousands_of_others_while_its_request_i
     assert!(t.completed > 300, "{t:?}");
     assert_eq!((t.cancelled, t.expired), (0, 0), "{t:?}");
 }
+
+/// `requests` Poisson arrivals at 1,000/s on one 8B/H100 with `kv_blocks` blocks at window `w`.
+fn tight(requests: u32, lengths: &str, kv_blocks: u32, w: u32) -> String {
+    format!(
+        r#"Scenario(name: "tight", seed: 1,
+        workload: (source: Poisson(rate_per_s: 1000.0, requests: {requests}){lengths}),
+        cluster: (profile: Named("llama-3.1-8b-h100"),
+            scheduler: Continuous(kv_blocks: {kv_blocks}, window: {w})),
+        limits: (max_time_s: 2000.0))"#
+    )
+}
+
+#[test]
+fn defect_3_preemption_makes_progress_at_every_window() {
+    // Two requests that cannot both fit 30 blocks: at W = 2 each used to preempt itself while
+    // its step was in flight, forever. Now the older one preempts the newer one only.
+    let lengths = ", prompt_tokens: Constant(200.0), output_tokens: Constant(100.0)";
+    let busy = |w| report(&tight(2, lengths, 30, w)).counterfactual.gpu.busy_s;
+    let w1 = busy(1);
+    for w in 2..=4 {
+        let b = busy(w);
+        assert!(b < w1 * 1.2, "W = {w}: {b} GPU-s against {w1} at W = 1");
+    }
+    // A Poisson burst on a tight pool at W = 3 takes about as long as at W = 1.
+    let time = |w| {
+        report(&tight(400, "", 512, w))
+            .counterfactual
+            .virtual_time_s
+    };
+    let (t1, t3) = (time(1), time(3));
+    assert!(t3 < t1 * 1.1, "{t3} s at W = 3 against {t1} s at W = 1");
+}
