@@ -316,10 +316,13 @@ impl<'s> World<'s> {
             .ok_or_else(|| Stop::broken(vec![], "a replica did not drain, or KV blocks leaked"))?;
         self.accounts.conserved(&drained.stats)?;
         let pairs = self.baseline.take_pairs();
+        // The events, the outcomes, and the scenario itself: two scenarios whose event streams
+        // coincide never share a run hash (nor the run directory named after it).
         let run_hash = {
             let mut h = blake3::Hasher::new();
             h.update(self.kernel.run_hash().as_bytes());
             h.update(self.accounts.outcome_hash().as_bytes());
+            h.update(self.scenario.hash().as_bytes());
             h.finalize().to_hex().to_string()
         };
         let mut extras = self.recorder.finish();

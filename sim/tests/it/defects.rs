@@ -136,3 +136,20 @@ fn defect_3_preemption_makes_progress_at_every_window() {
     let (t1, t3) = (time(1), time(3));
     assert!(t3 < t1 * 1.1, "{t3} s at W = 3 against {t1} s at W = 1");
 }
+
+#[test]
+fn defect_12_two_scenarios_with_the_same_events_never_share_a_run_hash() {
+    // Only the description differs: the event streams coincide, the scenarios do not.
+    let text = |d: &str| {
+        format!(
+            r#"Scenario(name: "same", description: "{d}", seed: 1,
+            workload: (source: Poisson(rate_per_s: 10.0, requests: 20)),
+            cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#
+        )
+    };
+    let (a, b) = (report(&text("one")), report(&text("two")));
+    assert_ne!(a.scenario_hash, b.scenario_hash);
+    assert_eq!(a.counterfactual.events, b.counterfactual.events);
+    assert_ne!(a.run_hash, b.run_hash);
+    assert_ne!(a.counterfactual.run_hash, b.counterfactual.run_hash);
+}

@@ -166,10 +166,10 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "c1a878da350504d000d2a15618dafc5f360bbf4aac81f3c8acb61da2dc17c01f";
-const GOLDEN_MD1_RHO08: &str = "731715079c1f9724b5109e3cce13829174f407ebe5efaf7efd8397d38e04f5fa";
+const GOLDEN_DEFAULT: &str = "de384af7420a58a1f138fd13f9e36a0487229e20d21fc6d311dd2d7ca204f2f3";
+const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "50de7555772e2926619a81f2b3ec6a157920f80222ea506a7c7e6f808eb1c06f";
+    "16d365ffa2f65caf3b776b07237f37d399f4c87660cf3447f4431d0e525b6c72";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(
