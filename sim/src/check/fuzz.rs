@@ -212,7 +212,8 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
             c0_ms: d.scale(1e-3, 50.0),
             prefill_tokens_per_s: {
                 let any = d.scale(1.0, 1e5);
-                d.pick(&[0.0, 0.4, 0.6, any])
+                // 0 (free) and 1 are the edges; below 1 but above 0 is refused at load.
+                d.pick(&[0.0, 1.0, 1.4, any])
             },
             per_seq_us: d.real(0.0, 100.0),
             per_kv_token_ns: d.real(0.0, 500.0),
@@ -451,4 +452,25 @@ pub fn fuzz_with(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_drawn_scenario_validates_and_draws_differ() {
+        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let mut names = std::collections::BTreeSet::new();
+        for tier in [Tier::Small, Tier::Big] {
+            for seed in 1..=300 {
+                let s = scenario(seed, tier, base.clone());
+                if let Err(e) = s.validate() {
+                    panic!("{tier:?} seed {seed}: field `{}` {}", e.field, e.message);
+                }
+                names.insert(s.hash());
+            }
+        }
+        assert_eq!(names.len(), 600, "every seed draws another scenario");
+    }
 }
