@@ -144,9 +144,10 @@ pub enum Outcome {
     Prefill,
     /// Output token number `index` (1-based) was produced; `last` is the end of sequence.
     Token { index: u32, last: bool },
-    /// Work whose result is thrown away: a token past the end of sequence (in-flight window), or
-    /// the output of an incarnation that was preempted while the step was in flight.
-    Discarded,
+    /// Work whose result is thrown away: a token past the end of sequence (in-flight window), the
+    /// output of an incarnation that was preempted while the step was in flight, or of a request
+    /// aborted while the step was in flight. `sampled`: the work included sampling a token.
+    Discarded { sampled: bool },
     /// A finished member's slot in a shared (static) batch: computed, never meaningful.
     Padding,
 }

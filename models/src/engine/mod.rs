@@ -313,7 +313,7 @@ impl Engine {
         let outcome = seq.outcome(e, now_ns);
         match outcome {
             Outcome::Token { .. } => self.stats.tokens_delivered += 1,
-            Outcome::Discarded if e.sample > 0 => self.stats.tokens_discarded += 1,
+            Outcome::Discarded { sampled: true } => self.stats.tokens_discarded += 1,
             _ => {}
         }
         outputs.push(StepOutput {

@@ -111,7 +111,9 @@ impl Seq {
             || self.phase == Phase::Finished
             || self.phase == Phase::Aborted
         {
-            return Outcome::Discarded;
+            return Outcome::Discarded {
+                sampled: e.sample > 0,
+            };
         }
         if e.sample == 0 {
             return Outcome::Prefill;

@@ -86,7 +86,7 @@ fn drive_aborts(
                         t.tokens_ns.push(now);
                         t.corrupted_tokens += o.corrupted as u32;
                     }
-                    Outcome::Discarded => t.discarded += 1,
+                    Outcome::Discarded { .. } => t.discarded += 1,
                     Outcome::Padding => t.padding += 1,
                     Outcome::Prefill => {}
                 }

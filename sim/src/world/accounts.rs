@@ -155,7 +155,7 @@ impl Accounts {
             }
         }
         match o.outcome {
-            Outcome::Discarded => self.gpu.discarded_ns += share,
+            Outcome::Discarded { .. } => self.gpu.discarded_ns += share,
             Outcome::Padding => self.gpu.padding_ns += share,
             Outcome::Prefill | Outcome::Token { .. } => cost.gpu_ns += share,
         }

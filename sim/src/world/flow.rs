@@ -103,8 +103,10 @@ impl World<'_> {
             let q = &mut self.requests[o.tag];
             self.accounts
                 .step_share(&mut q.cost, &q.cancel, &o, &report, now_ns);
-            if let Outcome::Token { index, last } = o.outcome {
-                self.on_token(o.tag, index, last, o.corrupted)?;
+            match o.outcome {
+                Outcome::Token { index, last } => self.on_token(o.tag, index, last, o.corrupted)?,
+                Outcome::Discarded { sampled: true } => self.discarded_token(o.tag),
+                _ => {}
             }
         }
         for &rel in &out.released {
@@ -410,6 +412,18 @@ impl World<'_> {
             self.hold_next_chunk(tag)?;
         }
         Ok(())
+    }
+
+    /// A token sampled by a step in flight and thrown away by the replica (the request was
+    /// aborted, preempted, or past its end). If the request was already cancelled or expired,
+    /// it is a late output like any other: every token produced after the terminal transition
+    /// is a discard, whichever step it came from. (A completed request's overshoot past its end
+    /// is the window's waste, not a late output.)
+    fn discarded_token(&mut self, tag: Tag) {
+        let q = &mut self.requests[tag];
+        if q.life.terminal && self.owners.state(&q.id) != Some(State::Completed) {
+            self.accounts.late_token(&mut q.cost);
+        }
     }
 
     fn last_token(&mut self, tag: Tag) -> Step {

@@ -491,3 +491,24 @@ fn immediate_release_charges_the_in_flight_step_to_the_target_not_to_the_next_ta
         fenced.gpu_s
     );
 }
+
+#[test]
+fn every_token_a_cancelled_request_samples_after_its_intent_is_a_late_discard() {
+    // Defect 8 of the correctness issue: at W = 2 the step in flight when the backend observed
+    // the cancel samples one more token for the target; the replica throws it away, and it was
+    // not counted as a late discard. Decoding one token per step, every leaked token-step is a
+    // token produced after the terminal transition.
+    for window in [1, 2, 3] {
+        let r = run(Setup {
+            name: "late",
+            window,
+            ..Setup::default()
+        });
+        let p = &r.policies[0];
+        assert!(p.leaked_work.token_steps >= window as u64, "W = {window}");
+        assert_eq!(
+            p.late_output_discards, p.leaked_work.token_steps,
+            "W = {window}: late discards against token-steps after the intent"
+        );
+    }
+}
