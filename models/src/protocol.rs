@@ -93,6 +93,9 @@ pub enum UnknownAbort {
 pub struct Abort {
     pub scope: Scope,
     pub fault: Option<BlastRadius>,
+    /// The sender's idempotency key (its request's identity): a second delivery of a key the
+    /// engine already handled is a duplicate, and changes nothing.
+    pub key: u64,
 }
 
 /// A request removed by an abort at a checkpoint.
@@ -115,6 +118,8 @@ pub struct CheckpointReport {
     pub tombstoned: u32,
     /// Faults raised while handling them.
     pub faults: u32,
+    /// Of those, duplicates of an abort already handled (ignored).
+    pub duplicates: u32,
 }
 
 /// A request as the engine receives it. `output_tokens` is where the model emits its end of

@@ -41,6 +41,12 @@ impl Engine {
     ) {
         report.aborts += 1;
         self.stats.aborts_handled += 1;
+        if !self.abort_keys.insert(a.key) {
+            // The same cancel delivered again (a duplicate or a retry): idempotent.
+            report.duplicates += 1;
+            self.stats.aborts_duplicate += 1;
+            return;
+        }
         let mut reached = 0u32;
         for slot in self.live_slots() {
             if a.scope.reaches(&self.seqs[slot as usize].handle) {

@@ -28,8 +28,8 @@ use crate::protocol::{
     Rejection, ReleaseMode, ReplicaStats, Retired, Scheduler, StepOutput, StepReport, UnknownAbort,
 };
 
+use seq::{BoundedIds, Entry, Phase, Seq, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
-use seq::{Entry, Phase, RuntimeTombstones, Seq, Step, Taint};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -73,7 +73,9 @@ pub struct Engine {
     at_boundary: bool,
     taint: Taint,
     /// Terminated runtime ids (with `tombstones`).
-    tombstones: RuntimeTombstones,
+    tombstones: BoundedIds,
+    /// Idempotency keys of the aborts handled so far.
+    abort_keys: BoundedIds,
     /// Engine slot of each caller tag, for `mark_intent`.
     slot_of_tag: Vec<Option<u32>>,
     /// Blocks held by marked requests, now.
@@ -127,7 +129,8 @@ impl Engine {
             passes: 0,
             at_boundary: false,
             taint: Taint::default(),
-            tombstones: RuntimeTombstones::default(),
+            tombstones: BoundedIds::default(),
+            abort_keys: BoundedIds::default(),
             slot_of_tag: Vec::new(),
             marked_blocks: 0,
             started: Vec::new(),

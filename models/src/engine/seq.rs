@@ -175,6 +175,8 @@ pub struct EngineStats {
     pub aborts_handled: u64,
     pub aborts_unknown: u64,
     pub aborts_tombstoned: u64,
+    /// Deliveries of an abort already handled (same idempotency key), ignored.
+    pub aborts_duplicate: u64,
     /// Aborts dropped unobserved (a backend that never checks).
     pub aborts_unobserved: u64,
     pub faults: u64,
@@ -191,26 +193,30 @@ pub struct EngineStats {
 /// this covers many minutes, and memory stays bounded however long the run.
 pub const TOMBSTONES_MAX: usize = 1 << 13;
 
-/// Terminated runtime ids, oldest first, bounded by `TOMBSTONES_MAX`.
+/// A bounded set of ids, oldest forgotten first (at most `TOMBSTONES_MAX`): terminated runtime
+/// ids, or the idempotency keys of aborts already handled.
 #[derive(Default)]
-pub(super) struct RuntimeTombstones {
+pub(super) struct BoundedIds {
     order: VecDeque<u64>,
     set: FxHashSet<u64>,
 }
 
-impl RuntimeTombstones {
-    pub(super) fn insert(&mut self, runtime_id: u64) {
-        if self.set.insert(runtime_id) {
-            self.order.push_back(runtime_id);
-            if self.order.len() > TOMBSTONES_MAX {
-                let old = self.order.pop_front().expect("non-empty");
-                self.set.remove(&old);
-            }
+impl BoundedIds {
+    /// Remember `id`; false if it was there already.
+    pub(super) fn insert(&mut self, id: u64) -> bool {
+        if !self.set.insert(id) {
+            return false;
         }
+        self.order.push_back(id);
+        if self.order.len() > TOMBSTONES_MAX {
+            let old = self.order.pop_front().expect("non-empty");
+            self.set.remove(&old);
+        }
+        true
     }
 
-    pub(super) fn contains(&self, runtime_id: u64) -> bool {
-        self.set.contains(&runtime_id)
+    pub(super) fn contains(&self, id: u64) -> bool {
+        self.set.contains(&id)
     }
 }
 

@@ -335,8 +335,15 @@ fn dynamic_batch_forms_on_timeout_when_not_full() {
     assert_eq!(t[&2].tokens_ns, [40 * MS]);
 }
 
+/// An abort with a key of its own (every call is a new cancel, not a duplicate).
 fn abort(scope: Scope) -> Abort {
-    Abort { scope, fault: None }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let key = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Abort {
+        scope,
+        fault: None,
+        key,
+    }
 }
 
 #[test]
@@ -478,8 +485,8 @@ fn faults_on_the_abort_path_have_a_blast_radius() {
     ] {
         let mut e = Engine::new(cfg(1));
         let a = Abort {
-            scope: Scope::Request(2),
             fault: Some(radius),
+            ..abort(Scope::Request(2))
         };
         let t = drive_aborts(&mut e, &arrivals, &[(25 * MS, a)]);
         let hit = t.values().filter(|x| x.observed_ns.is_some()).count();
@@ -491,6 +498,27 @@ fn faults_on_the_abort_path_have_a_blast_radius() {
     c.unknown_abort = UnknownAbort::Fault(BlastRadius::Engine);
     let mut e = Engine::new(c);
     let t = drive_aborts(&mut e, &arrivals, &[(25 * MS, abort(Scope::Request(99)))]);
+    assert_eq!(t.values().filter(|x| x.observed_ns.is_some()).count(), 4);
+}
+
+#[test]
+fn a_duplicate_delivery_of_a_handled_abort_is_idempotent() {
+    // Defect 6 of the correctness issue: the second delivery of a cancel that already removed
+    // its request looked like a cancel for an unknown id, and a runtime that faults on those
+    // (reused client ids, no tombstones) killed the whole engine.
+    let arrivals: Vec<_> = (1..=4).map(|i| (0, req(i, 4, 20))).collect();
+    let mut c = cfg(1);
+    c.unknown_abort = UnknownAbort::Fault(BlastRadius::Engine);
+    let mut e = Engine::new(c);
+    let a = abort(Scope::Request(2));
+    let t = drive_aborts(&mut e, &arrivals, &[(25 * MS, a), (45 * MS, a)]);
+    assert_eq!(t.values().filter(|x| x.observed_ns.is_some()).count(), 1);
+    assert_eq!(e.stats().faults, 0);
+    assert_eq!(e.stats().aborts_duplicate, 1);
+    // A new cancel for an id nobody has still faults: that is the runtime's behaviour.
+    let mut e = Engine::new(c);
+    let b = abort(Scope::Request(99));
+    let t = drive_aborts(&mut e, &arrivals, &[(25 * MS, a), (45 * MS, b)]);
     assert_eq!(t.values().filter(|x| x.observed_ns.is_some()).count(), 4);
 }
 

@@ -263,7 +263,11 @@ impl<'s> CancelClient<'s> {
                 .uniform_open01()
                 < p)
             .then(|| radius(b.abort_fault_radius));
-        Abort { scope, fault }
+        Abort {
+            scope,
+            fault,
+            key: request,
+        }
     }
 
     /// Attempt `attempt` timed out. Returns `Some(true)` if the client gave up now (the request

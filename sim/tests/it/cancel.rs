@@ -512,3 +512,21 @@ fn every_token_a_cancelled_request_samples_after_its_intent_is_a_late_discard() 
         );
     }
 }
+
+#[test]
+fn a_duplicated_cancel_is_idempotent_even_on_a_runtime_that_faults_on_unknown_ids() {
+    // Defect 6 of the correctness issue: with every attempt delivered twice, reused client ids
+    // and a runtime that faults the engine on a cancel for an unknown id, the duplicate of a
+    // mid-decode cancel killed every sibling.
+    let r = run(Setup {
+        adapter: "rpc_latency_ms: Uniform(low: 0.1, high: 30.0), duplicate: 1.0, \
+                  identity: ClientReused(pool: 100)",
+        backend: "cancel_after_completion: Fault(Engine)",
+        ..Setup::default()
+    });
+    let p = &r.policies[0];
+    assert_eq!(p.cancel_rpc.duplicates, p.cancel_rpc.attempts);
+    assert_eq!(p.cancel_rpc.faults, 0);
+    assert_eq!(p.sibling_survival.siblings, 3);
+    assert_eq!(p.sibling_survival.survived, 3);
+}
