@@ -111,6 +111,16 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
     };
     s.workload = workload(&mut d, tier);
     s.cluster = cluster(&mut d, tier);
+    // A prefill rate at its low edge (1 token/s) with real prompts is days of virtual time per
+    // request: a legitimately long run, not a finding. Keep such prompts short.
+    let slow = s
+        .cluster
+        .profile
+        .custom()
+        .is_some_and(|c| c.prefill_tokens_per_s > 0.0 && c.prefill_tokens_per_s < 100.0);
+    if slow {
+        s.workload.prompt_tokens = Dist::Constant(d.int(1, 8) as f64);
+    }
     s.cancellation = d.chance(0.8).then(|| cancellation(&mut d));
     s.policies = policies(&mut d);
     s.adapter = adapter(&mut d);
@@ -212,8 +222,13 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
             c0_ms: d.scale(1e-3, 50.0),
             prefill_tokens_per_s: {
                 let any = d.scale(1.0, 1e5);
-                // 0 (free) and 1 are the edges; below 1 but above 0 is refused at load.
-                d.pick(&[0.0, 1.0, 1.4, any])
+                // 0 (free) and 1 are the edges; below 1 but above 0 is refused at load. Big
+                // worlds at 1 token/s would run for years of virtual time.
+                if big {
+                    d.scale(1_000.0, 1e5)
+                } else {
+                    d.pick(&[0.0, 1.0, 1.4, any])
+                }
             },
             per_seq_us: d.real(0.0, 100.0),
             per_kv_token_ns: d.real(0.0, 500.0),
@@ -228,7 +243,10 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
     let scheduler = if d.chance(0.75) {
         Scheduler::Continuous {
             max_num_seqs: d.chance(0.7).then(|| d.int(1, 512) as u32),
-            max_num_batched_tokens: d.chance(0.7).then(|| d.int(1, 16_384) as u32),
+            // One token per step is an edge for small worlds; a big world would take 10^8 steps.
+            max_num_batched_tokens: d
+                .chance(0.7)
+                .then(|| d.int(if big { 512 } else { 1 }, 16_384) as u32),
             chunked_prefill: d.chance(0.8),
             block_tokens,
             kv_blocks,
