@@ -342,11 +342,11 @@ impl World<'_> {
             return Ok(self.cancel.send_ack(&mut self.kernel, o.id, o.tag)?);
         }
         // Terminated by the backend without an intent of its own: a group scope, a fault, or a
-        // reused id. The adapter sees the request fail.
-        let hit = self.group_hit(&self.requests[o.tag]);
+        // reused id. The adapter sees the request fail. Whoever's cancel it was, even its own
+        // owner's (a stale abort of a reused id killing the next turn), it is a loss.
         let q = &mut self.requests[o.tag];
         q.cancel.collateral = true;
-        q.cancel.sibling = !hit;
+        q.cancel.sibling = true;
         self.cancel.collateral_kill();
         self.terminate(o.tag, Disposition::Cancelled)?;
         self.turn_over(o.tag)

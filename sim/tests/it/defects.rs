@@ -153,3 +153,23 @@ fn defect_12_two_scenarios_with_the_same_events_never_share_a_run_hash() {
     assert_ne!(a.run_hash, b.run_hash);
     assert_ne!(a.counterfactual.run_hash, b.counterfactual.run_hash);
 }
+
+#[test]
+fn defect_7_a_request_its_own_owners_stale_abort_killed_is_a_loss() {
+    // One conversation; a barge-in supersedes each turn and the next turn starts at once; the
+    // sequence-scoped abort of the superseded turn arrives later and kills the new turn, which
+    // had no intent of its own. It used to be exempt as "the owner's group": 0 of 0 siblings.
+    let r = report(
+        r#"Scenario(name: "own-kill", seed: 1,
+        workload: (source: Conversations(conversations: 1, start_rate_per_s: 1.0,
+            turns: Constant(2.0), think_ms: Constant(0.0),
+            barge_in: (probability: 1.0, after_ms: Constant(30.0))),
+            prompt_tokens: Constant(10.0), output_tokens: Constant(40.0)),
+        cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 1000), scheduler: Continuous()),
+        policies: [GroupAbort(Sequence)], adapter: (rpc_latency_ms: Constant(5.0)))"#,
+    );
+    let p = &r.policies[0];
+    assert!(p.cancel_rpc.collateral_kills >= 1, "{:?}", p.cancel_rpc);
+    assert!(p.sibling_survival.siblings >= p.cancel_rpc.collateral_kills);
+    assert!(p.sibling_survival.rate < 1.0, "{:?}", p.sibling_survival);
+}
