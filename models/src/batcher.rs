@@ -34,12 +34,17 @@ struct Member {
     blocks: u64,
     /// Output tokens delivered so far.
     done_out: u32,
+    /// Since when its blocks count as retained (its cancel intent, or the batch's start if the
+    /// intent came while it queued).
+    marked_ns: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Queued {
     req: NewRequest,
     enqueued_ns: u64,
+    /// A cancel intent came while it queued.
+    marked: bool,
 }
 
 pub struct Batcher {
@@ -56,6 +61,8 @@ pub struct Batcher {
     /// observes none.
     stats: ReplicaStats,
     pending_aborts: Vec<Abort>,
+    /// Blocks held now by members with a cancel intent (retained).
+    marked_blocks: u64,
 }
 
 impl Batcher {
@@ -71,11 +78,21 @@ impl Batcher {
             step_next: 0,
             stats: ReplicaStats::default(),
             pending_aborts: Vec::new(),
+            marked_blocks: 0,
         }
     }
 
     pub fn stats(&self) -> ReplicaStats {
         self.stats
+    }
+}
+
+impl Batcher {
+    /// `blocks` more count as retained.
+    fn retain(&mut self, blocks: u64) {
+        self.marked_blocks += blocks;
+        let peak = &mut self.stats.marked_blocks_peak;
+        *peak = (*peak).max(self.marked_blocks);
     }
 }
 
@@ -85,6 +102,7 @@ impl Scheduler for Batcher {
         self.queue.push_back(Queued {
             req: r,
             enqueued_ns: now_ns,
+            marked: false,
         });
         Ok(())
     }
@@ -112,10 +130,15 @@ impl Scheduler for Batcher {
                 }
                 let q = self.queue.pop_front().expect("front exists");
                 out.started.push(q.req.tag);
+                let marked_ns = q.marked.then_some(now_ns);
+                if q.marked {
+                    self.retain(blocks);
+                }
                 self.batch.push(Member {
                     req: q.req,
                     blocks,
                     done_out: 0,
+                    marked_ns,
                 });
                 shape.prefill_tokens += q.req.prompt_tokens as u64;
             }
@@ -180,11 +203,15 @@ impl Scheduler for Batcher {
             let held_ns = (now_ns - self.batch_started_ns) as u128;
             for m in self.batch.drain(..) {
                 self.kv.free(m.blocks);
+                let marked_ns = m.marked_ns.map_or(0, |at| now_ns - at);
+                if m.marked_ns.is_some() {
+                    self.marked_blocks -= m.blocks;
+                }
                 out.released.push(Released {
                     id: m.req.id,
                     tag: m.req.tag,
                     kv_block_ns: m.blocks as u128 * held_ns,
-                    kv_block_ns_marked: 0,
+                    kv_block_ns_marked: m.blocks as u128 * marked_ns as u128,
                 });
                 out.retired.push(Retired {
                     id: m.req.id,
@@ -249,8 +276,21 @@ impl Scheduler for Batcher {
         report
     }
 
-    /// Retained KV is not tracked here: a batch's blocks are the batch's, held until it ends.
-    fn mark_intent(&mut self, _now_ns: u64, _tag: u32) {}
+    /// A member's blocks are held until its batch ends whatever its intent: from the intent on,
+    /// they count as retained. A queued request's count from its batch's start.
+    fn mark_intent(&mut self, now_ns: u64, tag: u32) {
+        if let Some(m) = self
+            .batch
+            .iter_mut()
+            .find(|m| m.req.tag == tag && m.marked_ns.is_none())
+        {
+            m.marked_ns = Some(now_ns);
+            let blocks = m.blocks;
+            self.retain(blocks);
+        } else if let Some(q) = self.queue.iter_mut().find(|q| q.req.tag == tag) {
+            q.marked = true;
+        }
+    }
 
     /// When the batcher wants to be woken to form a batch by timeout, if ever.
     fn timer_ns(&self) -> Option<u64> {
@@ -267,7 +307,7 @@ impl Scheduler for Batcher {
             waiting: self.queue.len() as u64,
             running: self.batch.len() as u64,
             kv_blocks: self.kv.in_use(),
-            kv_retained: 0,
+            kv_retained: self.marked_blocks,
         }
     }
 

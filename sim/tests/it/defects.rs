@@ -173,3 +173,22 @@ fn defect_7_a_request_its_own_owners_stale_abort_killed_is_a_loss() {
     assert!(p.sibling_survival.siblings >= p.cancel_rpc.collateral_kills);
     assert!(p.sibling_survival.rate < 1.0, "{:?}", p.sibling_survival);
 }
+
+#[test]
+fn defect_4_the_dynamic_batcher_tracks_the_kv_its_cancelled_members_retain() {
+    // A member's blocks are held until its shared batch ends: from its intent on, retained.
+    let r = report(
+        r#"Scenario(name: "dyn-retained", seed: 1,
+        workload: (source: Poisson(rate_per_s: 20.0, requests: 40),
+            prompt_tokens: Constant(64.0), output_tokens: Uniform(low: 20.0, high: 200.0)),
+        cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 2000),
+            scheduler: Dynamic(max_batch_size: 8, max_queue_delay_ms: 20.0)),
+        cancellation: (fraction: 0.3, stage: Decode), policies: [PerRequest])"#,
+    );
+    let p = &r.policies[0];
+    assert!(p.requests.cancelled > 0);
+    assert!(p.retained.kv_block_s > 0.0, "{:?}", p.retained);
+    assert!(p.retained.peak_blocks > 0, "{:?}", p.retained);
+    assert!(p.retained.kv_block_s <= p.kv.block_s);
+    assert_eq!(r.counterfactual.retained.kv_block_s, 0.0);
+}
