@@ -172,17 +172,21 @@ fn source(d: &mut Draw, requests: u64, big: bool) -> Source {
             rate_per_s: rate,
             requests,
         },
-        1 => Source::Conversations {
-            conversations: (requests / 4).max(1),
-            start_rate_per_s: rate / 4.0,
-            turns: d.dist(4.0, 1.0),
-            think_ms: d.dist(500.0, 1.0),
-            requests_per_turn: d.int(1, if big { 4 } else { 64 }) as u32,
-            barge_in: d.chance(0.6).then(|| BargeIn {
-                probability: d.real(0.0, 1.0),
-                after_ms: d.dist(200.0, 1.0),
-            }),
-        },
+        1 => {
+            // About `requests` requests in all: conversations x turns (about 4) x per turn.
+            let per_turn = d.int(1, if big { 4 } else { 64 }) as u32;
+            Source::Conversations {
+                conversations: (requests / (4 * per_turn as u64)).max(1),
+                start_rate_per_s: rate / (4.0 * per_turn as f64),
+                turns: d.dist(4.0, 1.0),
+                think_ms: d.dist(500.0, 1.0),
+                requests_per_turn: per_turn,
+                barge_in: d.chance(0.6).then(|| BargeIn {
+                    probability: d.real(0.0, 1.0),
+                    after_ms: d.dist(200.0, 1.0),
+                }),
+            }
+        }
         2 => Source::OnOff {
             rate_on_per_s: rate,
             rate_off_per_s: d.real(0.0, rate / 4.0),

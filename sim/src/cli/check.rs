@@ -34,7 +34,8 @@ pub struct Args {
     /// Also run N big worlds drawn by the fuzzer (5,000-50,000 requests, overload, tight KV).
     #[arg(long, default_value_t = 0)]
     pub big: u64,
-    /// Stop starting new fuzz or big-world seeds after this many seconds (0: no budget).
+    /// Stop starting new big-world seeds after this many seconds (0: no budget). The small
+    /// tier always runs all its seeds.
     #[arg(long, default_value_t = 0.0)]
     pub budget_s: f64,
 }
@@ -174,7 +175,8 @@ fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
 /// Returns (seeds run, failures).
 fn fuzz_tier(tier: Tier, n: u64, args: &Args) -> (u64, usize) {
     let start = Instant::now();
-    let until = (args.budget_s > 0.0).then(|| start + Duration::from_secs_f64(args.budget_s));
+    let budget = tier == Tier::Big && args.budget_s > 0.0;
+    let until = budget.then(|| start + Duration::from_secs_f64(args.budget_s));
     let runner = &run::report;
     let base = PathBuf::from("scenarios");
     let results = fuzz::fuzz_with(runner, tier, (args.first_seed, n), &base, until);
