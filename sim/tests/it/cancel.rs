@@ -447,11 +447,12 @@ fn cancel_after_completion_is_ignored_or_faults_by_runtime() {
         ..Setup::default()
     });
     let p = &fault.policies[0];
-    // Nobody acknowledges an abort for an id the runtime does not have: the adapter retries,
-    // and every attempt is an unknown abort that faults (the first one took the engine down).
+    // Nobody acknowledges an abort for an id the runtime does not have: the adapter retries.
+    // The first attempt is an unknown abort that faults and takes the engine down; the retries
+    // carry the same idempotency key, so the runtime ignores them as duplicates.
     assert_eq!(p.cancel_rpc.attempts, 3);
-    assert_eq!(p.cancel_rpc.unknown_aborts, 3);
-    assert_eq!(p.cancel_rpc.faults, 3);
+    assert_eq!(p.cancel_rpc.unknown_aborts, 1);
+    assert_eq!(p.cancel_rpc.faults, 1);
     assert_eq!(p.requests.completed, 1, "only the target had finished");
     assert_eq!(
         p.requests.cancelled, 3,

@@ -166,7 +166,7 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "de384af7420a58a1f138fd13f9e36a0487229e20d21fc6d311dd2d7ca204f2f3";
+const GOLDEN_DEFAULT: &str = "7aff51972b596a02e3b51bb3ae344ee6165a1b3e94c142534100a9fe641ba705";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
     "16d365ffa2f65caf3b776b07237f37d399f4c87660cf3447f4431d0e525b6c72";
