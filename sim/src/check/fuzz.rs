@@ -273,20 +273,16 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
 }
 
 fn cancellation(d: &mut Draw) -> Cancellation {
-    let stages = [
-        Stage::Random,
-        Stage::BeforeAdmission,
-        Stage::Queued,
-        Stage::Prefill,
-        Stage::Decode,
-        Stage::AfterFinalOutput,
-        Stage::AfterCompletion,
-        Stage::AfterArrival,
-    ];
+    // Every stage: the lifecycle's six, and the two that are not a point of the lifecycle.
+    let stage = match d.s.below(8) {
+        0 => Stage::Random,
+        7 => Stage::AfterArrival,
+        i => Stage::LIFECYCLE[i as usize - 1],
+    };
     Cancellation {
         fraction: d.real(0.0, 1.0),
         requests: Vec::new(),
-        stage: d.pick(&stages),
+        stage,
         delay_ms: d.dist(50.0, 1.0),
     }
 }
