@@ -215,12 +215,23 @@ pub fn main(args: Args) -> ExitCode {
         args.paths.clone()
     };
     let files = match scenario_files(&paths) {
+        Ok(f) if f.is_empty() => {
+            let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            eprintln!("error: no scenario files (*.ron) in {}", shown.join(", "));
+            return ExitCode::from(2);
+        }
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
+    let seeds = args.swarm.max(args.fuzz).max(args.big);
+    if args.first_seed.checked_add(seeds).is_none() {
+        let (first, n) = (args.first_seed, seeds);
+        eprintln!("error: --first-seed {first} plus {n} seeds is past the last seed (2^64 - 1)");
+        return ExitCode::from(2);
+    }
     if args.threads > 0 {
         // The global pool is set once per process; results never depend on its size.
         let _ = rayon::ThreadPoolBuilder::new()

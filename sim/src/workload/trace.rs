@@ -33,6 +33,8 @@ pub struct TraceReader {
     line_no: u64,
     row: u64,
     first_ns: Option<i128>,
+    /// The previous row's timestamp: rows must not go back in time.
+    last_ns: i128,
 }
 
 const AZURE_HEADER: [&str; 3] = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"];
@@ -59,6 +61,7 @@ impl TraceReader {
             line_no: 0,
             row: 0,
             first_ns: None,
+            last_ns: i128::MIN,
         };
         if format == TraceFormat::AzureCsv {
             r.azure_header()?;
@@ -124,12 +127,15 @@ impl TraceReader {
         let Some((t_ns, prompt, output)) = parsed else {
             return Ok(None);
         };
-        let first = *self.first_ns.get_or_insert(t_ns);
-        if t_ns < first {
+        // Each row against the one before it, not only the first: an arrival in the past would
+        // be scheduled before the clock.
+        if t_ns < self.last_ns {
             return Err(
-                self.err("timestamp earlier than the first row's (the trace must be sorted)")
+                self.err("timestamp earlier than the previous row's (the trace must be sorted)")
             );
         }
+        self.last_ns = t_ns;
+        let first = *self.first_ns.get_or_insert(t_ns);
         let row = TraceRow {
             row: self.row,
             offset_ns: (t_ns - first) as u64,
@@ -295,5 +301,33 @@ mod tests {
         std::fs::write(&p, "time,a,b\n").unwrap();
         let e = TraceReader::open(&p, TraceFormat::AzureCsv).err().unwrap();
         assert!(e.contains("t.csv:1: expected the header"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod order_tests {
+    use super::*;
+
+    #[test]
+    fn a_row_earlier_than_the_one_before_it_is_an_error_naming_the_line() {
+        // The third row is later than the first but earlier than the second: it used to pass
+        // and panic the kernel with an event in the past.
+        let dir = std::env::temp_dir().join(format!("cancelsim-order-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("u.csv");
+        let rows = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                    2023-11-16 18:17:03.0,10,5\n2023-11-16 18:17:05.0,10,5\n\
+                    2023-11-16 18:17:04.0,10,5\n";
+        std::fs::write(&p, rows).unwrap();
+        let mut r = TraceReader::open(&p, TraceFormat::AzureCsv).unwrap();
+        assert!(r.next_row().unwrap().is_some());
+        assert!(r.next_row().unwrap().is_some());
+        let e = r.next_row().unwrap_err();
+        assert!(
+            e.ends_with(
+                "u.csv:4: timestamp earlier than the previous row's (the trace must be sorted)"
+            ),
+            "{e}"
+        );
     }
 }

@@ -259,3 +259,51 @@ fn limit_is_a_clear_error() {
     assert!(stderr.contains("limits.max_events = 100"), "{stderr}");
     assert!(stderr.contains("seed 3"), "{stderr}");
 }
+
+#[test]
+fn check_refuses_an_empty_directory_and_seeds_past_the_last() {
+    // Both used to pass: "0 scenarios, 0 failures", or "5 seeds" with none run.
+    let dir = scratch("empty-check");
+    let out = cancelsim(&["check", dir.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no scenario files"), "{err}");
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/library/baseline.ron");
+    let lib = lib.to_str().unwrap();
+    for args in [
+        vec!["check", lib, "--swarm", "18446744073709551615"],
+        vec![
+            "check",
+            lib,
+            "--swarm",
+            "5",
+            "--first-seed",
+            "18446744073709551614",
+        ],
+    ] {
+        let out = cancelsim(&args, &dir);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("past the last seed"), "{err}");
+    }
+}
+
+#[test]
+fn an_unsorted_trace_is_an_error_naming_its_line_not_a_panic() {
+    let dir = scratch("unsorted");
+    let rows = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                2023-11-16 18:17:03.0,10,5\n2023-11-16 18:17:05.0,10,5\n\
+                2023-11-16 18:17:04.0,10,5\n";
+    std::fs::write(dir.join("t.csv"), rows).unwrap();
+    let text = r#"Scenario(name: "u", workload: (source: Trace(path: "t.csv", format: AzureCsv)),
+        cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#;
+    std::fs::write(dir.join("s.ron"), text).unwrap();
+    let out = cancelsim(&["run", "s.ron", "--no-write"], &dir);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("t.csv:4: timestamp earlier than the previous row's"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
