@@ -208,30 +208,37 @@ fn fuzz_tier(tier: Tier, n: u64, args: &Args) -> (u64, usize) {
     (results.len() as u64, failed.len())
 }
 
-pub fn main(args: Args) -> ExitCode {
+/// The scenario files to check, or why there is nothing to do: no scenario in the paths, or
+/// seeds past the last one.
+fn inputs(args: &Args) -> Result<Vec<PathBuf>, String> {
     let paths = if args.paths.is_empty() {
         vec![PathBuf::from("scenarios/library")]
     } else {
         args.paths.clone()
     };
-    let files = match scenario_files(&paths) {
-        Ok(f) if f.is_empty() => {
-            let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-            eprintln!("error: no scenario files (*.ron) in {}", shown.join(", "));
-            return ExitCode::from(2);
-        }
+    let files = scenario_files(&paths)?;
+    if files.is_empty() {
+        let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        return Err(format!("no scenario files (*.ron) in {}", shown.join(", ")));
+    }
+    let seeds = args.swarm.max(args.fuzz).max(args.big);
+    if args.first_seed.checked_add(seeds).is_none() {
+        let (first, n) = (args.first_seed, seeds);
+        return Err(format!(
+            "--first-seed {first} plus {n} seeds is past the last seed (2^64 - 1)"
+        ));
+    }
+    Ok(files)
+}
+
+pub fn main(args: Args) -> ExitCode {
+    let files = match inputs(&args) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    let seeds = args.swarm.max(args.fuzz).max(args.big);
-    if args.first_seed.checked_add(seeds).is_none() {
-        let (first, n) = (args.first_seed, seeds);
-        eprintln!("error: --first-seed {first} plus {n} seeds is past the last seed (2^64 - 1)");
-        return ExitCode::from(2);
-    }
     if args.threads > 0 {
         // The global pool is set once per process; results never depend on its size.
         let _ = rayon::ThreadPoolBuilder::new()
