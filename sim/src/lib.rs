@@ -8,6 +8,7 @@
 pub mod check;
 pub mod coverage;
 pub mod dist;
+pub mod input;
 pub mod kernel;
 pub mod metrics;
 pub mod output;

@@ -20,6 +20,10 @@ use cli::run::RunOpts;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Files that scenarios and sweeps name (traces, base scenarios) must lie under this
+    /// directory. Default: the working directory.
+    #[arg(long, global = true, default_value = ".")]
+    data_root: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -65,17 +69,26 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    if let Err(e) = cancelsim::scenario::set_data_root(&cli.data_root) {
+        eprintln!("error: {e}");
+        return ExitCode::from(cli::Code::Input as u8);
+    }
+    if cli::stdout_was_closed() {
+        eprintln!("error: cannot write to standard output: it is closed");
+        return ExitCode::from(cli::Code::Io as u8);
+    }
+    let outcome = match cli.command {
         None => cli::run::run(
             None,
             RunOpts {
                 out: "output".into(),
                 sample_ms: 100.0,
+                trace_events: cancelsim::record::TRACE_EVENTS_MAX as u64,
                 ..RunOpts::default()
             },
         ),
         Some(Command::Run { scenario, opts }) => cli::run::run(scenario, opts),
-        Some(Command::Replay { file }) => return cli::replay::replay(&file),
+        Some(Command::Replay { file }) => cli::replay::replay(&file),
         Some(Command::Sweep {
             sweep,
             out,
@@ -83,14 +96,8 @@ fn main() -> ExitCode {
             threads,
         }) => cli::sweep::sweep(&sweep, &out, &shard, threads),
         Some(Command::Merge { sweep, dirs, out }) => cli::sweep::merge(&sweep, &dirs, &out),
-        Some(Command::Compare { a, b }) => cancelsim::sweep::compare(&a, &b).map(|t| print!("{t}")),
-        Some(Command::Check(args)) => return cli::check::main(args),
+        Some(Command::Compare { a, b }) => cli::sweep::compare(&a, &b),
+        Some(Command::Check(args)) => cli::check::main(args),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("error: {msg}");
-            ExitCode::FAILURE
-        }
-    }
+    cli::exit(outcome)
 }

@@ -139,16 +139,27 @@ impl TraceEvent {
     }
 }
 
-/// Chrome Trace Event records of one run: steps as slices per replica, requests as async tracks,
-/// cancels as flows from intent to observation to release.
-#[derive(Default)]
-pub struct TraceLog {
-    pub events: Vec<TraceEvent>,
-    /// Events dropped past `TRACE_EVENTS_MAX`.
-    pub dropped: u64,
+/// Where runs stream their Chrome trace events (a file, say), in the order recorded. Events
+/// are not held in memory.
+pub trait TraceSink {
+    fn event(&mut self, ev: &TraceEvent);
+    /// End the trace: name each run's process (`(pid, name)`) and add `other` as its
+    /// `otherData`. Reports any write error held back, or a malformed trace.
+    fn close(&mut self, runs: &[(u32, String)], other: serde_json::Value) -> Result<(), String>;
 }
 
-/// Trace events kept per run at most.
+/// What one run's trace kept: events are kept whole per step and per request, in recording
+/// order, until `TRACE_EVENTS_MAX`; everything after is dropped and counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceLog {
+    pub kept: u64,
+    pub dropped: u64,
+    /// Virtual time of the first event dropped, in µs: the trace covers the run up to it.
+    pub cut_at_us: Option<u64>,
+}
+
+/// Trace events kept per run by default: about 40 MB of `trace.json` per run, which Perfetto
+/// opens.
 pub const TRACE_EVENTS_MAX: usize = 400_000;
 /// The trace thread of the cancel flows' marker slices.
 pub const CANCELS_TID: u32 = 1_000_000;
@@ -156,16 +167,6 @@ pub const CANCELS_TID: u32 = 1_000_000;
 pub const PAIRS_MAX: usize = 50_000;
 /// Time-series samples kept per run, at most (sampling stops there).
 pub const SAMPLES_MAX: usize = 100_000;
-
-impl TraceLog {
-    pub fn push(&mut self, ev: TraceEvent) {
-        if self.events.len() < TRACE_EVENTS_MAX {
-            self.events.push(ev);
-        } else {
-            self.dropped += 1;
-        }
-    }
-}
 
 /// What a run gives besides its summary, for files and plots.
 #[derive(Default)]
@@ -175,9 +176,12 @@ pub struct Extras {
     pub sibling_ttft_ms: Vec<(f64, f64)>,
     /// Per evidence level, (latency ms, cumulative fraction) points of the cleanup-latency CDF.
     pub cleanup_cdf_ms: BTreeMap<String, Vec<(f64, f64)>>,
+    /// What the trace kept, when a trace was recorded.
     pub trace: Option<TraceLog>,
     /// The request sink, handed back so the next run can continue writing to it.
     pub sink: Option<Box<dyn RequestSink>>,
+    /// The trace sink, handed back likewise.
+    pub trace_sink: Option<Box<dyn TraceSink>>,
 }
 
 /// Recording options of a run.
@@ -186,7 +190,10 @@ pub struct Recording {
     /// Sample the gauges every this many virtual ns (0: never).
     pub sample_ns: u64,
     pub sink: Option<Box<dyn RequestSink>>,
-    pub trace: bool,
+    /// Where trace events go; none, no trace.
+    pub trace: Option<Box<dyn TraceSink>>,
+    /// Trace events kept per run, at most (`TRACE_EVENTS_MAX` unless asked otherwise).
+    pub trace_events_max: u64,
     /// Process id of this run in a shared trace.
     pub trace_pid: u32,
 }

@@ -337,24 +337,54 @@ fn admission_value(a: Admission) -> String {
     }
 }
 
-/// Replay every line of `input` to `output`. Returns the number of lines. An I/O error on
-/// reading is returned (the caller exits 2); op errors are output lines.
-pub fn replay<R: BufRead, W: Write>(mut input: R, mut output: W) -> io::Result<u64> {
+/// Why a replay stopped before the end of its input.
+#[derive(Debug)]
+pub enum ReplayError {
+    /// The op log could not be read (the caller exits 2).
+    Read(io::Error),
+    /// The results could not be written (the caller exits 3).
+    Write(io::Error),
+}
+
+/// Skip the rest of an over-long line without keeping it: memory stays at one buffer.
+fn skip_line<R: BufRead>(input: &mut R) -> io::Result<()> {
+    loop {
+        let chunk = input.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                input.consume(i + 1);
+                return Ok(());
+            }
+            None => {
+                let n = chunk.len();
+                input.consume(n);
+            }
+        }
+    }
+}
+
+/// Replay every line of `input` to `output`. Returns the number of lines. Op errors are output
+/// lines; only I/O stops it. A line longer than `LINE_BYTES_MAX` is an error line, and at most
+/// that many bytes of it are held.
+pub fn replay<R: BufRead, W: Write>(mut input: R, mut output: W) -> Result<u64, ReplayError> {
     let mut r = Replayer::default();
     let mut buf = Vec::new();
     let mut lines = 0u64;
     loop {
         buf.clear();
         let mut limited = io::Read::take(&mut input, LINE_BYTES_MAX as u64 + 1);
-        let n = limited.read_until(b'\n', &mut buf)?;
+        let n = limited
+            .read_until(b'\n', &mut buf)
+            .map_err(ReplayError::Read)?;
         if n == 0 {
             break;
         }
         lines += 1;
         let out = if buf.len() > LINE_BYTES_MAX && !buf.ends_with(b"\n") {
-            // Skip the rest of the over-long line.
-            let mut sink = Vec::new();
-            input.read_until(b'\n', &mut sink)?;
+            skip_line(&mut input).map_err(ReplayError::Read)?;
             format!("{{\"error\":\"line longer than {LINE_BYTES_MAX} bytes\"}}")
         } else {
             let text = buf.strip_suffix(b"\n").unwrap_or(&buf);
@@ -364,9 +394,11 @@ pub fn replay<R: BufRead, W: Write>(mut input: R, mut output: W) -> io::Result<u
                 Err(_) => "{\"error\":\"malformed JSON: line is not UTF-8\"}".to_string(),
             }
         };
-        output.write_all(out.as_bytes())?;
-        output.write_all(b"\n")?;
+        output
+            .write_all(out.as_bytes())
+            .and_then(|()| output.write_all(b"\n"))
+            .map_err(ReplayError::Write)?;
     }
-    output.flush()?;
+    output.flush().map_err(ReplayError::Write)?;
     Ok(lines)
 }

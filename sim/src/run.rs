@@ -2,7 +2,7 @@
 //! seed. `main`, `check` and `sweep` all come through `run`.
 
 use crate::metrics::Summary;
-use crate::record::{Extras, Recording, RequestSink};
+use crate::record::{Extras, Recording, RequestSink, TraceSink};
 use crate::scenario::{Scenario, Source};
 #[cfg(feature = "broken-variants")]
 use crate::world::Hooks;
@@ -30,8 +30,10 @@ pub struct RunOptions {
     pub sample_ns: u64,
     /// Where per-request rows stream, across all the runs of the report.
     pub sink: Option<Box<dyn RequestSink>>,
-    /// Keep a Chrome trace of each run.
-    pub trace: bool,
+    /// Where the runs' Chrome trace events stream, if anywhere.
+    pub trace: Option<Box<dyn TraceSink>>,
+    /// Trace events kept per run, at most.
+    pub trace_events_max: u64,
     /// Broken variants of the policy runs (never set by a scenario or a flag).
     #[cfg(feature = "broken-variants")]
     pub hooks: Hooks,
@@ -49,13 +51,15 @@ pub fn run(
     let rec = |pid: u32, opts: &mut RunOptions| Recording {
         sample_ns: opts.sample_ns,
         sink: opts.sink.take(),
-        trace: opts.trace,
+        trace: opts.trace.take(),
+        trace_events_max: opts.trace_events_max,
         trace_pid: pid,
     };
     let cf_table = intents.then_some(&mut table);
     let world = World::new(scenario, seed, Mode::Counterfactual, cf_table)?;
     let (counterfactual, mut first) = world.with_recording(rec(0, &mut opts)).run_recorded()?;
     opts.sink = first.sink.take();
+    opts.trace = first.trace_sink.take();
     let mut extras = vec![first];
     let mut policies = Vec::with_capacity(scenario.policies.len());
     for (i, p) in scenario.policies.iter().enumerate() {
@@ -75,10 +79,12 @@ pub fn run(
         let world = world.with_recording(recording);
         let (summary, mut e) = world.run_recorded()?;
         opts.sink = e.sink.take();
+        opts.trace = e.trace_sink.take();
         policies.push(summary);
         extras.push(e);
     }
     extras[0].sink = opts.sink;
+    extras[0].trace_sink = opts.trace;
     Ok((assemble(scenario, seed, counterfactual, policies), extras))
 }
 

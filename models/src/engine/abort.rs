@@ -2,7 +2,7 @@
 //! their handle's scope, may fault with a blast radius, and release blocks fenced or at once.
 //! (`abort`, `checkpoint` and `mark_intent` themselves are the `Scheduler` methods in `mod.rs`.)
 
-use super::{free_blocks, release_fenced, Engine, Phase};
+use super::{free_blocks, release_fenced, Books, Engine, Phase};
 use crate::protocol::{
     Abort, BlastRadius, Checkpoint, CheckpointReport, Observed, Outbox, ReleaseMode, Scope,
     UnknownAbort,
@@ -48,11 +48,9 @@ impl Engine {
             return;
         }
         let mut reached = 0u32;
-        for slot in self.live_slots() {
-            if a.scope.reaches(&self.seqs[slot as usize].handle) {
-                self.abort_seq(slot, now_ns, true, out);
-                reached += 1;
-            }
+        for slot in self.reached_by(a.scope) {
+            self.abort_seq(slot, now_ns, true, out);
+            reached += 1;
         }
         let mut fault = a.fault;
         if reached == 0 {
@@ -83,13 +81,37 @@ impl Engine {
         }
     }
 
+    /// The live requests `scope` reaches, in a fixed order (running, then waiting). A request
+    /// scope looks its id up, so a per-request abort costs O(1); only when several live
+    /// requests share the id (a reused client id) does it scan, for the same order.
+    fn reached_by(&self, scope: Scope) -> Vec<u32> {
+        if let Scope::Request(rid) = scope {
+            let live = |s: &&u32| {
+                matches!(
+                    self.seqs[**s as usize].phase,
+                    Phase::Running | Phase::Waiting
+                )
+            };
+            let slots = self.by_runtime.get(&rid).map_or(&[][..], Vec::as_slice);
+            if slots.iter().filter(live).count() <= 1 {
+                return slots.iter().filter(live).copied().collect();
+            }
+        }
+        let seqs = &self.seqs;
+        self.live_slots()
+            .into_iter()
+            .filter(|&s| scope.reaches(&seqs[s as usize].handle))
+            .collect()
+    }
+
     /// Slots of requests still waiting or running, in a fixed order (running, then waiting).
     fn live_slots(&self) -> Vec<u32> {
         let seqs = &self.seqs;
+        let waiting = self.waiting.iter(seqs);
         self.running
             .iter()
-            .chain(self.waiting.iter())
             .copied()
+            .chain(waiting)
             .filter(|&s| matches!(seqs[s as usize].phase, Phase::Running | Phase::Waiting))
             .collect()
     }
@@ -98,6 +120,9 @@ impl Engine {
         let seq = &mut self.seqs[slot as usize];
         if !matches!(seq.phase, Phase::Running | Phase::Waiting) {
             return; // already removed by an earlier abort of this checkpoint
+        }
+        if seq.phase == Phase::Waiting {
+            self.waiting.left();
         }
         seq.phase = Phase::Aborted;
         seq.touch(now_ns);
@@ -109,11 +134,13 @@ impl Engine {
         });
         match self.cfg.release {
             ReleaseMode::Fenced => {
+                self.fenced_total += seq.blocks;
                 seq.fenced_blocks = blocks;
                 seq.blocks = 0;
-                release_fenced(&mut self.kv, &mut self.marked_blocks, seq);
+                release_fenced(books!(self), seq);
             }
             ReleaseMode::Immediate => {
+                self.fenced_total -= seq.fenced_blocks;
                 seq.blocks = 0;
                 seq.fenced_blocks = 0;
                 free_blocks(&mut self.kv, &mut self.marked_blocks, seq.marked, blocks);

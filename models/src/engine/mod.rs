@@ -16,10 +16,15 @@
 //! answers with what to schedule (a step's end time) and what came out (tokens, releases). The
 //! cancel side (`abort`, `checkpoint`, `mark_intent`) is in `abort.rs`.
 
+#[macro_use]
+mod books;
 mod abort;
 mod seq;
+mod waiting;
 
 use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use crate::gpu::{StepCost, StepShape};
 use crate::kv::KvPool;
@@ -28,8 +33,10 @@ use crate::protocol::{
     Rejection, ReleaseMode, ReplicaStats, Retired, Scheduler, StepOutput, StepReport, UnknownAbort,
 };
 
+use books::{free_blocks, release_fenced, Books};
 use seq::{BoundedIds, Entry, Phase, Seq, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
+use waiting::Waiting;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -59,7 +66,13 @@ pub struct Engine {
     kv: KvPool,
     seqs: Vec<Seq>,
     free_slots: Vec<u32>,
-    waiting: VecDeque<u32>,
+    waiting: Waiting,
+    /// The serial of the next request enqueued.
+    serial_next: u64,
+    /// Slots not yet freed, by runtime id: a request-scope abort finds its request here.
+    by_runtime: FxHashMap<u64, Vec<u32>>,
+    /// Sum of the fenced blocks of all requests (blocks on their way back to the pool).
+    fenced_total: u64,
     running: Vec<u32>,
     inflight: VecDeque<Step>,
     spare_entries: Vec<Vec<Entry>>,
@@ -93,22 +106,6 @@ struct Compose {
     preempted: bool,
 }
 
-/// Give `blocks` back to the pool; the retained count follows if the owner is marked.
-fn free_blocks(kv: &mut KvPool, marked_blocks: &mut u64, marked: bool, blocks: u64) {
-    kv.free(blocks);
-    if marked {
-        *marked_blocks -= blocks;
-    }
-}
-
-/// A sequence's fenced blocks go back to the pool once no step in flight uses them.
-fn release_fenced(kv: &mut KvPool, marked_blocks: &mut u64, seq: &mut Seq) {
-    if seq.inflight == 0 {
-        free_blocks(kv, marked_blocks, seq.marked, seq.fenced_blocks);
-        seq.fenced_blocks = 0;
-    }
-}
-
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.window > 0);
@@ -117,7 +114,10 @@ impl Engine {
             cfg,
             seqs: Vec::new(),
             free_slots: Vec::new(),
-            waiting: VecDeque::new(),
+            waiting: Waiting::default(),
+            serial_next: 0,
+            by_runtime: FxHashMap::default(),
+            fenced_total: 0,
             running: Vec::new(),
             inflight: VecDeque::new(),
             spare_entries: Vec::new(),
@@ -194,10 +194,14 @@ impl Engine {
         }
     }
 
-    /// Blocks fenced by steps in flight: back in the pool when those steps end. Only looked at
-    /// when the pool is full.
+    /// Blocks fenced by steps in flight: back in the pool when those steps end.
     fn fenced_pending(&self) -> u64 {
-        self.seqs.iter().map(|s| s.fenced_blocks).sum()
+        // The count is kept as blocks move; check it against the requests now and then.
+        debug_assert!(
+            self.step_next % 64 != 0
+                || self.fenced_total == self.seqs.iter().map(|s| s.fenced_blocks).sum::<u64>()
+        );
+        self.fenced_total
     }
 
     /// Then waiting requests, in order, while nothing was preempted this step (vLLM's rule),
@@ -207,7 +211,7 @@ impl Engine {
             && c.budget > 0
             && (self.running.len() as u32) < self.cfg.max_num_seqs
         {
-            let Some(&slot) = self.waiting.front() else {
+            let Some(slot) = self.waiting.front(&self.seqs) else {
                 break;
             };
             let seq = &self.seqs[slot as usize];
@@ -301,10 +305,11 @@ impl Engine {
         let seq = &mut self.seqs[slot as usize];
         seq.touch(now_ns);
         seq.fenced_blocks += seq.blocks;
+        self.fenced_total += seq.blocks;
         seq.blocks = 0;
-        release_fenced(&mut self.kv, &mut self.marked_blocks, seq);
+        release_fenced(books!(self), seq);
         seq.restart();
-        self.waiting.push_front(slot);
+        self.waiting.push_front(slot, &self.seqs);
         self.stats.preemptions += 1;
     }
 
@@ -313,7 +318,9 @@ impl Engine {
     fn process_entry(&mut self, e: &Entry, now_ns: u64, outputs: &mut Vec<StepOutput>) -> bool {
         let seq = &mut self.seqs[e.slot as usize];
         seq.inflight -= 1;
+        let fenced_before = seq.fenced_blocks;
         let outcome = seq.outcome(e, now_ns);
+        self.fenced_total += seq.fenced_blocks - fenced_before;
         match outcome {
             Outcome::Token { .. } => self.stats.tokens_delivered += 1,
             Outcome::Discarded { sampled: true } => self.stats.tokens_discarded += 1,
@@ -328,7 +335,7 @@ impl Engine {
         });
         if seq.inflight == 0 && seq.fenced_blocks > 0 {
             seq.touch(now_ns);
-            release_fenced(&mut self.kv, &mut self.marked_blocks, seq);
+            release_fenced(books!(self), seq);
         }
         matches!(outcome, Outcome::Token { last: true, .. })
     }
@@ -367,6 +374,13 @@ impl Engine {
         if self.cfg.tombstones {
             self.tombstones.insert(seq.handle.runtime_id);
         }
+        let rid = seq.handle.runtime_id;
+        if let Some(slots) = self.by_runtime.get_mut(&rid) {
+            slots.retain(|&s| s != slot);
+            if slots.is_empty() {
+                self.by_runtime.remove(&rid);
+            }
+        }
         self.free_slots.push(slot);
         self.live -= 1;
     }
@@ -377,7 +391,7 @@ impl Engine {
     }
 
     pub fn waiting_len(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() as usize
     }
 
     pub fn running_len(&self) -> usize {
@@ -401,7 +415,9 @@ impl Scheduler for Engine {
             self.stats.rejected += 1;
             return Err(Rejection::TooLongForBudget);
         }
-        let seq = Seq::new(&r, now_ns);
+        let mut seq = Seq::new(&r, now_ns);
+        seq.serial = self.serial_next;
+        self.serial_next += 1;
         let slot = match self.free_slots.pop() {
             Some(s) => {
                 self.seqs[s as usize] = seq;
@@ -412,7 +428,11 @@ impl Scheduler for Engine {
                 (self.seqs.len() - 1) as u32
             }
         };
-        self.waiting.push_back(slot);
+        self.waiting.push_back(slot, &self.seqs);
+        self.by_runtime
+            .entry(r.handle.runtime_id)
+            .or_default()
+            .push(slot);
         self.live += 1;
         let t = r.tag as usize;
         if self.slot_of_tag.len() <= t {
@@ -500,8 +520,7 @@ impl Scheduler for Engine {
         let seqs = &self.seqs;
         self.running
             .retain(|&slot| seqs[slot as usize].phase == Phase::Running);
-        self.waiting
-            .retain(|&slot| seqs[slot as usize].phase == Phase::Waiting);
+        self.waiting.compact(&self.seqs);
         aborts.clear();
         if self.pending_aborts.is_empty() {
             self.pending_aborts = aborts;
@@ -531,7 +550,7 @@ impl Scheduler for Engine {
 
     fn gauges(&self) -> Gauges {
         Gauges {
-            waiting: self.waiting.len() as u64,
+            waiting: self.waiting.len(),
             running: self.running.len() as u64,
             kv_blocks: self.kv.in_use(),
             kv_retained: self.marked_blocks,

@@ -38,6 +38,8 @@ pub(super) struct Seq {
     pub(super) blocks: u64,
     /// Blocks of a finished or preempted incarnation, returned once no step in flight uses them.
     pub(super) fenced_blocks: u64,
+    /// Unique per enqueue: tells this request's waiting entries from a former occupant's.
+    pub(super) serial: u64,
     pub(super) inflight: u32,
     pub(super) incarnation: u32,
     pub(super) phase: Phase,
@@ -74,6 +76,7 @@ impl Seq {
             done_out: 0,
             blocks: 0,
             fenced_blocks: 0,
+            serial: 0,
             inflight: 0,
             incarnation: 0,
             phase: Phase::Waiting,

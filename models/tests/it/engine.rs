@@ -571,3 +571,41 @@ fn immediate_release_corrupts_the_next_owner_and_fenced_does_not() {
         assert_eq!(e.kv().allocated_total(), e.kv().freed_total());
     }
 }
+
+#[test]
+fn aborts_deep_in_the_queue_keep_its_order_and_reused_slots_do_not_jump_it() {
+    // One request runs at a time (one 10 ms step each), so the order of first tokens is the
+    // queue's order. 300 wait; 250 of them are aborted by id at 5 ms (their entries die in
+    // place, then the queue is compacted); 20 more arrive at 15 ms into the freed slots.
+    let mut c = cfg(1);
+    c.max_num_seqs = 1;
+    let mut e = Engine::new(c);
+    let mut arrivals: Vec<(u64, NewRequest)> = (1..=300).map(|id| (0, req(id, 4, 1))).collect();
+    arrivals.extend((1001..=1020).map(|id| (15 * MS, req(id, 4, 1))));
+    let doomed: Vec<u64> = (1..=300).filter(|id| id % 6 != 1).collect();
+    let aborts: Vec<(u64, Abort)> = doomed
+        .iter()
+        .map(|&id| (5 * MS, abort(Scope::Request(id))))
+        .collect();
+    let t = drive_aborts(&mut e, &arrivals, &aborts);
+    for id in &doomed {
+        let tr = &t[id];
+        assert!(tr.tokens_ns.is_empty(), "aborted {id} ran");
+        assert_eq!(
+            tr.observed_ns,
+            Some(10 * MS),
+            "{id} observed at the boundary"
+        );
+    }
+    let survivors: Vec<u64> = (1..=300)
+        .filter(|id| id % 6 == 1)
+        .chain(1001..=1020)
+        .collect();
+    let firsts: Vec<u64> = survivors.iter().map(|id| t[id].tokens_ns[0]).collect();
+    assert!(
+        firsts.windows(2).all(|w| w[0] < w[1]),
+        "survivors, then late arrivals, in arrival order"
+    );
+    assert_eq!(e.waiting_len(), 0);
+    assert_eq!(e.stats().steps as usize, survivors.len());
+}

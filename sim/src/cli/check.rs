@@ -2,12 +2,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cancelsim::check::{self, fuzz, fuzz::Tier};
 use cancelsim::run;
 use cancelsim::scenario::Scenario;
+
+use super::{Code, Fail, Outcome};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,6 +29,10 @@ pub struct Args {
     /// Rewrite the golden run hashes of the checked scenarios.
     #[arg(long)]
     pub update_golden: bool,
+    /// Skip the golden run hashes (for scenario files that have none, such as shrunk
+    /// reproductions).
+    #[arg(long, conflicts_with = "update_golden")]
+    pub no_golden: bool,
     /// Also run N whole scenarios drawn by the fuzzer (small worlds, every field at its edges).
     #[arg(long, default_value_t = 0)]
     pub fuzz: u64,
@@ -63,24 +68,61 @@ fn scenario_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-/// `name seed run_hash` per line, next to the scenarios.
-fn read_golden(path: &Path) -> BTreeMap<String, (u64, String)> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return BTreeMap::new();
+/// One directory's `golden.txt`: `name seed run_hash` per line, next to the scenarios. What
+/// cannot be read as such is kept as errors, which fail the check: a corrupt, empty or missing
+/// golden file never passes.
+struct Golden {
+    entries: BTreeMap<String, (u64, String)>,
+    errors: Vec<String>,
+}
+
+fn golden_line(line: &str) -> Option<(String, (u64, String))> {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let [name, seed, hash] = w.as_slice() else {
+        return None;
     };
-    text.lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            Some((
-                w.next()?.to_string(),
-                (w.next()?.parse().ok()?, w.next()?.to_string()),
-            ))
-        })
-        .collect()
+    let hex = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit());
+    hex.then_some(())?;
+    Some((name.to_string(), (seed.parse().ok()?, hash.to_string())))
+}
+
+fn read_golden(path: &Path) -> Golden {
+    let mut g = Golden {
+        entries: BTreeMap::new(),
+        errors: Vec::new(),
+    };
+    let text = match cancelsim::input::read_text(path, cancelsim::input::CONFIG_BYTES_MAX) {
+        Ok(t) => t,
+        Err(e) => {
+            g.errors.push(format!(
+                "{}: cannot read ({e}); record the hashes with --update-golden, or pass --no-golden",
+                path.display()
+            ));
+            return g;
+        }
+    };
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() || l.starts_with('#') {
+            continue;
+        }
+        let at = format!("{}:{}", path.display(), i + 1);
+        match golden_line(l) {
+            None => g.errors.push(format!(
+                "{at}: expected `scenario-file seed run_hash` (64 hex digits)"
+            )),
+            Some((name, _)) if g.entries.contains_key(&name) => {
+                g.errors.push(format!("{at}: a second line for {name}"));
+            }
+            Some((name, v)) => {
+                g.entries.insert(name, v);
+            }
+        }
+    }
+    g
 }
 
 fn write_golden(path: &Path, golden: &BTreeMap<String, (u64, String)>) -> Result<(), String> {
+    debug_assert!(golden.values().all(|(_, h)| h.len() == 64));
     let mut text = String::from("# Golden run hashes: scenario file, seed, run_hash. Update with\n# `cancelsim check --update-golden`, in a commit of its own that says why the model changed.\n");
     for (name, (seed, hash)) in golden {
         text += &format!("{name} {seed} {hash}\n");
@@ -99,15 +141,44 @@ fn fail_line(path: &Path, seed: u64, what: &str) -> String {
 }
 
 /// The golden hashes of every scenario directory checked, by directory.
-type Goldens = BTreeMap<PathBuf, BTreeMap<String, (u64, String)>>;
+type Goldens = BTreeMap<PathBuf, Golden>;
+
+/// The golden file of `dir`, read on first use; its errors are failures, reported once.
+fn golden_of<'g>(goldens: &'g mut Goldens, dir: &Path, update: bool) -> (&'g mut Golden, usize) {
+    let mut failures = 0;
+    let golden = goldens.entry(dir.to_path_buf()).or_insert_with(|| {
+        let g = read_golden(&dir.join(GOLDEN));
+        if !update {
+            for e in &g.errors {
+                say!("FAIL {e}");
+            }
+            failures = g.errors.len();
+        }
+        g
+    });
+    (golden, failures)
+}
+
+/// The golden comparison of one checked run: a missing line, another seed or another hash fails.
+fn golden_verdict(g: &Golden, name: &str, seed: u64, run_hash: &str) -> Option<String> {
+    match g.entries.get(name) {
+        None => Some(format!(
+            "no golden run hash in {GOLDEN} (record it with --update-golden)"
+        )),
+        Some((s, _)) if *s != seed => Some(format!(
+            "{GOLDEN} records seed {s}, but the scenario's seed is {seed}"
+        )),
+        Some((_, hash)) if hash != run_hash => {
+            Some(format!("golden run hash {hash} changed to {run_hash}"))
+        }
+        Some(_) => None,
+    }
+}
 
 /// Check one scenario file as written: judge it, and compare (or record) its golden hash.
 /// Returns its failures.
-fn check_file(file: &Path, scenario: &Scenario, goldens: &mut Goldens, update: bool) -> usize {
+fn check_file(file: &Path, scenario: &Scenario, goldens: &mut Goldens, args: &Args) -> usize {
     let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let golden = goldens
-        .entry(dir.clone())
-        .or_insert_with(|| read_golden(&dir.join(GOLDEN)));
     let name = file
         .file_name()
         .and_then(|n| n.to_str())
@@ -118,26 +189,53 @@ fn check_file(file: &Path, scenario: &Scenario, goldens: &mut Goldens, update: b
         Ok(r) => r,
         Err(fs) => {
             for f in &fs {
-                println!("{}", fail_line(file, seed, f));
+                say!("{}", fail_line(file, seed, f));
             }
             return 1;
         }
     };
     let mut failures = 0;
-    match golden.get(&name) {
-        Some((s, hash)) if !update && *s == seed && *hash != report.run_hash => {
-            let what = format!("golden run hash {hash} changed to {}", report.run_hash);
-            println!("{}", fail_line(file, seed, &what));
+    if !args.no_golden {
+        let (golden, read_failures) = golden_of(goldens, &dir, args.update_golden);
+        failures += read_failures;
+        if args.update_golden {
+            golden.entries.insert(name, (seed, report.run_hash.clone()));
+        } else if let Some(what) = golden_verdict(golden, &name, seed, &report.run_hash) {
+            say!("{}", fail_line(file, seed, &what));
             failures += 1;
         }
-        Some(_) if !update => {}
-        _ if update => {
-            golden.insert(name, (seed, report.run_hash.clone()));
-        }
-        _ => {}
     }
-    let short = &report.run_hash[..16];
-    println!("ok   {} seed {seed} run_hash={short}", file.display());
+    if failures == 0 {
+        let short = &report.run_hash[..16];
+        say!("ok   {} seed {seed} run_hash={short}", file.display());
+    }
+    failures
+}
+
+/// Golden lines that name no scenario file in their directory: stale, so they fail (and
+/// `--update-golden` drops them).
+fn stale_goldens(goldens: &mut Goldens, update: bool) -> usize {
+    let mut failures = 0;
+    for (dir, g) in goldens.iter_mut() {
+        let stale: Vec<String> = g
+            .entries
+            .keys()
+            .filter(|n| !dir.join(n).is_file())
+            .cloned()
+            .collect();
+        for name in stale {
+            if update {
+                g.entries.remove(&name);
+            } else {
+                say!(
+                    "FAIL {}: names {name}, which is not in {}",
+                    dir.join(GOLDEN).display(),
+                    dir.display()
+                );
+                failures += 1;
+            }
+        }
+    }
     failures
 }
 
@@ -148,7 +246,7 @@ fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
     let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
     for r in &failed {
         let what = format!("swarm: {}", r.failures.join("; "));
-        println!("{}", fail_line(file, r.seed, &what));
+        say!("{}", fail_line(file, r.seed, &what));
     }
     for r in failed.iter().take(SHRINK_MAX) {
         let variant = check::randomise(scenario, r.seed);
@@ -160,12 +258,12 @@ fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
         let written = std::fs::create_dir_all(&args.out)
             .and_then(|_| std::fs::write(&out, check::to_ron(&small)));
         match written {
-            Ok(()) => println!(
+            Ok(()) => say!(
                 "     shrunk to {} requests: {}",
                 check::requests(&small).map_or("?".into(), |n| n.to_string()),
                 out.display()
             ),
-            Err(e) => println!("     could not write {}: {e}", out.display()),
+            Err(e) => say!("     could not write {}: {e}", out.display()),
         }
     }
     failed.len()
@@ -184,7 +282,7 @@ fn fuzz_tier(tier: Tier, n: u64, args: &Args) -> (u64, usize) {
     let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
     for r in &failed {
         let what = r.failures.join("; ");
-        println!("FAIL {name} seed {}: {what} | reproduce: cancelsim check --{} 1 --first-seed {} (commit {COMMIT})",
+        say!("FAIL {name} seed {}: {what} | reproduce: cancelsim check --{} 1 --first-seed {} (commit {COMMIT})",
             r.seed, if tier == Tier::Big { "big" } else { "fuzz" }, r.seed);
     }
     for r in failed.iter().take(SHRINK_MAX) {
@@ -195,12 +293,12 @@ fn fuzz_tier(tier: Tier, n: u64, args: &Args) -> (u64, usize) {
         let written = std::fs::create_dir_all(&args.out)
             .and_then(|_| std::fs::write(&out, check::to_ron(&small)));
         match written {
-            Ok(()) => println!("     shrunk to {}", out.display()),
-            Err(e) => println!("     could not write {}: {e}", out.display()),
+            Ok(()) => say!("     shrunk to {}", out.display()),
+            Err(e) => say!("     could not write {}: {e}", out.display()),
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    println!(
+    say!(
         "{name}: {} seeds in {secs:.1} s, {} failed",
         results.len(),
         failed.len()
@@ -231,14 +329,8 @@ fn inputs(args: &Args) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-pub fn main(args: Args) -> ExitCode {
-    let files = match inputs(&args) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
+pub fn main(args: Args) -> Outcome {
+    let files = inputs(&args).map_err(Fail::input)?;
     if args.threads > 0 {
         // The global pool is set once per process; results never depend on its size.
         let _ = rayon::ThreadPoolBuilder::new()
@@ -252,12 +344,12 @@ pub fn main(args: Args) -> ExitCode {
         let scenario = match Scenario::load(file) {
             Ok(s) => s,
             Err(e) => {
-                println!("FAIL {e}");
+                say!("FAIL {e}");
                 failures += 1;
                 continue;
             }
         };
-        failures += check_file(file, &scenario, &mut goldens, args.update_golden);
+        failures += check_file(file, &scenario, &mut goldens, &args);
         if args.swarm > 0 && scenario.swarm.is_some() {
             let start = Instant::now();
             failures += swarm_file(file, &scenario, &args);
@@ -271,23 +363,23 @@ pub fn main(args: Args) -> ExitCode {
     if args.big > 0 {
         failures += fuzz_tier(Tier::Big, args.big, &args).1;
     }
+    failures += stale_goldens(&mut goldens, args.update_golden);
     if args.update_golden {
         for (dir, g) in &goldens {
-            if let Err(e) = write_golden(&dir.join(GOLDEN), g) {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
+            write_golden(&dir.join(GOLDEN), &g.entries).map_err(Fail::io)?;
         }
     }
-    print!("check: {} scenarios, {failures} failures", files.len());
+    say_part!("check: {} scenarios, {failures} failures", files.len());
     if swarm_seeds > 0 {
         let rate = swarm_seeds as f64 / swarm_s.max(1e-9);
-        print!("; swarm: {swarm_seeds} seeds in {swarm_s:.1} s ({rate:.0} seeds/s)");
+        say_part!("; swarm: {swarm_seeds} seeds in {swarm_s:.1} s ({rate:.0} seeds/s)");
     }
-    println!(" (commit {COMMIT})");
+    say!(" (commit {COMMIT})");
     if failures > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+        return Err(Fail {
+            code: Code::Found,
+            msg: format!("check found {failures} failures"),
+        });
     }
+    Ok(())
 }

@@ -1,28 +1,29 @@
 //! `cancelsim replay`: an op log through the ownership controller.
 
-use std::process::ExitCode;
+use std::path::Path;
 
-/// Exit 0 when every line was processed (a rejected op is a result), 2 when the input cannot be
-/// read.
-pub fn replay(file: &std::path::Path) -> ExitCode {
+use cancelsim::replay::ReplayError;
+
+use super::{Fail, Outcome};
+
+/// Every line processed is success (a rejected op is a result); an unreadable log is an input
+/// error, and results that cannot be written are an I/O error naming standard output.
+pub fn replay(file: &Path) -> Outcome {
     let stdout = std::io::stdout().lock();
     let out = std::io::BufWriter::new(stdout);
     let result = if file.as_os_str() == "-" {
         cancelsim::replay::replay(std::io::stdin().lock(), out)
     } else {
-        match std::fs::File::open(file) {
-            Ok(f) => cancelsim::replay::replay(std::io::BufReader::new(f), out),
-            Err(e) => {
-                eprintln!("error: {}: cannot read op log: {e}", file.display());
-                return ExitCode::from(2);
-            }
-        }
+        let f = std::fs::File::open(file)
+            .map_err(|e| Fail::input(format!("{}: cannot read op log: {e}", file.display())))?;
+        cancelsim::replay::replay(std::io::BufReader::new(f), out)
     };
     match result {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {}: {e}", file.display());
-            ExitCode::from(2)
+        Ok(_) => Ok(()),
+        Err(ReplayError::Read(e)) => Err(Fail::input(format!("{}: {e}", file.display()))),
+        Err(ReplayError::Write(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(ReplayError::Write(e)) => {
+            Err(Fail::io(format!("cannot write to standard output: {e}")))
         }
     }
 }

@@ -4,9 +4,12 @@
 use std::path::PathBuf;
 
 use cancelsim::output as report;
+use cancelsim::record::TRACE_EVENTS_MAX;
 use cancelsim::run::{self, RunOptions};
 use cancelsim::scenario::Scenario;
-use cancelsim::world;
+use cancelsim::world::RunError;
+
+use super::{Code, Fail, Outcome};
 
 #[derive(clap::Args, Default)]
 pub struct RunOpts {
@@ -22,20 +25,45 @@ pub struct RunOpts {
     /// Print the summary only; write no files.
     #[arg(long)]
     pub no_write: bool,
-    /// Write trace.json even for a large run (by default only up to 20,000 requests).
-    #[arg(long)]
-    pub trace: bool,
-    /// Gauges sampling interval for timeseries.csv, in virtual milliseconds.
-    #[arg(long, default_value_t = 100.0)]
+    /// Trace events kept per run in trace.json; a run's trace stops at the first step or
+    /// request that would pass it, with a warning. 0: no trace.json.
+    #[arg(long, default_value_t = TRACE_EVENTS_MAX as u64)]
+    pub trace_events: u64,
+    /// Gauges sampling interval for timeseries.csv, in virtual milliseconds (at least 0.001).
+    #[arg(long, default_value_t = 100.0, value_parser = sample_ms)]
     pub sample_ms: f64,
 }
 
-/// Runs up to this many requests get a trace.json by default.
-const TRACE_REQUESTS_DEFAULT: u64 = 20_000;
+/// The smallest sampling interval: 1 µs of virtual time.
+const SAMPLE_MS_MIN: f64 = 0.001;
 
-pub fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
+fn sample_ms(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !(SAMPLE_MS_MIN..=1e12).contains(&v) {
+        return Err(format!(
+            "{v} is out of range: a sampling interval is at least {SAMPLE_MS_MIN} ms and finite"
+        ));
+    }
+    Ok(v)
+}
+
+/// A run that stopped: a broken invariant is a failure found, anything else is the input's.
+fn run_failed(shown: &str, seed: u64, e: RunError) -> Fail {
+    let code = match e {
+        RunError::Invariant { .. } => Code::Found,
+        RunError::Limit(_) | RunError::Input(_) => Code::Input,
+    };
+    Fail {
+        code,
+        msg: format!("scenario {shown} seed {seed}: {e}"),
+    }
+}
+
+pub fn run(path: Option<PathBuf>, opts: RunOpts) -> Outcome {
     let scenario = match &path {
-        Some(p) => Scenario::load(p).map_err(|e| e.to_string())?,
+        Some(p) => Scenario::load(p).map_err(|e| Fail::input(e.to_string()))?,
         None => Scenario::default_embedded(),
     };
     let seed = opts.seed.unwrap_or(scenario.seed);
@@ -43,46 +71,49 @@ pub fn run(path: Option<PathBuf>, opts: RunOpts) -> Result<(), String> {
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "<embedded default>".into());
-    let fail = |e: world::RunError| format!("scenario {shown} seed {seed}: {e}");
+    let fail = |e: RunError| run_failed(&shown, seed, e);
     if opts.no_write {
         let report = run::report(&scenario, seed).map_err(fail)?;
-        print!("{}", report::render(&report));
+        say_part!("{}", report::render(&report));
         return Ok(());
     }
-    // A trace of a small run opens in ui.perfetto.dev; a huge one would not, so it is opt-in.
-    let requests = cancelsim::check::requests(&scenario).unwrap_or(u64::MAX);
-    let trace = opts.trace || requests <= TRACE_REQUESTS_DEFAULT;
-    let dir = report::RunDir::begin(&opts.out, &scenario.name)?;
-    let sink = dir.requests_sink()?;
-    let sample_ns = (opts.sample_ms * 1e6).round() as u64;
-    let force = opts.force;
-    let opts = RunOptions {
-        sample_ns,
-        sink: Some(sink),
+    let dir = report::RunDir::begin(&opts.out, &scenario.name).map_err(Fail::io)?;
+    let trace = if opts.trace_events > 0 {
+        Some(dir.trace_sink().map_err(Fail::io)?)
+    } else {
+        None
+    };
+    let run_opts = RunOptions {
+        sample_ns: (opts.sample_ms * 1e6).round() as u64,
+        sink: Some(dir.requests_sink().map_err(Fail::io)?),
         trace,
+        trace_events_max: opts.trace_events,
         ..RunOptions::default()
     };
-    let (report, extras) = run::run(&scenario, seed, opts).map_err(fail)?;
+    let (report, extras) = run::run(&scenario, seed, run_opts).map_err(fail)?;
     let rendered = report::render(&report);
     let (body, hash_line) = rendered
         .trim_end()
         .rsplit_once('\n')
         .expect("the summary has several lines");
-    println!("{body}");
-    let (written, plots) = dir.finish(&report, extras, force)?;
-    match &written {
-        report::Written::New(d) => println!("wrote {}", d.display()),
-        report::Written::Replaced(d) => println!("replaced {}", d.display()),
-        report::Written::Kept(d) => println!(
+    say!("{body}");
+    let done = dir.finish(&report, extras, opts.force).map_err(Fail::io)?;
+    for w in &done.warnings {
+        eprintln!("warning: {w}");
+    }
+    match &done.written {
+        report::Written::New(d) => say!("wrote {}", d.display()),
+        report::Written::Replaced(d) => say!("replaced {}", d.display()),
+        report::Written::Kept(d) => say!(
             "kept {} (same run_hash already there; --force replaces it)",
             d.display()
         ),
     }
-    if !matches!(written, report::Written::Kept(_)) {
-        for p in &plots {
-            println!("plot {}", p.display());
+    if !matches!(done.written, report::Written::Kept(_)) {
+        for p in &done.plots {
+            say!("plot {}", p.display());
         }
     }
-    println!("{hash_line}");
+    say!("{hash_line}");
     Ok(())
 }

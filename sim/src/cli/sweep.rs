@@ -1,25 +1,31 @@
 //! `cancelsim sweep`, `merge` and `compare`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-pub fn sweep(
-    path: &std::path::Path,
-    out: &std::path::Path,
-    shard: &str,
-    threads: usize,
-) -> Result<(), String> {
-    let plan = cancelsim::sweep::Plan::load(path)?;
+use cancelsim::sweep::SweepError;
+
+use super::{Fail, Outcome};
+
+fn fail(e: SweepError) -> Fail {
+    match e {
+        SweepError::Input(m) => Fail::input(m),
+        SweepError::Io(m) => Fail::io(m),
+    }
+}
+
+pub fn sweep(path: &Path, out: &Path, shard: &str, threads: usize) -> Outcome {
+    let plan = cancelsim::sweep::Plan::load(path).map_err(Fail::input)?;
     let (i, n) = shard
         .split_once('/')
         .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
-        .ok_or_else(|| format!("--shard {shard}: expected i/n"))?;
+        .ok_or_else(|| Fail::input(format!("--shard {shard}: expected i/n")))?;
     if threads > 0 {
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build_global();
     }
-    let (ran, done) = cancelsim::sweep::run(&plan, out, (i, n), true)?;
-    println!(
+    let (ran, done) = cancelsim::sweep::run(&plan, out, (i, n), true).map_err(fail)?;
+    say!(
         "sweep {}: {} points x {} seeds = {} tasks; ran {ran} now, {done} done in {}",
         plan.sweep.name,
         plan.points,
@@ -28,9 +34,9 @@ pub fn sweep(
         out.display()
     );
     if done == plan.tasks() {
-        println!("wrote {}", out.join("results.csv").display());
+        say!("wrote {}", out.join("results.csv").display());
     } else {
-        println!(
+        say!(
             "{} tasks remain (other shards, or resume)",
             plan.tasks() - done
         );
@@ -39,9 +45,16 @@ pub fn sweep(
 }
 
 /// `cancelsim merge`: join the shards' parts into one `results.csv`.
-pub fn merge(sweep: &Path, dirs: &[std::path::PathBuf], out: &Path) -> Result<(), String> {
-    let plan = cancelsim::sweep::Plan::load(sweep)?;
-    cancelsim::sweep::assemble(&plan, dirs, out)?;
-    println!("wrote {}", out.join("results.csv").display());
+pub fn merge(sweep: &Path, dirs: &[PathBuf], out: &Path) -> Outcome {
+    let plan = cancelsim::sweep::Plan::load(sweep).map_err(Fail::input)?;
+    cancelsim::sweep::assemble(&plan, dirs, out).map_err(fail)?;
+    say!("wrote {}", out.join("results.csv").display());
+    Ok(())
+}
+
+/// `cancelsim compare`: the table on standard output.
+pub fn compare(a: &Path, b: &Path) -> Outcome {
+    let table = cancelsim::sweep::compare(a, b).map_err(Fail::input)?;
+    say_part!("{table}");
     Ok(())
 }

@@ -1,9 +1,13 @@
 //! The run directory's data files besides `summary.json` and `requests.csv`: the gauge time
 //! series and the Chrome trace, which must pass its structural check before it is written.
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
 
-use crate::record::{Extras, TraceArgs, TraceEvent, CANCELS_TID};
+use super::trace_check::Streaming;
+use crate::record::{Extras, TraceArgs, TraceEvent, TraceSink, CANCELS_TID};
 use crate::run::Report;
 
 pub(super) fn write_timeseries(
@@ -43,55 +47,107 @@ pub(super) fn write_timeseries(
     w.flush().map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// All runs in one Chrome trace: one process per run (the counterfactual first), a thread per
-/// replica, the requests' async tracks and a "cancels" thread with the flows.
-pub(super) fn write_trace(path: &Path, report: &Report, extras: &[Extras]) -> Result<(), String> {
-    let mut events: Vec<TraceEvent> = Vec::new();
-    let names = std::iter::once(&report.counterfactual)
-        .chain(&report.policies)
-        .map(|s| s.policy.clone());
-    let mut dropped = 0;
-    for (pid, (name, e)) in names.zip(extras).enumerate() {
-        let Some(t) = &e.trace else { continue };
-        let pid = pid as u32;
-        let thread = |tid: u32, name: String| {
-            TraceEvent::meta("thread_name", pid, Some(tid), TraceArgs::Name { name })
-        };
-        events.push(TraceEvent::meta(
-            "process_name",
+/// `trace.json`, streamed: events go to disk as runs record them, through a bounded buffer and
+/// the structural checker, so memory does not grow with the trace. All runs share one file: one
+/// process per run (the counterfactual first), a thread per replica, the requests' async tracks
+/// and a "cancels" thread with the flows. The metadata naming them is written at the end.
+pub(super) struct TraceFile {
+    path: PathBuf,
+    w: BufWriter<File>,
+    checker: Streaming,
+    events: u64,
+    /// (pid, tid) of every replica thread that ran a step, to name them.
+    replicas: BTreeSet<(u32, u32)>,
+    error: Option<String>,
+}
+
+impl TraceFile {
+    pub(super) fn create(path: &Path) -> Result<TraceFile, String> {
+        let f = File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut w = BufWriter::with_capacity(1 << 16, f);
+        w.write_all(b"{\"traceEvents\":[\n")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(TraceFile {
+            path: path.to_path_buf(),
+            w,
+            checker: Streaming::default(),
+            events: 0,
+            replicas: BTreeSet::new(),
+            error: None,
+        })
+    }
+
+    fn write(&mut self, ev: &TraceEvent) {
+        if self.error.is_some() {
+            return;
+        }
+        let value = serde_json::to_value(ev).expect("a trace event serialises");
+        self.checker.event(&value);
+        let sep: &[u8] = if self.events == 0 { b"" } else { b",\n" };
+        let written = self
+            .w
+            .write_all(sep)
+            .and_then(|()| serde_json::to_writer(&mut self.w, &value).map_err(Into::into));
+        if let Err(e) = written {
+            self.error = Some(format!("{}: {e}", self.path.display()));
+        }
+        self.events += 1;
+    }
+}
+
+impl TraceSink for TraceFile {
+    fn event(&mut self, ev: &TraceEvent) {
+        if ev.cat == Some("gpu") {
+            if let Some(tid) = ev.tid {
+                self.replicas.insert((ev.pid, tid));
+            }
+        }
+        self.write(ev);
+    }
+
+    /// The metadata, the closing brackets and `otherData`; then the checker's verdict.
+    fn close(&mut self, runs: &[(u32, String)], other: serde_json::Value) -> Result<(), String> {
+        for (pid, name) in runs {
+            for ev in run_metadata(*pid, name.clone(), &self.replicas) {
+                self.write(&ev);
+            }
+        }
+        let tail = format!("\n],\"displayTimeUnit\":\"ms\",\"otherData\":{other}}}\n");
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let path = self.path.display().to_string();
+        let io = |e: std::io::Error| format!("{path}: {e}");
+        self.w.write_all(tail.as_bytes()).map_err(io)?;
+        self.w.flush().map_err(io)?;
+        let problems = std::mem::take(&mut self.checker).finish();
+        if let Some(p) = problems.first() {
+            return Err(format!(
+                "trace.json failed its structural check (a cancelsim bug): {p}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The metadata of run `pid`: its process's name and order, and its threads' names.
+fn run_metadata(pid: u32, name: String, replicas: &BTreeSet<(u32, u32)>) -> Vec<TraceEvent> {
+    let thread = |tid: u32, name: String| {
+        TraceEvent::meta("thread_name", pid, Some(tid), TraceArgs::Name { name })
+    };
+    let mut out = vec![
+        TraceEvent::meta("process_name", pid, None, TraceArgs::Name { name }),
+        TraceEvent::meta(
+            "process_sort_index",
             pid,
             None,
-            TraceArgs::Name { name },
-        ));
-        let sort = TraceArgs::SortIndex { sort_index: pid };
-        events.push(TraceEvent::meta("process_sort_index", pid, None, sort));
-        events.push(thread(CANCELS_TID, "cancels".into()));
-        let replicas: std::collections::BTreeSet<u32> = t
-            .events
-            .iter()
-            .filter(|e| e.cat == Some("gpu"))
-            .filter_map(|e| e.tid)
-            .collect();
-        for r in replicas {
-            events.push(thread(r, format!("replica {r}")));
-        }
-        events.push(thread(0, "replica 0 / requests".into()));
-        events.extend(t.events.iter().cloned());
-        dropped += t.dropped;
+            TraceArgs::SortIndex { sort_index: pid },
+        ),
+        thread(CANCELS_TID, "cancels".into()),
+    ];
+    for &(_, r) in replicas.range((pid, 0)..=(pid, u32::MAX)) {
+        out.push(thread(r, format!("replica {r}")));
     }
-    let doc = serde_json::json!({
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"scenario": report.scenario, "seed": report.seed, "run_hash": report.run_hash, "events_dropped": dropped},
-    });
-    let problems = super::trace_check::check(&doc);
-    if !problems.is_empty() {
-        return Err(format!(
-            "trace.json failed its structural check (a cancelsim bug): {}",
-            problems[0]
-        ));
-    }
-    let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::to_writer(std::io::BufWriter::new(f), &doc)
-        .map_err(|e| format!("{}: {e}", path.display()))
+    out.push(thread(0, "replica 0 / requests".into()));
+    out
 }

@@ -9,4 +9,4 @@ mod rundir;
 pub mod trace_check;
 
 pub use render::render;
-pub use rundir::{run_dir, RunDir, Written};
+pub use rundir::{run_dir, Finished, RunDir, Written};

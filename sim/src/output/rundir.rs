@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::files::{write_timeseries, write_trace};
-use crate::record::{Extras, RequestRow, RequestSink};
+use super::files::{write_timeseries, TraceFile};
+use crate::record::{Extras, RequestRow, RequestSink, TraceSink};
 use crate::run::Report;
 
 /// Where a run's files go: `<root>/<scenario>/seed<seed>-<run_hash[..12]>/`. The name is derived
@@ -60,7 +60,8 @@ impl RunDir {
         let parent = root.join(scenario);
         std::fs::create_dir_all(&parent)
             .map_err(|e| format!("{}: cannot create: {e}", parent.display()))?;
-        let tmp = parent.join(format!(".tmp-run-{}", std::process::id()));
+        remove_stale(&parent);
+        let tmp = parent.join(format!("{TMP_PREFIX}{}", std::process::id()));
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp)
                 .map_err(|e| format!("{}: cannot clear: {e}", tmp.display()))?;
@@ -83,42 +84,39 @@ impl RunDir {
         }))
     }
 
+    /// The sink that streams `trace.json` into the directory.
+    pub fn trace_sink(&self) -> Result<Box<dyn TraceSink>, String> {
+        Ok(Box::new(TraceFile::create(&self.tmp.join("trace.json"))?))
+    }
+
     /// Write the summary, time series, trace and plots, then move the directory into place.
     pub fn finish(
         mut self,
         report: &Report,
         mut extras: Vec<Extras>,
         force: bool,
-    ) -> Result<(Written, Vec<PathBuf>), String> {
+    ) -> Result<Finished, String> {
         if let Some(mut sink) = extras.first_mut().and_then(|e| e.sink.take()) {
             sink.finish().map_err(|e| format!("requests.csv: {e}"))?;
+        }
+        let mut warnings = Vec::new();
+        if let Some(mut trace) = extras.first_mut().and_then(|e| e.trace_sink.take()) {
+            warnings = close_trace(trace.as_mut(), report, &extras)?;
         }
         let file = |name: &str| self.tmp.join(name);
         let json = serde_json::to_string_pretty(report).expect("report serialises") + "\n";
         std::fs::write(file("summary.json"), json).map_err(|e| format!("summary.json: {e}"))?;
         write_timeseries(&file("timeseries.csv"), report, &extras)?;
-        if extras.iter().any(|e| e.trace.is_some()) {
-            write_trace(&file("trace.json"), report, &extras)?;
-        }
         let plots = super::plots::draw_all(&file("plots"), report, &extras)?;
         let dir = run_dir(self.parent.parent().unwrap_or(Path::new(".")), report);
-        let exists = dir.exists();
-        let written = if exists && !force {
+        let written = if dir.exists() && !force {
             std::fs::remove_dir_all(&self.tmp)
                 .map_err(|e| format!("{}: {e}", self.tmp.display()))?;
             Written::Kept(dir.clone())
+        } else if self.put_in_place(&dir)? {
+            Written::Replaced(dir.clone())
         } else {
-            if exists {
-                std::fs::remove_dir_all(&dir)
-                    .map_err(|e| format!("{}: cannot replace: {e}", dir.display()))?;
-            }
-            std::fs::rename(&self.tmp, &dir)
-                .map_err(|e| format!("{}: cannot move into place: {e}", dir.display()))?;
-            if exists {
-                Written::Replaced(dir.clone())
-            } else {
-                Written::New(dir.clone())
-            }
+            Written::New(dir.clone())
         };
         self.done = true;
         let plots = plots
@@ -126,7 +124,113 @@ impl RunDir {
             .filter_map(|p| p.file_name())
             .map(|n| dir.join("plots").join(n))
             .collect();
-        Ok((written, plots))
+        Ok(Finished {
+            written,
+            plots,
+            warnings,
+        })
+    }
+}
+
+/// What finishing a run directory did, and what it had to cut.
+pub struct Finished {
+    pub written: Written,
+    pub plots: Vec<PathBuf>,
+    /// One line per output cut short by a limit, for standard error.
+    pub warnings: Vec<String>,
+}
+
+/// Close `trace.json`: name the runs' processes, and say which runs' traces were cut.
+fn close_trace(
+    trace: &mut dyn TraceSink,
+    report: &Report,
+    extras: &[Extras],
+) -> Result<Vec<String>, String> {
+    let summaries = std::iter::once(&report.counterfactual).chain(&report.policies);
+    let mut runs = Vec::new();
+    let mut warnings = Vec::new();
+    let mut dropped = 0;
+    for (pid, (s, e)) in summaries.zip(extras).enumerate() {
+        let Some(log) = &e.trace else { continue };
+        runs.push((pid as u32, s.policy.clone()));
+        dropped += log.dropped;
+        if let Some(cut_us) = log.cut_at_us.filter(|_| log.dropped > 0) {
+            warnings.push(format!(
+                "trace.json: run {} kept its first {} events and dropped {}; it covers 0-{:.1} s of {:.1} s (raise --trace-events)",
+                s.policy,
+                log.kept,
+                log.dropped,
+                cut_us as f64 / 1e6,
+                s.virtual_time_s
+            ));
+        }
+    }
+    let other = serde_json::json!({"scenario": report.scenario, "seed": report.seed,
+        "run_hash": report.run_hash, "events_dropped": dropped});
+    trace.close(&runs, other)?;
+    Ok(warnings)
+}
+
+impl RunDir {
+    /// Rename the temporary directory to `dir`. An existing `dir` is first renamed aside, so
+    /// `dir` is always either the old run or the new one, never half of each; a concurrent run
+    /// putting the same run there between the two renames is moved aside likewise, a bounded
+    /// number of times. Returns whether a directory was replaced.
+    fn put_in_place(&self, dir: &Path) -> Result<bool, String> {
+        let aside = self
+            .parent
+            .join(format!("{TMP_PREFIX}{}-old", std::process::id()));
+        let mut replaced = false;
+        let mut last = None;
+        for _ in 0..PLACE_ATTEMPTS_MAX {
+            if std::fs::rename(dir, &aside).is_ok() {
+                replaced = true;
+                let _ = std::fs::remove_dir_all(&aside);
+            }
+            match std::fs::rename(&self.tmp, dir) {
+                Ok(()) => return Ok(replaced),
+                Err(e) => last = Some(e),
+            }
+        }
+        let e = last.map_or_else(String::new, |e| e.to_string());
+        Err(format!("{}: cannot move into place: {e}", dir.display()))
+    }
+}
+
+/// Temporary run directories are named this plus the writing process's id.
+const TMP_PREFIX: &str = ".tmp-run-";
+/// Renames tried when concurrent runs race for one run directory.
+const PLACE_ATTEMPTS_MAX: u32 = 16;
+/// A temporary directory this old is stale even where liveness cannot be checked.
+const STALE_AGE_S: u64 = 24 * 3600;
+
+/// Remove the temporary directories that processes killed mid-run (`kill -9`) left in `parent`:
+/// those of a process that no longer exists, or, where that cannot be known, a day old.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(TMP_PREFIX)) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        let stale = match pid {
+            Some(p) if p == std::process::id() => false,
+            Some(p) if Path::new("/proc/self").exists() => {
+                !Path::new(&format!("/proc/{p}")).exists()
+            }
+            _ => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > STALE_AGE_S),
+        };
+        if stale {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -134,6 +238,8 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         if !self.done {
             let _ = std::fs::remove_dir_all(&self.tmp);
+            // The scenario's directory, if this run created it and nothing else is in it.
+            let _ = std::fs::remove_dir(&self.parent);
         }
     }
 }

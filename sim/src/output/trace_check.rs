@@ -169,6 +169,19 @@ impl Checker {
     }
 }
 
+impl Checker {
+    /// The checks that need every event seen: unclosed `B`s, nesting, balance.
+    fn settle(&mut self) {
+        self.unclosed();
+        self.nesting();
+        self.balance();
+        self.slices.clear();
+        self.open.clear();
+        self.asyncs.clear();
+        self.flows.clear();
+    }
+}
+
 /// Problems found, as messages (empty: the trace is well formed).
 pub fn check(trace: &Value) -> Vec<String> {
     let events = match trace {
@@ -183,10 +196,39 @@ pub fn check(trace: &Value) -> Vec<String> {
     for (i, e) in events.iter().enumerate() {
         c.event(i, e);
     }
-    c.unclosed();
-    c.nesting();
-    c.balance();
+    c.settle();
     c.errs
+}
+
+/// The same checks over a stream of events whose processes come one after another (each run of
+/// a report is one process): each process is settled when the next begins, so memory holds one
+/// process's slices, not the whole trace.
+#[derive(Default)]
+pub struct Streaming {
+    c: Checker,
+    seen: usize,
+    pid: Option<i64>,
+}
+
+impl Streaming {
+    pub fn event(&mut self, e: &Value) {
+        let pid = e.get("pid").and_then(Value::as_i64);
+        let meta = e.get("ph").and_then(Value::as_str) == Some("M");
+        if !meta && pid != self.pid {
+            if self.pid.is_some() {
+                self.c.settle();
+            }
+            self.pid = pid;
+        }
+        self.c.event(self.seen, e);
+        self.seen += 1;
+    }
+
+    /// Problems found, as messages (empty: well formed).
+    pub fn finish(mut self) -> Vec<String> {
+        self.c.settle();
+        self.c.errs
+    }
 }
 
 #[cfg(test)]
@@ -233,5 +275,33 @@ mod tests {
         ] {
             assert!(errs.contains(want), "missing {want:?} in:\n{errs}");
         }
+    }
+
+    #[test]
+    fn streaming_settles_each_process_and_flags_its_errors() {
+        let events = [
+            json!({"ph": "X", "name": "a", "pid": 0, "tid": 2, "ts": 0, "dur": 10}),
+            json!({"ph": "b", "cat": "r", "id": 1, "name": "r", "pid": 0, "tid": 0, "ts": 1}),
+            json!({"ph": "X", "name": "b", "pid": 1, "tid": 2, "ts": 0, "dur": 10}),
+            json!({"ph": "X", "name": "partial", "pid": 1, "tid": 2, "ts": 5, "dur": 10}),
+            json!({"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "p"}}),
+        ];
+        let mut s = Streaming::default();
+        for e in &events {
+            s.event(e);
+        }
+        let errs = s.finish().join("\n");
+        // Process 0's open async track is settled when process 1 begins; process 1's partial
+        // overlap at the end.
+        assert!(
+            errs.contains("r/1: begins and ends do not balance"),
+            "{errs}"
+        );
+        assert!(errs.contains("overlaps its parent partially"), "{errs}");
+        let whole = check(&json!(events)).join("\n");
+        assert!(
+            whole.contains("do not balance") && whole.contains("partially"),
+            "{whole}"
+        );
     }
 }

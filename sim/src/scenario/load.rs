@@ -2,7 +2,7 @@
 //! file, `line:column` and the field path.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::{Scenario, Source, DEFAULT_SCENARIO, DEFAULT_SCENARIO_PATH};
 
@@ -18,11 +18,34 @@ impl fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
+/// The directory every file a scenario or sweep names must lie under, once set (the command line
+/// sets it: the working directory, or `--data-root`). Unset, as in library use, any path goes.
+static DATA_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Set the data root, once per process. Fails if it cannot be resolved.
+pub fn set_data_root(root: &Path) -> Result<(), String> {
+    let resolved = root
+        .canonicalize()
+        .map_err(|e| format!("--data-root {}: {e}", root.display()))?;
+    DATA_ROOT
+        .set(resolved)
+        .map_err(|_| "the data root is set once".to_string())
+}
+
+/// The data root if `file` (which exists) resolves to a place outside it.
+pub fn outside_data_root(file: &Path) -> Option<&'static Path> {
+    let root = DATA_ROOT.get()?;
+    match file.canonicalize() {
+        Ok(f) if f.starts_with(root) => None,
+        _ => Some(root.as_path()),
+    }
+}
+
 impl Scenario {
     /// Read and parse a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, LoadError> {
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path)
+        let bytes = crate::input::read_limited(path, crate::input::CONFIG_BYTES_MAX)
             .map_err(|e| LoadError(format!("{shown}: cannot read scenario: {}", io_reason(&e))))?;
         let text = String::from_utf8(bytes).map_err(|e| {
             LoadError(format!(
@@ -36,17 +59,33 @@ impl Scenario {
         Ok(scenario)
     }
 
-    /// Files the scenario refers to must exist and be readable.
+    /// Files the scenario refers to must exist, be readable and lie under the data root.
     fn check_files(&self, text: &str, shown: &str) -> Result<(), LoadError> {
         if let Source::Trace { path, .. } = &self.workload.source {
             let full = self.base_dir.join(path);
-            if let Err(e) = std::fs::metadata(&full).and_then(|m| {
+            let readable = std::fs::metadata(&full).and_then(|m| {
                 if m.is_file() {
                     Ok(())
                 } else {
                     Err(std::io::Error::other("not a file"))
                 }
-            }) {
+            });
+            let outside = readable
+                .as_ref()
+                .ok()
+                .and_then(|()| outside_data_root(&full));
+            if let Some(root) = outside {
+                let field = "workload.source.Trace.path";
+                let at = locate_field(text, field)
+                    .map(|(l, c)| format!(":{l}:{c}"))
+                    .unwrap_or_default();
+                return Err(LoadError(format!(
+                    "{shown}{at}: field `{field}`: {} is outside the data root {}; pass --data-root to widen it",
+                    full.display(),
+                    root.display()
+                )));
+            }
+            if let Err(e) = readable {
                 let field = "workload.source.Trace.path";
                 let at = locate_field(text, field)
                     .map(|(l, c)| format!(":{l}:{c}"))

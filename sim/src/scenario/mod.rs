@@ -20,7 +20,7 @@ use crate::kernel::{Limits, NS_PER_S};
 
 pub use cancel::*;
 pub use checks::*;
-pub use load::LoadError;
+pub use load::{outside_data_root, set_data_root, LoadError};
 pub use serving::*;
 pub use validate::Invalid;
 

@@ -28,7 +28,9 @@ fn load(p: &Path) -> Result<Vec<Row>, String> {
     } else {
         p.to_path_buf()
     };
-    let mut r = csv::Reader::from_path(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+    let file = std::fs::File::open(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+    let limited = std::io::Read::take(file, crate::input::TABLE_BYTES_MAX);
+    let mut r = csv::Reader::from_reader(crate::input::LineLimit::new(limited, 1 << 20));
     let headers = r.headers().map_err(|e| e.to_string())?.clone();
     r.records()
         .map(|rec| {
@@ -123,7 +125,8 @@ pub fn compare(a: &Path, b: &Path) -> Result<String, String> {
 /// A run directory's summary.json as rows like a sweep's (one per policy, seed from the report).
 fn summary_rows(path: &Path) -> Result<Vec<BTreeMap<String, String>>, String> {
     let v: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?,
+        &crate::input::read_limited(path, crate::input::TABLE_BYTES_MAX)
+            .map_err(|e| format!("{}: {e}", path.display()))?,
     )
     .map_err(|e| format!("{}: {e}", path.display()))?;
     let seed = v["seed"].to_string();

@@ -20,6 +20,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::scenario::{Policy, Scenario, Scheduler, Source};
 
+/// Why a sweep, a merge or a comparison stopped: its input is wrong, or an output could not be
+/// written. The command line turns them into different exit codes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SweepError {
+    Input(String),
+    Io(String),
+}
+
+impl std::fmt::Display for SweepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SweepError::Input(m) | SweepError::Io(m) => f.write_str(m),
+        }
+    }
+}
+
 /// A sweep file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -133,7 +149,7 @@ pub struct Plan {
 
 impl Plan {
     pub fn load(path: &Path) -> Result<Plan, String> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::input::read_text(path, crate::input::CONFIG_BYTES_MAX)
             .map_err(|e| format!("{}: cannot read sweep: {e}", path.display()))?;
         let sweep: Sweep = ron::Options::default()
             .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
@@ -157,6 +173,18 @@ impl Plan {
             .parent()
             .unwrap_or(Path::new("."))
             .join(&sweep.scenario);
+        if let Some(root) = base_path
+            .is_file()
+            .then(|| crate::scenario::outside_data_root(&base_path))
+            .flatten()
+        {
+            return Err(format!(
+                "{}: field `scenario`: {} is outside the data root {}; pass --data-root to widen it",
+                path.display(),
+                base_path.display(),
+                root.display()
+            ));
+        }
         let base = Scenario::load(&base_path).map_err(|e| e.to_string())?;
         let points = sweep.grid.iter().map(Axis::len).product::<usize>();
         if points == 0 || points as u64 * sweep.seeds > 10_000_000 {

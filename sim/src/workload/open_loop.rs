@@ -25,6 +25,11 @@ struct Replay {
     first_row: u64,
     end_row: u64,
     sample_fraction: f64,
+    /// Data rows read so far, and whether any fell in the window: an empty window is an error,
+    /// as `requests: 0` is, not a run of nothing.
+    rows_read: u64,
+    in_window: bool,
+    path: String,
 }
 
 enum Process {
@@ -85,6 +90,9 @@ fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
                 first_row: *first_row,
                 end_row: rows.map_or(u64::MAX, |r| first_row.saturating_add(r)),
                 sample_fraction: *sample_fraction,
+                rows_read: 0,
+                in_window: false,
+                path: scenario.base_dir.join(path).display().to_string(),
             };
             (Process::Trace(r), u64::MAX)
         }
@@ -180,11 +188,19 @@ impl Replay {
     fn next(&mut self, seed: u64) -> Result<Option<Arrival>, String> {
         loop {
             let Some(row) = self.reader.next_row()? else {
+                if !self.in_window {
+                    return Err(format!(
+                        "{}: no data row from first_row {} on (the trace has {} data rows)",
+                        self.path, self.first_row, self.rows_read
+                    ));
+                }
                 return Ok(None);
             };
+            self.rows_read += 1;
             if row.row < self.first_row {
                 continue;
             }
+            self.in_window = true;
             if row.row >= self.end_row {
                 return Ok(None);
             }

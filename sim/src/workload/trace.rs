@@ -4,6 +4,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
+use crate::input::{LineLimit, LINE_BYTES_MAX};
 use crate::scenario::TraceFormat;
 
 /// One request of a trace: arrival offset from the first row, and its token counts.
@@ -20,11 +21,11 @@ pub struct TraceRow {
 enum Rows {
     /// Azure CSV through the `csv` crate: header checked, fields trimmed, blank lines skipped.
     Azure {
-        csv: csv::Reader<BufReader<File>>,
+        csv: csv::Reader<BufReader<LineLimit<File>>>,
         record: csv::StringRecord,
     },
     /// Mooncake JSON Lines, one object per line.
-    Mooncake(std::io::Lines<BufReader<File>>),
+    Mooncake(std::io::Lines<BufReader<LineLimit<File>>>),
 }
 
 pub struct TraceReader {
@@ -43,7 +44,7 @@ impl TraceReader {
     pub fn open(path: &Path, format: TraceFormat) -> Result<TraceReader, String> {
         let f =
             File::open(path).map_err(|e| format!("{}: cannot read trace: {e}", path.display()))?;
-        let f = BufReader::new(f);
+        let f = BufReader::new(LineLimit::new(f, LINE_BYTES_MAX));
         let rows = match format {
             TraceFormat::AzureCsv => Rows::Azure {
                 csv: csv::ReaderBuilder::new()

@@ -35,7 +35,7 @@ fn ms(ns: u64) -> f64 {
 
 impl Recorder {
     pub fn new(opts: Recording) -> Recorder {
-        let trace = opts.trace.then(TraceLog::default);
+        let trace = opts.trace.is_some().then(TraceLog::default);
         Recorder {
             opts,
             extras: Extras {
@@ -72,10 +72,26 @@ impl Recorder {
         }
     }
 
-    fn trace(&mut self, ev: TraceEvent) {
-        if let Some(t) = &mut self.extras.trace {
-            t.push(ev);
+    /// Send a group of events (a step, or a request's track and flow) whole or not at all, so a
+    /// cut trace stays well formed; after the first group dropped, every later one is dropped
+    /// too, so the trace is a prefix of the run in recording order.
+    fn trace(&mut self, group: &[TraceEvent]) {
+        let (Some(log), Some(sink)) = (&mut self.extras.trace, self.opts.trace.as_deref_mut())
+        else {
+            return;
+        };
+        let n = group.len() as u64;
+        if log.dropped == 0 && log.kept + n <= self.opts.trace_events_max {
+            for ev in group {
+                sink.event(ev);
+            }
+            log.kept += n;
+            return;
         }
+        if log.cut_at_us.is_none() {
+            log.cut_at_us = group.iter().filter_map(|e| e.ts).min();
+        }
+        log.dropped += n;
     }
 
     /// A step was dispatched on `replica`: a slice on its thread.
@@ -85,12 +101,12 @@ impl Recorder {
         }
         let pid = self.opts.trace_pid;
         let (start, end) = (d.start_ns / 1000, d.end_ns / 1000);
-        self.trace(TraceEvent {
+        self.trace(&[TraceEvent {
             cat: Some("gpu"),
             dur: Some(end - start),
             args: Some(TraceArgs::Step { step: d.step }),
             ..TraceEvent::at("X", "step", pid, replica, start)
-        });
+        }]);
     }
 
     /// A request leaves: its row to the sink, its track and cancel flow to the trace.
@@ -122,14 +138,14 @@ impl Recorder {
             }),
             ..track("e", how.now_ns)
         };
-        self.trace(begin);
-        self.trace(end);
-        self.cancel_flow(q);
+        let mut group = vec![begin, end];
+        self.cancel_flow(q, &mut group);
+        self.trace(&group);
     }
 
     /// The cancel as a flow: intent, then backend observation, then resource release, each a
     /// 1 µs marker slice on the "cancels" thread that the flow binds to.
-    fn cancel_flow(&mut self, q: &Req) {
+    fn cancel_flow(&mut self, q: &Req, group: &mut Vec<TraceEvent>) {
         let Some(intent_ns) = q.cancel.intent_ns else {
             return;
         };
@@ -145,7 +161,7 @@ impl Recorder {
         }
         let args = Some(TraceArgs::Request { request: q.id });
         for (label, at) in &points {
-            self.trace(TraceEvent {
+            group.push(TraceEvent {
                 cat: Some("cancel"),
                 dur: Some(1),
                 args: args.clone(),
@@ -164,7 +180,7 @@ impl Recorder {
                 _ if i == last => "f",
                 _ => "t",
             };
-            self.trace(TraceEvent {
+            group.push(TraceEvent {
                 cat: Some("cancel"),
                 id: Some(flow_id),
                 bp: (ph == "f").then_some("e"),
@@ -177,6 +193,7 @@ impl Recorder {
     /// What was recorded, with the sink handed back for the next run.
     pub fn finish(mut self) -> Extras {
         self.extras.sink = self.opts.sink.take();
+        self.extras.trace_sink = self.opts.trace.take();
         self.extras
     }
 }

@@ -48,7 +48,7 @@ fn run_text(name: &str, text: &str) -> (Option<i32>, String, PathBuf) {
 
 fn assert_one_line_error(name: &str, text: &str, expect: &[&str]) {
     let (code, stderr, dir) = run_text(name, text);
-    assert_eq!(code, Some(1), "{name}: exit code; stderr: {stderr}");
+    assert_eq!(code, Some(2), "{name}: exit code; stderr: {stderr}");
     assert!(!stderr.contains("panicked"), "{name}: panicked: {stderr}");
     assert_eq!(
         stderr.trim_end().lines().count(),
@@ -197,7 +197,7 @@ fn missing_file() {
     let dir = scratch("missing");
     let out = cancelsim(&["run", "nope.ron"], &dir);
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(
         stderr.contains("nope.ron: cannot read scenario: no such file"),
@@ -255,7 +255,7 @@ fn good_scenario_file_runs() {
 fn limit_is_a_clear_error() {
     let text = GOOD.replace("seed: 3,", "seed: 3,\n    limits: (max_events: 100),");
     let (code, stderr, _) = run_text("limit", &text);
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(2));
     assert!(stderr.contains("limits.max_events = 100"), "{stderr}");
     assert!(stderr.contains("seed 3"), "{stderr}");
 }
@@ -299,7 +299,7 @@ fn an_unsorted_trace_is_an_error_naming_its_line_not_a_panic() {
         cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#;
     std::fs::write(dir.join("s.ron"), text).unwrap();
     let out = cancelsim(&["run", "s.ron", "--no-write"], &dir);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("t.csv:4: timestamp earlier than the previous row's"),

@@ -4,6 +4,7 @@ mod cancel;
 mod check;
 mod cli;
 mod defects;
+mod hardening;
 mod model;
 mod outputs;
 mod replay;

@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use cancelsim::output::{trace_check, RunDir, Written};
+use cancelsim::output::{trace_check, Finished, RunDir, Written};
+use cancelsim::record::TRACE_EVENTS_MAX;
 use cancelsim::run::{self, Report, RunOptions};
 use cancelsim::scenario::Scenario;
 
@@ -14,20 +15,61 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn write(root: &Path, scenario: &Scenario, force: bool) -> (Written, Report) {
+    let (done, report) = write_cut(root, scenario, force, TRACE_EVENTS_MAX as u64);
+    assert!(done.warnings.is_empty(), "{:?}", done.warnings);
+    (done.written, report)
+}
+
+fn write_cut(
+    root: &Path,
+    scenario: &Scenario,
+    force: bool,
+    trace_events_max: u64,
+) -> (Finished, Report) {
     let dir = RunDir::begin(root, &scenario.name).unwrap();
-    let sink = dir.requests_sink().unwrap();
     let opts = RunOptions {
         sample_ns: 100_000_000,
-        sink: Some(sink),
-        trace: true,
+        sink: Some(dir.requests_sink().unwrap()),
+        trace: Some(dir.trace_sink().unwrap()),
+        trace_events_max,
         ..RunOptions::default()
     };
     let (report, extras) = run::run(scenario, scenario.seed, opts).unwrap();
-    let (written, plots) = dir.finish(&report, extras, force).unwrap();
-    if !matches!(written, Written::Kept(_)) {
-        assert_eq!(plots.len(), 4);
+    let done = dir.finish(&report, extras, force).unwrap();
+    if !matches!(done.written, Written::Kept(_)) {
+        assert_eq!(done.plots.len(), 4);
     }
-    (written, report)
+    (done, report)
+}
+
+#[test]
+fn a_trace_cut_by_its_limit_is_well_formed_and_says_so() {
+    let root = scratch("cut");
+    let scenario = Scenario::default_embedded();
+    let (done, report) = write_cut(&root, &scenario, false, 2_000);
+    // One warning per run (the counterfactual and four policies), each naming its run.
+    assert_eq!(done.warnings.len(), 5, "{:?}", done.warnings);
+    for (w, p) in done
+        .warnings
+        .iter()
+        .zip(std::iter::once(&report.counterfactual).chain(&report.policies))
+    {
+        assert!(
+            w.contains(&format!("run {} kept its first", p.policy)),
+            "{w}"
+        );
+        assert!(w.contains("raise --trace-events"), "{w}");
+    }
+    let Written::New(dir) = done.written else {
+        panic!("{:?}", done.written)
+    };
+    check_trace(&dir);
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("trace.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let kept = events.iter().filter(|e| e["ph"] != "M").count();
+    assert!(kept <= 5 * 2_000, "{kept} events kept");
+    assert!(trace["otherData"]["events_dropped"].as_u64().unwrap() > 0);
 }
 
 #[test]
@@ -165,6 +207,6 @@ fn a_failed_run_leaves_no_partial_directory() {
     )
     .is_err());
     drop(dir);
-    let left: Vec<_> = std::fs::read_dir(root.join("default")).unwrap().collect();
-    assert!(left.is_empty(), "{left:?}");
+    // Not even the scenario's directory, which this run created.
+    assert!(!root.join("default").exists());
 }

@@ -18,6 +18,7 @@ fn scratch(name: &str) -> PathBuf {
 fn cancelsim(args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
         .args(args)
+        .args(["--data-root", "/"])
         .env("CI", "1")
         .output()
         .unwrap();
@@ -63,6 +64,8 @@ fn a_sweep_killed_halfway_resumes_to_the_same_csv() {
             dir.to_str().unwrap(),
             "--threads",
             "2",
+            "--data-root",
+            "/",
         ])
         .env("CI", "1")
         .spawn()
@@ -156,4 +159,71 @@ fn compare_pairs_by_seed_and_reports_intervals() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("leaked_gpu_s"), "{text}");
     assert!(!text.lines().skip(1).any(|l| l.ends_with(" yes")), "{text}");
+}
+
+/// A small sweep next to the library's base scenario, with its own first seed.
+fn small_sweep(dir: &Path, first_seed: u64) -> PathBuf {
+    let base = sweep_file().parent().unwrap().join("tiny-storm.ron");
+    let text = format!(
+        "Sweep(name: \"small\", scenario: {:?}, first_seed: {first_seed}, seeds: 2, grid: [Fraction([0.1, 0.3])])",
+        base.to_str().unwrap()
+    );
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(format!("small-{first_seed}.ron"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn refused(args: &[&str], want: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args(args)
+        .args(["--data-root", "/"])
+        .env("CI", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
+}
+
+#[test]
+fn merge_refuses_foreign_planted_and_overlapping_shards() {
+    let root = scratch("foreign");
+    let (ours, theirs) = (small_sweep(&root, 1), small_sweep(&root, 100));
+    let s = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let (a, b, c) = (root.join("a"), root.join("b"), root.join("c"));
+    cancelsim(&["sweep", &s(&ours), "--out", &s(&a), "--shard", "1/2"]);
+    cancelsim(&["sweep", &s(&theirs), "--out", &s(&b), "--shard", "2/2"]);
+    let merged = s(&root.join("m"));
+    // Shard 2/2 of another sweep (another first_seed) does not complete shard 1/2 of ours.
+    refused(
+        &["merge", &s(&ours), &s(&a), &s(&b), "--out", &merged],
+        "belongs to another sweep",
+    );
+    // A directory of part files without a manifest is not a sweep's.
+    std::fs::create_dir_all(c.join("parts")).unwrap();
+    std::fs::copy(b.join("parts/00000001.csv"), c.join("parts/00000001.csv")).unwrap();
+    std::fs::copy(b.join("parts/00000003.csv"), c.join("parts/00000003.csv")).unwrap();
+    refused(
+        &["merge", &s(&ours), &s(&a), &s(&c), "--out", &merged],
+        "cannot read the sweep manifest",
+    );
+    refused(
+        &["sweep", &s(&ours), "--out", &s(&c)],
+        "has part files but no manifest.json",
+    );
+    // The same shard twice is not two disjoint shards.
+    refused(
+        &["merge", &s(&ours), &s(&a), &s(&a), "--out", &merged],
+        "a part in two shards",
+    );
+    // A part with the right name and another task's rows.
+    let d = root.join("d");
+    cancelsim(&["sweep", &s(&ours), "--out", &s(&d), "--shard", "2/2"]);
+    std::fs::copy(d.join("parts/00000001.csv"), d.join("parts/00000003.csv")).unwrap();
+    refused(
+        &["merge", &s(&ours), &s(&a), &s(&d), "--out", &merged],
+        "is not a row of task 3",
+    );
+    assert!(!root.join("m").exists(), "nothing merged");
 }
