@@ -21,6 +21,17 @@ pub const TABLE_BYTES_MAX: u64 = 1 << 30;
 /// Longest line of a trace.
 pub const LINE_BYTES_MAX: u64 = 64 << 10;
 
+/// A path as error messages show it: as written, unless it holds a control character (a newline
+/// in a file name would split the one error line), then quoted and escaped.
+pub fn shown(path: &Path) -> String {
+    let s = path.display().to_string();
+    if s.chars().any(char::is_control) {
+        format!("{s:?}")
+    } else {
+        s
+    }
+}
+
 /// The bytes of `path`, or an error if it cannot be read or is larger than `limit`. Reads at
 /// most `limit + 1` bytes, whatever the file claims to be (`/dev/zero`, a FIFO).
 pub fn read_limited(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
@@ -94,6 +105,12 @@ mod tests {
             .read_to_end(&mut sink)
             .unwrap_err();
         assert!(e.to_string().contains("longer than 10 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_newline_in_a_path_is_escaped() {
+        assert_eq!(shown(Path::new("a/b.ron")), "a/b.ron");
+        assert_eq!(shown(Path::new("a\nb.ron")), "\"a\\nb.ron\"");
     }
 
     #[test]

@@ -70,7 +70,8 @@ pub fn exit(outcome: Outcome) -> ExitCode {
     match outcome.and(flushed) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("error: {}", f.msg);
+            // One line, whatever a message quotes (a file name or a value with a newline).
+            eprintln!("error: {}", f.msg.replace('\n', "\\n"));
             ExitCode::from(f.code as u8)
         }
     }

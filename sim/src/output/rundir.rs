@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::files::{write_timeseries, TraceFile};
-use crate::record::{Extras, RequestRow, RequestSink, TraceSink};
+use crate::record::{Extras, RequestRow, RequestSink, TraceSink, PAIRS_MAX, SAMPLES_MAX};
 use crate::run::Report;
 
 /// Where a run's files go: `<root>/<scenario>/seed<seed>-<run_hash[..12]>/`. The name is derived
@@ -103,6 +103,7 @@ impl RunDir {
         if let Some(mut trace) = extras.first_mut().and_then(|e| e.trace_sink.take()) {
             warnings = close_trace(trace.as_mut(), report, &extras)?;
         }
+        warnings.extend(cut_warnings(report, &extras));
         let file = |name: &str| self.tmp.join(name);
         let json = serde_json::to_string_pretty(report).expect("report serialises") + "\n";
         std::fs::write(file("summary.json"), json).map_err(|e| format!("summary.json: {e}"))?;
@@ -138,6 +139,30 @@ pub struct Finished {
     pub plots: Vec<PathBuf>,
     /// One line per output cut short by a limit, for standard error.
     pub warnings: Vec<String>,
+}
+
+/// The other outputs a limit cut: the time series (`SAMPLES_MAX`) and the sibling plot
+/// (`PAIRS_MAX`).
+fn cut_warnings(report: &Report, extras: &[Extras]) -> Vec<String> {
+    let mut out = Vec::new();
+    let summaries = std::iter::once(&report.counterfactual).chain(&report.policies);
+    for (s, e) in summaries.zip(extras) {
+        if e.timeseries.len() >= SAMPLES_MAX {
+            let last = e.timeseries.last().map_or(0.0, |x| x.t_s);
+            out.push(format!(
+                "timeseries.csv: run {} stopped sampling at {SAMPLES_MAX} samples, {last:.1} s of {:.1} s (raise --sample-ms)",
+                s.policy, s.virtual_time_s
+            ));
+        }
+        let pairs = s.sibling_latency_delta_ms.pairs;
+        if pairs > e.sibling_ttft_ms.len() as u64 && e.sibling_ttft_ms.len() >= PAIRS_MAX {
+            out.push(format!(
+                "plots/sibling_ttft: run {} draws the first {PAIRS_MAX} of {pairs} sibling pairs",
+                s.policy
+            ));
+        }
+    }
+    out
 }
 
 /// Close `trace.json`: name the runs' processes, and say which runs' traces were cut.

@@ -44,7 +44,7 @@ pub fn outside_data_root(file: &Path) -> Option<&'static Path> {
 impl Scenario {
     /// Read and parse a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, LoadError> {
-        let shown = path.display().to_string();
+        let shown = crate::input::shown(path);
         let bytes = crate::input::read_limited(path, crate::input::CONFIG_BYTES_MAX)
             .map_err(|e| LoadError(format!("{shown}: cannot read scenario: {}", io_reason(&e))))?;
         let text = String::from_utf8(bytes).map_err(|e| {
@@ -81,7 +81,7 @@ impl Scenario {
                     .unwrap_or_default();
                 return Err(LoadError(format!(
                     "{shown}{at}: field `{field}`: {} is outside the data root {}; pass --data-root to widen it",
-                    full.display(),
+                    crate::input::shown(&full),
                     root.display()
                 )));
             }
@@ -92,7 +92,7 @@ impl Scenario {
                     .unwrap_or_default();
                 return Err(LoadError(format!(
                     "{shown}{at}: field `{field}`: cannot read trace {}: {}",
-                    full.display(),
+                    crate::input::shown(&full),
                     io_reason(&e)
                 )));
             }
@@ -159,6 +159,8 @@ fn io_reason(e: &std::io::Error) -> String {
 /// Best-effort `line:column` of a dotted field path in RON text: walks the path, finding each
 /// segment's `name:` after the previous one. Enum variant segments (`Poisson`) match `Poisson(`.
 fn locate_field(text: &str, field: &str) -> Option<(usize, usize)> {
+    let masked = mask(text);
+    let text = masked.as_str();
     let mut from = 0usize;
     let mut found = None;
     for seg in field.split('.') {
@@ -171,6 +173,49 @@ fn locate_field(text: &str, field: &str) -> Option<(usize, usize)> {
     let line = text[..pos].matches('\n').count() + 1;
     let col = pos - text[..pos].rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
     Some((line, col))
+}
+
+/// `text` with the insides of strings and comments blanked, byte for byte, so a field name
+/// written in a description or a comment is never taken for the field.
+fn mask(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = b.to_vec();
+    let mut i = 0;
+    while i < b.len() {
+        let end = match (b[i], b.get(i + 1)) {
+            (b'"', _) => {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                out[i + 1..j.min(b.len())].fill(b' ');
+                j + 1
+            }
+            (b'/', Some(b'/')) => {
+                let j = b[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(b.len(), |n| i + n);
+                out[i..j].fill(b' ');
+                j
+            }
+            (b'/', Some(b'*')) => {
+                let j = b[i + 2..]
+                    .windows(2)
+                    .position(|w| w == b"*/")
+                    .map_or(b.len(), |n| i + 4 + n);
+                for c in &mut out[i..j] {
+                    if *c != b'\n' {
+                        *c = b' ';
+                    }
+                }
+                j
+            }
+            _ => i + 1,
+        };
+        i = end;
+    }
+    String::from_utf8(out).expect("only ASCII bytes were replaced, whole characters at a time")
 }
 
 /// Position of `ident` used as a field name (`ident:`) or variant (`ident(`), as a whole word.
@@ -221,5 +266,11 @@ mod tests {
             Some((3, 23))
         );
         assert_eq!(locate_field(text, "nope"), None);
+    }
+
+    #[test]
+    fn locate_field_skips_strings_and_comments() {
+        let text = "S(\n  description: \"policies: none\", // policies: here\n  /* policies: */ policies: [],\n)";
+        assert_eq!(locate_field(text, "policies"), Some((3, 19)));
     }
 }

@@ -10,6 +10,7 @@
 
 mod compare;
 mod execute;
+mod locate;
 
 pub use compare::compare;
 pub use execute::{assemble, run};
@@ -139,6 +140,59 @@ impl Axis {
     }
 }
 
+/// The grid's point count, if the axes, seeds and tasks are within bounds and the last seed
+/// exists.
+fn counts(sweep: &Sweep) -> Result<usize, String> {
+    if sweep.seeds == 0 || sweep.seeds > 1_000_000 {
+        return Err(format!(
+            "field `seeds` must be between 1 and 1000000 (got {})",
+            sweep.seeds
+        ));
+    }
+    if sweep.first_seed.checked_add(sweep.seeds - 1).is_none() {
+        return Err(format!(
+            "field `first_seed`: {} plus {} seeds is past the last seed (2^64 - 1)",
+            sweep.first_seed, sweep.seeds
+        ));
+    }
+    if let Some(a) = sweep.grid.iter().find(|a| a.len() == 0) {
+        return Err(format!("grid axis {} has no values", a.name()));
+    }
+    let points = sweep
+        .grid
+        .iter()
+        .try_fold(1u64, |n, a| n.checked_mul(a.len() as u64));
+    match points {
+        Some(p) if p.checked_mul(sweep.seeds).is_some_and(|t| t <= TASKS_MAX) => Ok(p as usize),
+        _ => Err(format!(
+            "the grid's points x {} seeds are more than {TASKS_MAX} tasks",
+            sweep.seeds
+        )),
+    }
+}
+
+/// The base scenario a sweep names, relative to the sweep file and under the data root.
+fn base_scenario(path: &Path, sweep: &Sweep) -> Result<Scenario, String> {
+    let base_path = path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(&sweep.scenario);
+    let outside = base_path
+        .is_file()
+        .then(|| crate::scenario::outside_data_root(&base_path))
+        .flatten();
+    if let Some(root) = outside {
+        return Err(format!(
+            "{}: field `scenario`: {} is outside the data root {}; pass --data-root to widen it",
+            crate::input::shown(path),
+            crate::input::shown(&base_path),
+            root.display()
+        ));
+    }
+    Scenario::load(&base_path)
+        .map_err(|e| format!("{}: field `scenario`: {e}", crate::input::shown(path)))
+}
+
 /// A loaded sweep: its base scenario and tasks.
 pub struct Plan {
     pub sweep: Sweep,
@@ -147,60 +201,67 @@ pub struct Plan {
     pub sweep_hash: String,
 }
 
+/// Grid points whose scenarios are each validated at load; past it, each axis value alone is.
+const POINTS_VALIDATED_MAX: usize = 100_000;
+/// Tasks (points x seeds) of one sweep, at most.
+const TASKS_MAX: u64 = 10_000_000;
+
 impl Plan {
     pub fn load(path: &Path) -> Result<Plan, String> {
+        let shown = crate::input::shown(path);
         let text = crate::input::read_text(path, crate::input::CONFIG_BYTES_MAX)
-            .map_err(|e| format!("{}: cannot read sweep: {e}", path.display()))?;
+            .map_err(|e| format!("{shown}: cannot read sweep: {e}"))?;
         let sweep: Sweep = ron::Options::default()
             .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
             .from_str(&text)
-            .map_err(|e| format!("{}:{}: {}", path.display(), e.span.start, e.code))?;
-        if sweep.seeds == 0 || sweep.seeds > 1_000_000 {
-            return Err(format!(
-                "{}: field `seeds` must be between 1 and 1000000 (got {})",
-                path.display(),
-                sweep.seeds
-            ));
-        }
-        if let Some(a) = sweep.grid.iter().find(|a| a.len() == 0) {
-            return Err(format!(
-                "{}: grid axis {} has no values",
-                path.display(),
-                a.name()
-            ));
-        }
-        let base_path = path
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(&sweep.scenario);
-        if let Some(root) = base_path
-            .is_file()
-            .then(|| crate::scenario::outside_data_root(&base_path))
-            .flatten()
-        {
-            return Err(format!(
-                "{}: field `scenario`: {} is outside the data root {}; pass --data-root to widen it",
-                path.display(),
-                base_path.display(),
-                root.display()
-            ));
-        }
-        let base = Scenario::load(&base_path).map_err(|e| e.to_string())?;
-        let points = sweep.grid.iter().map(Axis::len).product::<usize>();
-        if points == 0 || points as u64 * sweep.seeds > 10_000_000 {
-            return Err(format!(
-                "{}: the grid has {points} points x {} seeds: too many",
-                path.display(),
-                sweep.seeds
-            ));
-        }
+            .map_err(|e| format!("{shown}:{}: {}", e.span.start, e.code))?;
+        let points = counts(&sweep).map_err(|e| format!("{shown}: {e}"))?;
+        let base = base_scenario(path, &sweep)?;
         let canonical = ron::to_string(&sweep).expect("sweep serialises") + &base.hash();
-        Ok(Plan {
+        let plan = Plan {
             sweep,
             base,
             points,
             sweep_hash: blake3::hash(canonical.as_bytes()).to_hex().to_string(),
-        })
+        };
+        plan.validate_grid(&text)
+            .map_err(|e| format!("{shown}{e}"))?;
+        Ok(plan)
+    }
+
+    /// Every grid value makes a valid scenario, checked before any task runs: each value alone
+    /// on the base (reported at its `line:column`), then every point (up to
+    /// `POINTS_VALIDATED_MAX`), since values can clash only together.
+    fn validate_grid(&self, text: &str) -> Result<(), String> {
+        for (k, axis) in self.sweep.grid.iter().enumerate() {
+            for i in 0..axis.len() {
+                let mut s = self.base.clone();
+                let value = axis.apply(i, &mut s);
+                if let Err(e) = s.validate() {
+                    let at = locate::grid_value(text, k, i)
+                        .map_or_else(String::new, |(l, c)| format!(":{l}:{c}"));
+                    let name = axis.name();
+                    return Err(format!(
+                        "{at}: grid axis {name}, value {value}: field `{}` {}",
+                        e.field, e.message
+                    ));
+                }
+            }
+        }
+        if self.points <= POINTS_VALIDATED_MAX {
+            for point in 0..self.points as u64 {
+                let (s, values, _) = self.task(point * self.sweep.seeds);
+                if let Err(e) = s.validate() {
+                    return Err(format!(
+                        ": grid point {point} ({}): field `{}` {}",
+                        values.join(", "),
+                        e.field,
+                        e.message
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn tasks(&self) -> u64 {

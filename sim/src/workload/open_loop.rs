@@ -92,7 +92,7 @@ fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
                 sample_fraction: *sample_fraction,
                 rows_read: 0,
                 in_window: false,
-                path: scenario.base_dir.join(path).display().to_string(),
+                path: crate::input::shown(&scenario.base_dir.join(path)),
             };
             (Process::Trace(r), u64::MAX)
         }

@@ -42,8 +42,8 @@ const AZURE_HEADER: [&str; 3] = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"
 
 impl TraceReader {
     pub fn open(path: &Path, format: TraceFormat) -> Result<TraceReader, String> {
-        let f =
-            File::open(path).map_err(|e| format!("{}: cannot read trace: {e}", path.display()))?;
+        let f = File::open(path)
+            .map_err(|e| format!("{}: cannot read trace: {e}", crate::input::shown(path)))?;
         let f = BufReader::new(LineLimit::new(f, LINE_BYTES_MAX));
         let rows = match format {
             TraceFormat::AzureCsv => Rows::Azure {
@@ -71,7 +71,11 @@ impl TraceReader {
     }
 
     fn err(&self, msg: &str) -> String {
-        format!("{}:{}: {msg}", self.path.display(), self.line_no.max(1))
+        format!(
+            "{}:{}: {msg}",
+            crate::input::shown(&self.path),
+            self.line_no.max(1)
+        )
     }
 
     /// The next CSV record into the reader's buffer; false at the end of the file.

@@ -313,3 +313,114 @@ fn a_cut_trace_warns_on_stderr() {
         "--trace-events 0 writes no trace"
     );
 }
+
+#[test]
+fn a_trace_replay_and_a_tiny_library_scenario_get_their_trace_json() {
+    let dir = scratch("traced");
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+    let lib = lib.canonicalize().unwrap();
+    for file in ["library/baseline.ron", "library/s01-queued-cancel.ron"] {
+        let path = lib.join(file);
+        let out = cancelsim(
+            &[
+                "run",
+                path.to_str().unwrap(),
+                "--out",
+                "out",
+                "--data-root",
+                lib.to_str().unwrap(),
+            ],
+            &dir,
+        );
+        assert!(out.status.success(), "{file}: {}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        let wrote = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("wrote "))
+            .unwrap_or_else(|| panic!("{file}: {stdout}"));
+        assert!(
+            dir.join(wrote).join("trace.json").is_file(),
+            "{file}: no trace.json in {wrote}"
+        );
+    }
+}
+
+#[test]
+fn trace_paths_stay_under_the_data_root() {
+    let dir = scratch("root");
+    let inner = dir.join("inner");
+    std::fs::create_dir_all(&inner).unwrap();
+    std::fs::write(
+        dir.join("t.csv"),
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.0,10,5\n",
+    )
+    .unwrap();
+    let s = r#"Scenario(name: "r", workload: (source: Trace(path: "../t.csv", format: AzureCsv)),
+        cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#;
+    std::fs::write(inner.join("s.ron"), s).unwrap();
+    // Run from inner/: the trace is outside the working directory, the default root.
+    let out = cancelsim(&["run", "s.ron", "--no-write"], &inner);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("s.ron:1:") && err.contains("outside the data root"),
+        "{err}"
+    );
+    let out = cancelsim(&["run", "s.ron", "--no-write", "--data-root", ".."], &inner);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // An empty trace window is refused like `requests: 0`.
+    let past = s.replace("AzureCsv)", "AzureCsv, first_row: 5)");
+    std::fs::write(dir.join("p.ron"), past.replace("../t.csv", "t.csv")).unwrap();
+    let out = cancelsim(&["run", "p.ron", "--no-write"], &dir);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("no data row from first_row 5"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn oversized_inputs_are_refused_without_reading_them_whole() {
+    let dir = scratch("size");
+    if Path::new("/dev/zero").exists() {
+        let out = cancelsim(&["run", "/dev/zero"], &dir);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(
+            text(&out.stderr).contains("larger than"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let mut long =
+        String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.0,10,5\n");
+    long.push_str(&"9".repeat(200_000));
+    std::fs::write(dir.join("t.csv"), long).unwrap();
+    let s = r#"Scenario(name: "r", workload: (source: Trace(path: "t.csv", format: AzureCsv)),
+        cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#;
+    std::fs::write(dir.join("s.ron"), s).unwrap();
+    let out = cancelsim(&["run", "s.ron", "--no-write"], &dir);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("t.csv:3") && err.contains("line longer than"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_grid_value_is_refused_at_its_line_before_any_part_is_written() {
+    let dir = scratch("grid");
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/sweeps/tiny-storm.ron");
+    std::fs::copy(base, dir.join("tiny-storm.ron")).unwrap();
+    let sweep = "Sweep(\n  name: \"g\",\n  scenario: \"tiny-storm.ron\",\n  seeds: 2,\n  grid: [\n    Fraction([0.1, 0.3]),\n    Loss([0.0, 1.5]),\n  ],\n)\n";
+    std::fs::write(dir.join("g.ron"), sweep).unwrap();
+    let out = cancelsim(&["sweep", "g.ron", "--out", "o"], &dir);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("g.ron:7:16: grid axis loss, value 1.5"),
+        "{err}"
+    );
+    assert!(!dir.join("o").exists(), "parts were written");
+}
