@@ -424,3 +424,34 @@ fn a_bad_grid_value_is_refused_at_its_line_before_any_part_is_written() {
     );
     assert!(!dir.join("o").exists(), "parts were written");
 }
+
+#[test]
+fn extreme_values_are_errors_in_every_build_not_overflows() {
+    // In a debug build the first panicked (an infinite draw) and the second overflowed; a
+    // release build went on with a saturated or wrapped value. Both are input errors now, in
+    // both builds (this test runs the debug binary).
+    let dir = scratch("extreme");
+    let huge = TINY.replace(
+        "output_tokens: Exponential(mean: 15.0)",
+        "output_tokens: LogNormal(median: 1e300, sigma: 10.0)",
+    );
+    std::fs::write(dir.join("a.ron"), huge).unwrap();
+    let out = cancelsim(&["run", "a.ron", "--no-write"], &dir);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("a.ron:") && err.contains("must be at most 1e15"),
+        "{err}"
+    );
+    std::fs::write(dir.join("tiny-storm.ron"), TINY).unwrap();
+    let sweep = "Sweep(name: \"s\", scenario: \"tiny-storm.ron\", first_seed: 18446744073709551615, seeds: 2, grid: [])";
+    std::fs::write(dir.join("s.ron"), sweep).unwrap();
+    let out = cancelsim(&["sweep", "s.ron", "--out", "o"], &dir);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("past the last seed"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!text(&out.stderr).contains("panicked"));
+}
