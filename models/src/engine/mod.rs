@@ -24,6 +24,8 @@ mod waiting;
 
 use std::collections::VecDeque;
 
+use std::collections::hash_map::Entry as MapEntry;
+
 use rustc_hash::FxHashMap;
 
 use crate::gpu::{StepCost, StepShape};
@@ -34,7 +36,7 @@ use crate::protocol::{
 };
 
 use books::{free_blocks, release_fenced, Books};
-use seq::{BoundedIds, Entry, Phase, Seq, Step, Taint};
+use seq::{BoundedIds, Entry, Phase, Seq, Slots, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
 use waiting::Waiting;
 
@@ -70,7 +72,7 @@ pub struct Engine {
     /// The serial of the next request enqueued.
     serial_next: u64,
     /// Slots not yet freed, by runtime id: a request-scope abort finds its request here.
-    by_runtime: FxHashMap<u64, Vec<u32>>,
+    by_runtime: FxHashMap<u64, Slots>,
     /// Sum of the fenced blocks of all requests (blocks on their way back to the pool).
     fenced_total: u64,
     running: Vec<u32>,
@@ -375,11 +377,12 @@ impl Engine {
             self.tombstones.insert(seq.handle.runtime_id);
         }
         let rid = seq.handle.runtime_id;
-        if let Some(slots) = self.by_runtime.get_mut(&rid) {
-            slots.retain(|&s| s != slot);
-            if slots.is_empty() {
-                self.by_runtime.remove(&rid);
-            }
+        if self
+            .by_runtime
+            .get_mut(&rid)
+            .is_some_and(|s| s.remove(slot))
+        {
+            self.by_runtime.remove(&rid);
         }
         self.free_slots.push(slot);
         self.live -= 1;
@@ -429,10 +432,12 @@ impl Scheduler for Engine {
             }
         };
         self.waiting.push_back(slot, &self.seqs);
-        self.by_runtime
-            .entry(r.handle.runtime_id)
-            .or_default()
-            .push(slot);
+        match self.by_runtime.entry(r.handle.runtime_id) {
+            MapEntry::Occupied(mut o) => o.get_mut().push(slot),
+            MapEntry::Vacant(v) => {
+                v.insert(Slots::One(slot));
+            }
+        }
         self.live += 1;
         let t = r.tag as usize;
         if self.slot_of_tag.len() <= t {

@@ -272,3 +272,36 @@ impl Taint {
         true
     }
 }
+
+/// The slots of one runtime id: almost always one, so no allocation for it.
+pub(super) enum Slots {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Slots {
+    pub(super) fn as_slice(&self) -> &[u32] {
+        match self {
+            Slots::One(s) => std::slice::from_ref(s),
+            Slots::Many(v) => v,
+        }
+    }
+
+    pub(super) fn push(&mut self, slot: u32) {
+        match self {
+            Slots::One(a) => *self = Slots::Many(vec![*a, slot]),
+            Slots::Many(v) => v.push(slot),
+        }
+    }
+
+    /// Remove `slot`; true if none is left.
+    pub(super) fn remove(&mut self, slot: u32) -> bool {
+        match self {
+            Slots::One(a) => *a == slot,
+            Slots::Many(v) => {
+                v.retain(|&s| s != slot);
+                v.is_empty()
+            }
+        }
+    }
+}
