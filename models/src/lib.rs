@@ -10,3 +10,4 @@ pub mod kv;
 pub mod ownership;
 pub mod protocol;
 pub mod replica;
+pub mod topology;

@@ -10,6 +10,7 @@ pub mod coverage;
 pub mod dist;
 pub mod input;
 pub mod kernel;
+mod locate;
 pub mod metrics;
 pub mod output;
 pub mod record;

@@ -269,6 +269,8 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
         router: d.pick(&[Router::RoundRobin, Router::LeastLoaded]),
         profile,
         scheduler,
+        // Disaggregated graphs do not run yet; the colocated case is the default.
+        topology: None,
     }
 }
 

@@ -78,6 +78,8 @@ pub fn run(path: Option<PathBuf>, opts: RunOpts) -> Outcome {
         return Ok(());
     }
     let dir = report::RunDir::begin(&opts.out, &scenario.name).map_err(Fail::io)?;
+    dir.add_file("graph.dot", &scenario.topology().to_dot())
+        .map_err(Fail::io)?;
     let trace = if opts.trace_events > 0 {
         Some(dir.trace_sink().map_err(Fail::io)?)
     } else {

@@ -84,6 +84,12 @@ impl RunDir {
         }))
     }
 
+    /// A file of the run besides the ones `finish` writes (the stage graph's `graph.dot`).
+    pub fn add_file(&self, name: &str, text: &str) -> Result<(), String> {
+        let path = self.tmp.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{name}: {e}"))
+    }
+
     /// The sink that streams `trace.json` into the directory.
     pub fn trace_sink(&self) -> Result<Box<dyn TraceSink>, String> {
         Ok(Box::new(TraceFile::create(&self.tmp.join("trace.json"))?))

@@ -164,10 +164,23 @@ fn locate_field(text: &str, field: &str) -> Option<(usize, usize)> {
     let mut from = 0usize;
     let mut found = None;
     for seg in field.split('.') {
-        let seg = seg.split('[').next().unwrap_or(seg);
-        let pos = find_ident(&text[from..], seg)? + from;
+        let (name, index) = match seg.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (seg, None),
+        };
+        let pos = find_ident(&text[from..], name)? + from;
         found = Some(pos);
-        from = pos + seg.len();
+        from = pos + name.len();
+        // Into the i-th item of the list this field holds, if it can be found.
+        let b = text.as_bytes();
+        let item = index.and_then(|i| {
+            let open = crate::locate::next_open(b, from)?;
+            crate::locate::list_items(b, open).get(i).copied()
+        });
+        if let Some(item) = item {
+            found = Some(item);
+            from = item;
+        }
     }
     let pos = found?;
     let line = text[..pos].matches('\n').count() + 1;

@@ -12,6 +12,7 @@ mod cancel;
 mod checks;
 mod load;
 mod serving;
+mod topology;
 mod validate;
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,7 @@ pub use cancel::*;
 pub use checks::*;
 pub use load::{outside_data_root, set_data_root, LoadError};
 pub use serving::*;
+pub use topology::{LinkRon, RoleSpec, StageSpec, TopologySpec};
 pub use validate::Invalid;
 
 /// The scenario `cancelsim` runs when given no file.

@@ -114,6 +114,9 @@ pub struct Cluster {
     pub router: Router,
     pub profile: ProfileRef,
     pub scheduler: Scheduler,
+    /// The stage graph; none: the colocated one-node case (router, these replicas, playback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<super::TopologySpec>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -124,7 +124,8 @@ impl Scenario {
             return err("cluster.replicas", m);
         }
         validate_profile(&c.profile)?;
-        validate_scheduler(&c.scheduler)
+        validate_scheduler(&c.scheduler)?;
+        self.validate_topology()
     }
 
     fn validate_cancellation(&self) -> Check {

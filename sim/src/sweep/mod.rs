@@ -10,7 +10,6 @@
 
 mod compare;
 mod execute;
-mod locate;
 
 pub use compare::compare;
 pub use execute::{assemble, run};
@@ -238,7 +237,7 @@ impl Plan {
                 let mut s = self.base.clone();
                 let value = axis.apply(i, &mut s);
                 if let Err(e) = s.validate() {
-                    let at = locate::grid_value(text, k, i)
+                    let at = crate::locate::grid_value(text, k, i)
                         .map_or_else(String::new, |(l, c)| format!(":{l}:{c}"));
                     let name = axis.name();
                     return Err(format!(

@@ -9,3 +9,4 @@ mod model;
 mod outputs;
 mod replay;
 mod sweep;
+mod topology;

@@ -1,5 +1,5 @@
-//! Where a grid value is written in a sweep file, so an invalid one is reported at its
-//! `line:column` rather than as a task number.
+//! Where a value is written in a RON file, so a problem is reported at its `line:column`: the
+//! n-th item of a list (`topology.links[1]`), or a sweep's grid value.
 
 /// Skip a string literal or a comment starting at `i`; returns where scanning resumes.
 fn skip(b: &[u8], i: usize) -> usize {
@@ -24,7 +24,7 @@ fn skip(b: &[u8], i: usize) -> usize {
 }
 
 /// Offsets of the top-level items of the list that opens at `open` (a `[`).
-fn list_items(b: &[u8], open: usize) -> Vec<usize> {
+pub(crate) fn list_items(b: &[u8], open: usize) -> Vec<usize> {
     let mut items = Vec::new();
     let (mut depth, mut expecting, mut i) = (0u32, true, open + 1);
     while i < b.len() {
@@ -64,7 +64,7 @@ fn list_items(b: &[u8], open: usize) -> Vec<usize> {
 }
 
 /// The first `[` at or after `from`, outside strings and comments.
-fn next_open(b: &[u8], from: usize) -> Option<usize> {
+pub(crate) fn next_open(b: &[u8], from: usize) -> Option<usize> {
     let mut i = from;
     while i < b.len() {
         match b[i] {
@@ -98,7 +98,7 @@ fn grid_list(b: &[u8]) -> Option<usize> {
 }
 
 /// `(line, column)`, 1-based, of value `value` of axis `axis` in the sweep file's text.
-pub(super) fn grid_value(text: &str, axis: usize, value: usize) -> Option<(usize, usize)> {
+pub(crate) fn grid_value(text: &str, axis: usize, value: usize) -> Option<(usize, usize)> {
     let b = text.as_bytes();
     let axis_at = *list_items(b, grid_list(b)?).get(axis)?;
     let at = *list_items(b, next_open(b, axis_at)?).get(value)?;

@@ -1,0 +1,361 @@
+//! The stage graph of a deployment: where a request goes from the router to the playback sink,
+//! held in a `petgraph` graph. Nodes are stages with a role and a replica count; edges are
+//! links with a latency, a bandwidth for KV bytes and a loss probability.
+//!
+//! Colocated replicas are the one-node case: router → serve → playback. A disaggregated
+//! deployment puts prefill and decode pools in separate stages with a KV-transfer link between
+//! them (xPyD is their replica counts).
+//!
+//! Validation finds, each as one error naming its field: duplicate or unknown stage names, a
+//! serving role without replicas, a bad link value, not exactly one router and one playback, a
+//! cycle, a stage off every router-to-playback path, a path to playback that skips decoding
+//! (through the router's dominator tree), and a decode stage without a prefill stage feeding
+//! it KV.
+
+use std::fmt;
+
+use petgraph::algo::dominators;
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::{Dfs, EdgeRef, Reversed};
+use petgraph::Direction;
+
+/// What a stage does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Where requests enter; picks the replicas (and, disaggregated, the prefill/decode pair).
+    Router,
+    /// Prefill and decode on the same replicas: today's model.
+    Colocated,
+    /// Runs prompts only, then hands the KV to a decode stage.
+    Prefill,
+    /// Receives KV from a prefill stage and generates the output.
+    Decode,
+    /// The consumer of output chunks (the playback sink).
+    Playback,
+}
+
+impl Role {
+    /// Roles that run replicas of the engine.
+    pub fn serves(self) -> bool {
+        matches!(self, Role::Colocated | Role::Prefill | Role::Decode)
+    }
+
+    /// Roles that generate output tokens.
+    pub fn decodes(self) -> bool {
+        matches!(self, Role::Colocated | Role::Decode)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stage {
+    pub name: String,
+    pub role: Role,
+    pub replicas: u32,
+}
+
+/// A link between two stages.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    pub latency_ns: u64,
+    /// KV bytes per second the link carries.
+    pub bytes_per_s: f64,
+    /// Probability that a message on it (a cancel, a completion notice) is lost.
+    pub loss: f64,
+}
+
+impl Link {
+    /// A link that costs nothing: within a node.
+    pub const LOCAL: Link = Link {
+        latency_ns: 0,
+        bytes_per_s: f64::INFINITY,
+        loss: 0.0,
+    };
+
+    /// The time to move `bytes` over the link: its latency plus the bytes at its bandwidth,
+    /// rounded up to a whole ns.
+    pub fn transfer_ns(&self, bytes: u64) -> u64 {
+        let wire = (bytes as f64 / self.bytes_per_s * 1e9).ceil();
+        debug_assert!(wire.is_finite() && wire >= 0.0);
+        self.latency_ns.saturating_add(wire as u64)
+    }
+}
+
+/// A topology problem: the field it is about (a path in the scenario) and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    pub field: String,
+    pub message: String,
+}
+
+fn invalid<T>(field: impl Into<String>, message: impl Into<String>) -> Result<T, Invalid> {
+    Err(Invalid {
+        field: field.into(),
+        message: message.into(),
+    })
+}
+
+/// A link as written: the names of its ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkSpec {
+    pub from: String,
+    pub to: String,
+    pub link: Link,
+}
+
+/// Replicas of one serving stage, at most.
+pub const REPLICAS_MAX: u32 = 1024;
+/// Stages of one graph, at most.
+pub const STAGES_MAX: usize = 64;
+
+/// A validated stage graph.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    graph: DiGraph<Stage, Link>,
+    router: NodeIndex,
+    playback: NodeIndex,
+}
+
+impl Topology {
+    /// The one-node case: `replicas` colocated replicas between the router and playback.
+    pub fn colocated(replicas: u32) -> Topology {
+        let stages = vec![
+            stage("router", Role::Router, 1),
+            stage("serve", Role::Colocated, replicas),
+            stage("playback", Role::Playback, 1),
+        ];
+        let links = vec![
+            spec("router", "serve", Link::LOCAL),
+            spec("serve", "playback", Link::LOCAL),
+        ];
+        Topology::new(stages, links).expect("the colocated graph is valid")
+    }
+
+    /// Build and validate a graph.
+    pub fn new(stages: Vec<Stage>, links: Vec<LinkSpec>) -> Result<Topology, Invalid> {
+        check_stages(&stages)?;
+        let mut graph = DiGraph::with_capacity(stages.len(), links.len());
+        let nodes: Vec<NodeIndex> = stages.into_iter().map(|s| graph.add_node(s)).collect();
+        for (i, l) in links.iter().enumerate() {
+            check_link(i, &l.link)?;
+            let end = |name: &str, side: &str| {
+                let found = nodes.iter().find(|&&n| graph[n].name == name).copied();
+                found.ok_or_else(|| Invalid {
+                    field: format!("topology.links[{i}].{side}"),
+                    message: format!("names no stage (got `{name}`)"),
+                })
+            };
+            let (a, b) = (end(&l.from, "from")?, end(&l.to, "to")?);
+            if a == b || graph.find_edge(a, b).is_some() {
+                return invalid(
+                    format!("topology.links[{i}]"),
+                    format!("`{}` to `{}` is a self-loop or a second link", l.from, l.to),
+                );
+            }
+            graph.add_edge(a, b, l.link);
+        }
+        let router = only(&graph, Role::Router)?;
+        let playback = only(&graph, Role::Playback)?;
+        let t = Topology {
+            graph,
+            router,
+            playback,
+        };
+        t.check_shape()?;
+        Ok(t)
+    }
+
+    /// No cycle, every stage on a router-to-playback path, decoding on every such path, and
+    /// every decode stage fed by a prefill stage.
+    fn check_shape(&self) -> Result<(), Invalid> {
+        let g = &self.graph;
+        if let Err(cycle) = petgraph::algo::toposort(g, None) {
+            let name = &g[cycle.node_id()].name;
+            return invalid(
+                "topology.links",
+                format!("form a cycle through stage `{name}`"),
+            );
+        }
+        let from_router = reachable(g, self.router);
+        let to_playback = reachable(Reversed(g), self.playback);
+        for n in g.node_indices() {
+            if !from_router.contains(&n) || !to_playback.contains(&n) {
+                return invalid(
+                    "topology.links",
+                    format!(
+                        "leave stage `{}` off every path from the router to playback",
+                        g[n].name
+                    ),
+                );
+            }
+        }
+        let doms = dominators::simple_fast(g, self.router);
+        let decodes = doms
+            .dominators(self.playback)
+            .is_some_and(|mut d| d.any(|n| g[n].role.decodes()));
+        if !decodes {
+            return invalid(
+                "topology.links",
+                "let a request reach playback without passing a Decode or Colocated stage",
+            );
+        }
+        for n in g.node_indices().filter(|&n| g[n].role == Role::Decode) {
+            let fed = g
+                .edges_directed(n, Direction::Incoming)
+                .any(|e| g[e.source()].role == Role::Prefill);
+            if !fed {
+                let name = &g[n].name;
+                return invalid(
+                    "topology.links",
+                    format!("give decode stage `{name}` no KV source: link a Prefill stage to it"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this is the colocated case, the only one the world simulates so far.
+    pub fn is_colocated(&self) -> bool {
+        let serving: Vec<Role> = self
+            .graph
+            .node_weights()
+            .map(|s| s.role)
+            .filter(|r| r.serves())
+            .collect();
+        serving == [Role::Colocated]
+    }
+
+    pub fn stages(&self) -> impl Iterator<Item = &Stage> {
+        self.graph.node_weights()
+    }
+
+    /// The graph in Graphviz DOT, stages in the order written.
+    pub fn to_dot(&self) -> String {
+        let dot = petgraph::dot::Dot::with_attr_getters(
+            &self.graph,
+            &[
+                petgraph::dot::Config::EdgeNoLabel,
+                petgraph::dot::Config::NodeNoLabel,
+            ],
+            &|_, e| format!("label = \"{}\"", e.weight()),
+            &|_, (_, s)| format!("label = \"{s}\", shape = {}", shape(s.role)),
+        );
+        format!("{dot:?}")
+    }
+}
+
+fn shape(role: Role) -> &'static str {
+    match role {
+        Role::Router | Role::Playback => "ellipse",
+        _ => "box",
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}\\n{:?}", self.name, self.role)?;
+        if self.role.serves() {
+            write!(f, " x{}", self.replicas)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == Link::LOCAL {
+            return f.write_str("local");
+        }
+        let ms = self.latency_ns as f64 / 1e6;
+        let gbps = self.bytes_per_s * 8.0 / 1e9;
+        write!(f, "{ms} ms, {gbps} Gb/s, loss {}", self.loss)
+    }
+}
+
+fn stage(name: &str, role: Role, replicas: u32) -> Stage {
+    Stage {
+        name: name.into(),
+        role,
+        replicas,
+    }
+}
+
+fn spec(from: &str, to: &str, link: Link) -> LinkSpec {
+    LinkSpec {
+        from: from.into(),
+        to: to.into(),
+        link,
+    }
+}
+
+fn check_stages(stages: &[Stage]) -> Result<(), Invalid> {
+    if stages.is_empty() || stages.len() > STAGES_MAX {
+        return invalid(
+            "topology.stages",
+            format!("must hold 1 to {STAGES_MAX} stages (got {})", stages.len()),
+        );
+    }
+    for (i, s) in stages.iter().enumerate() {
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+        let well_formed = !s.name.is_empty() && s.name.len() <= 64 && s.name.chars().all(word);
+        if !well_formed || stages[..i].iter().any(|t| t.name == s.name) {
+            return invalid(
+                format!("topology.stages[{i}].name"),
+                format!(
+                    "must be a unique name of letters, digits, `_` and `-` (got `{}`)",
+                    s.name
+                ),
+            );
+        }
+        if s.role.serves() && !(1..=REPLICAS_MAX).contains(&s.replicas) {
+            return invalid(
+                format!("topology.stages[{i}].replicas"),
+                format!(
+                    "a {:?} stage needs 1 to {REPLICAS_MAX} replicas (got {})",
+                    s.role, s.replicas
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_link(i: usize, l: &Link) -> Result<(), Invalid> {
+    if l.bytes_per_s.is_nan() || l.bytes_per_s <= 0.0 {
+        return invalid(format!("topology.links[{i}].bandwidth_gbps"), "must be > 0");
+    }
+    if !(0.0..=1.0).contains(&l.loss) {
+        return invalid(
+            format!("topology.links[{i}].loss"),
+            format!("must be a probability in [0, 1] (got {})", l.loss),
+        );
+    }
+    Ok(())
+}
+
+/// The one stage of `role`.
+fn only(g: &DiGraph<Stage, Link>, role: Role) -> Result<NodeIndex, Invalid> {
+    let found: Vec<NodeIndex> = g.node_indices().filter(|&n| g[n].role == role).collect();
+    match found.as_slice() {
+        [n] => Ok(*n),
+        _ => invalid(
+            "topology.stages",
+            format!("must hold exactly one {role:?} stage (got {})", found.len()),
+        ),
+    }
+}
+
+/// The nodes reachable from `start` in `g`.
+fn reachable<G>(g: G, start: NodeIndex) -> Vec<NodeIndex>
+where
+    G: petgraph::visit::IntoNeighbors<NodeId = NodeIndex> + petgraph::visit::Visitable,
+{
+    let mut dfs = Dfs::new(g, start);
+    let mut seen = Vec::new();
+    while let Some(n) = dfs.next(g) {
+        seen.push(n);
+    }
+    seen
+}
+
+#[cfg(test)]
+mod tests;
