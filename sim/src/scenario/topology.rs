@@ -134,6 +134,14 @@ impl Scenario {
             return Ok(());
         };
         let t = spec.build()?;
+        spec.check_runnable(&t, self.cluster.replicas)
+    }
+}
+
+impl TopologySpec {
+    /// Whether the world can run this graph: colocated, with local links and as many replicas as
+    /// `cluster.replicas`.
+    fn check_runnable(&self, t: &Topology, replicas_cluster: u32) -> Result<(), Invalid> {
         if !t.is_colocated() {
             return Err(Invalid {
                 field: "cluster.topology".into(),
@@ -142,14 +150,27 @@ impl Scenario {
                     .into(),
             });
         }
+        // The colocated world has no links to cross yet: a value there would be ignored.
+        let costly = self
+            .links
+            .iter()
+            .position(|l| l.latency_ms != 0.0 || l.bandwidth_gbps.is_some() || l.loss != 0.0);
+        if let Some(i) = costly {
+            return Err(Invalid {
+                field: format!("cluster.topology.links[{i}]"),
+                message: "a colocated graph's links are local: latency, bandwidth and loss \
+                          take effect between stages that do not run yet"
+                    .into(),
+            });
+        }
         let serving = t.stages().find(|s| s.role == Role::Colocated);
         let replicas = serving.map_or(0, |s| s.replicas);
-        if replicas != self.cluster.replicas {
+        if replicas != replicas_cluster {
             return Err(Invalid {
                 field: "cluster.topology.stages".into(),
                 message: format!(
-                    "the Colocated stage has {replicas} replicas, `cluster.replicas` says {}",
-                    self.cluster.replicas
+                    "the Colocated stage has {replicas} replicas, `cluster.replicas` says \
+                     {replicas_cluster}"
                 ),
             });
         }

@@ -44,7 +44,7 @@ const COLOCATED: &str = r#"(
                 (name: "playback", role: Playback),
             ],
             links: [
-                (from: "router", to: "gpus", latency_ms: 0.2),
+                (from: "router", to: "gpus"),
                 (from: "gpus", to: "playback"),
             ],
         )"#;
@@ -93,7 +93,7 @@ fn a_colocated_graph_runs_like_the_default_and_is_drawn() {
     let run_dir = runs[0].as_ref().unwrap().path();
     let dot = std::fs::read_to_string(run_dir.join("graph.dot")).unwrap();
     assert!(
-        dot.contains("gpus\\nColocated x2") && dot.contains("0.2 ms"),
+        dot.contains("gpus\\nColocated x2") && dot.contains("local"),
         "{dot}"
     );
     // Without a topology the same scenario runs as the implied colocated graph.
@@ -159,8 +159,19 @@ fn invalid_graphs_get_one_line_naming_the_field() {
     );
     refused(
         "typo",
-        &scenario(2, &COLOCATED.replace("latency_ms", "latncy_ms")),
+        &scenario(
+            2,
+            &COLOCATED.replace("to: \"gpus\")", "to: \"gpus\", latncy_ms: 1.0)"),
+        ),
         &["s.ron:", "latncy_ms"],
+    );
+    refused(
+        "ignored-latency",
+        &scenario(
+            2,
+            &COLOCATED.replace("to: \"gpus\")", "to: \"gpus\", latency_ms: 0.2)"),
+        ),
+        &["cluster.topology.links[0]", "links are local"],
     );
 }
 
