@@ -4,6 +4,7 @@
 //! a queue, a file or a thread, so each is tested alone and can be driven without the engine.
 
 pub mod batcher;
+pub mod cleanup;
 pub mod engine;
 pub mod gpu;
 pub mod kv;
