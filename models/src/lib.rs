@@ -12,3 +12,4 @@ pub mod ownership;
 pub mod protocol;
 pub mod replica;
 pub mod topology;
+pub mod transfer;
