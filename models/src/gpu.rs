@@ -59,6 +59,9 @@ pub struct Profile {
     pub cost: StepCost,
     /// KV cache capacity of one replica, in 16-token blocks.
     pub kv_blocks_16: u64,
+    /// KV cache bytes of one token, all layers (and all tensor-parallel shards): what a
+    /// prefill-to-decode transfer moves. Layers × KV heads × head size × 2 (K and V) × 2 bytes.
+    pub kv_bytes_per_token: u64,
     /// vLLM's defaults for this GPU class (`get_batch_defaults`, §9.3).
     pub max_num_seqs: u32,
     pub max_num_batched_tokens: u32,
@@ -82,6 +85,8 @@ pub const LLAMA31_8B_H100: Profile = Profile {
         per_kv_token_ps: 55_900,
     },
     kv_blocks_16: 27_000,
+    // 32 layers x 8 KV heads x 128 x 2 x 2 B (GQA).
+    kv_bytes_per_token: 131_072,
     max_num_seqs: 1024,
     max_num_batched_tokens: 8192,
 };
@@ -106,6 +111,8 @@ pub const LLAMA31_70B_TP4_H100: Profile = Profile {
         per_kv_token_ps: 34_900,
     },
     kv_blocks_16: 28_000,
+    // 80 layers x 8 KV heads x 128 x 2 x 2 B (GQA), over the four shards.
+    kv_bytes_per_token: 327_680,
     max_num_seqs: 1024,
     max_num_batched_tokens: 8192,
 };
@@ -130,6 +137,8 @@ pub const LLAMA2_7B_A100: Profile = Profile {
         per_kv_token_ps: 374_500,
     },
     kv_blocks_16: 7_300,
+    // 32 layers x 32 KV heads x 128 x 2 x 2 B (MHA).
+    kv_bytes_per_token: 524_288,
     max_num_seqs: 256,
     max_num_batched_tokens: 2048,
 };
@@ -140,9 +149,36 @@ pub fn profile(name: &str) -> Option<Profile> {
     PROFILES.iter().copied().find(|p| p.name == name)
 }
 
+impl Profile {
+    /// The KV bytes of `tokens` tokens: what moving a prompt's cache from prefill to decode
+    /// carries.
+    pub fn kv_bytes(&self, tokens: u64) -> u64 {
+        tokens.saturating_mul(self.kv_bytes_per_token)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_bytes_agree_with_the_kv_read_cost_and_the_block_size() {
+        // The per-token KV read cost was derived from the same bytes at η·BW (0.7 × HBM): read
+        // back, the two constants must agree. TP4 reads its 80 KiB shard per GPU in parallel.
+        for (p, bw_bytes_per_s, shards) in [
+            (LLAMA31_8B_H100, 3.35e12, 1.0),
+            (LLAMA31_70B_TP4_H100, 3.35e12, 4.0),
+            (LLAMA2_7B_A100, 2.0e12, 1.0),
+        ] {
+            let ps = p.kv_bytes_per_token as f64 / shards / (0.7 * bw_bytes_per_s) * 1e12;
+            let rel = (ps - p.cost.per_kv_token_ps as f64).abs() / ps;
+            assert!(rel < 0.01, "{}: {ps:.0} ps against {}", p.name, p.cost.per_kv_token_ps);
+        }
+        // 16-token blocks: the block sizes the capacities were computed with.
+        assert_eq!(LLAMA31_70B_TP4_H100.kv_bytes(16), 5 << 20);
+        assert_eq!(LLAMA2_7B_A100.kv_bytes(16), 8 << 20);
+        assert_eq!(LLAMA31_8B_H100.kv_bytes(2048), 256 << 20);
+    }
 
     /// A decode-only step of `b` sequences at a mean context of `ctx` tokens, in ms.
     fn decode_ms(p: &Profile, b: u64, ctx: u64) -> f64 {
