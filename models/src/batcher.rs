@@ -97,6 +97,7 @@ impl Batcher {
 }
 
 impl Scheduler for Batcher {
+    /// A request with `kv_ready` is taken as a whole prompt: the batcher has no remote KV.
     fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
         fits(&self.kv, &r).inspect_err(|_| self.stats.rejected += 1)?;
         self.queue.push_back(Queued {

@@ -172,7 +172,12 @@ mod tests {
         ] {
             let ps = p.kv_bytes_per_token as f64 / shards / (0.7 * bw_bytes_per_s) * 1e12;
             let rel = (ps - p.cost.per_kv_token_ps as f64).abs() / ps;
-            assert!(rel < 0.01, "{}: {ps:.0} ps against {}", p.name, p.cost.per_kv_token_ps);
+            assert!(
+                rel < 0.01,
+                "{}: {ps:.0} ps against {}",
+                p.name,
+                p.cost.per_kv_token_ps
+            );
         }
         // 16-token blocks: the block sizes the capacities were computed with.
         assert_eq!(LLAMA31_70B_TP4_H100.kv_bytes(16), 5 << 20);

@@ -132,6 +132,10 @@ pub struct NewRequest {
     pub handle: Handle,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
+    /// The prompt's KV is already here (sent by a prefill stage): admission allocates its blocks
+    /// and the first step is a decode. The continuous engine only; after a preemption the prompt
+    /// is recomputed.
+    pub kv_ready: bool,
 }
 
 /// A step was dispatched: the world schedules its end.

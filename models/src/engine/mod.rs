@@ -95,6 +95,8 @@ pub struct Engine {
     slot_of_tag: Vec<Option<u32>>,
     /// Blocks held by marked requests, now.
     marked_blocks: u64,
+    /// Blocks taken from the pool for work outside the engine (a KV transfer's buffers).
+    pinned_blocks: u64,
     /// Tags of requests dispatched for the first time, drained by `take_started`.
     started: Vec<u32>,
 }
@@ -135,6 +137,7 @@ impl Engine {
             abort_keys: BoundedIds::default(),
             slot_of_tag: Vec::new(),
             marked_blocks: 0,
+            pinned_blocks: 0,
             started: Vec::new(),
         }
     }
@@ -218,7 +221,9 @@ impl Engine {
             };
             let seq = &self.seqs[slot as usize];
             debug_assert_eq!(seq.ctx, 0);
-            let rem = seq.need;
+            // A prompt whose KV arrived from a prefill stage starts with a decode token.
+            let kv_ready = seq.kv_ready && seq.incarnation == 0;
+            let rem = if kv_ready { 1 } else { seq.need };
             let tokens = if self.cfg.chunked_prefill {
                 rem.min(c.budget)
             } else if rem <= c.budget {
@@ -226,10 +231,14 @@ impl Engine {
             } else {
                 break;
             };
-            let blocks = self.kv.blocks_for(tokens as u64);
+            let held = if kv_ready { seq.need } else { 0 };
+            let blocks = self.kv.blocks_for((held + tokens) as u64);
             if !self.kv.try_alloc(blocks) {
                 if self.marked_blocks > 0 {
                     self.stats.admission_stalls += 1;
+                }
+                if self.pinned_blocks > 0 {
+                    self.stats.stalls_pinned += 1;
                 }
                 break; // admission only when the blocks are there
             }
@@ -239,7 +248,8 @@ impl Engine {
             self.waiting.pop_front();
             self.running.push(slot);
             self.seqs[slot as usize].phase = Phase::Running;
-            self.place(slot, now_ns, blocks, true, tokens, c);
+            self.seqs[slot as usize].ctx = held;
+            self.place(slot, now_ns, blocks, !kv_ready, tokens, c);
             c.budget -= tokens;
         }
     }
@@ -386,6 +396,31 @@ impl Engine {
         }
         self.free_slots.push(slot);
         self.live -= 1;
+    }
+
+    /// Take `blocks` from the pool for use outside the engine (a prefill node's blocks kept for
+    /// a transfer, a decode node's receive buffer). False, and nothing taken, if they are not
+    /// free.
+    pub fn pin(&mut self, blocks: u64) -> bool {
+        let ok = self.kv.try_alloc(blocks);
+        if ok {
+            self.pinned_blocks += blocks;
+        }
+        ok
+    }
+
+    /// Give back `blocks` taken by `pin`.
+    pub fn unpin(&mut self, blocks: u64) {
+        assert!(
+            blocks <= self.pinned_blocks,
+            "unpinning blocks never pinned"
+        );
+        self.pinned_blocks -= blocks;
+        self.kv.free(blocks);
+    }
+
+    pub fn pinned_blocks(&self) -> u64 {
+        self.pinned_blocks
     }
 
     /// Blocks held now by requests with a cancel intent (retained).

@@ -24,6 +24,8 @@ pub(super) struct Seq {
     pub(super) handle: Handle,
     pub(super) corrupted: bool,
     pub(super) released_sent: bool,
+    /// The prompt's KV came from a prefill stage: the first admission skips the prefill.
+    pub(super) kv_ready: bool,
     pub(super) prompt: u32,
     pub(super) output: u32,
     /// Tokens to compute before the next sample: the prompt, or prompt + delivered tokens after a
@@ -68,6 +70,7 @@ impl Seq {
             handle: r.handle,
             corrupted: false,
             released_sent: false,
+            kv_ready: r.kv_ready,
             prompt: r.prompt_tokens,
             output: r.output_tokens,
             need: r.prompt_tokens,
@@ -187,6 +190,9 @@ pub struct EngineStats {
     pub corrupted_allocations: u64,
     /// Admissions refused for want of blocks while requests with a cancel intent held some.
     pub admission_stalls: u64,
+    /// Admissions refused for want of blocks while blocks were pinned for work outside the
+    /// engine (KV transfers).
+    pub stalls_pinned: u64,
     /// Most blocks held at once by requests with a cancel intent.
     pub marked_blocks_peak: u64,
 }

@@ -207,6 +207,7 @@ impl World<'_> {
             handle: q.handle,
             prompt_tokens: a.prompt_tokens,
             output_tokens: a.output_tokens,
+            kv_ready: false,
         };
         if self.cluster.enqueue(replica, now_ns, new).is_err() {
             return self.reject(tag);
