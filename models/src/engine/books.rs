@@ -2,6 +2,7 @@
 //! blocks, fenced blocks) move with them in one place.
 
 use super::seq::Seq;
+use super::Engine;
 use crate::kv::KvPool;
 
 /// Give `blocks` back to the pool; the retained count follows if the owner is marked.
@@ -36,5 +37,42 @@ pub(super) fn release_fenced(b: Books, seq: &mut Seq) {
         free_blocks(b.kv, b.marked_blocks, seq.marked, seq.fenced_blocks);
         *b.fenced_total -= seq.fenced_blocks;
         seq.fenced_blocks = 0;
+    }
+}
+
+impl Engine {
+    /// Blocks fenced by steps in flight: back in the pool when those steps end.
+    pub(super) fn fenced_pending(&self) -> u64 {
+        // The count is kept as blocks move; check it against the requests now and then.
+        debug_assert!(
+            self.step_next % 64 != 0
+                || self.fenced_total == self.seqs.iter().map(|s| s.fenced_blocks).sum::<u64>()
+        );
+        self.fenced_total
+    }
+
+    /// Take `blocks` from the pool for use outside the engine (a prefill node's blocks kept for
+    /// a transfer, a decode node's receive buffer). False, and nothing taken, if they are not
+    /// free.
+    pub fn pin(&mut self, blocks: u64) -> bool {
+        let ok = self.kv.try_alloc(blocks);
+        if ok {
+            self.pinned_blocks += blocks;
+        }
+        ok
+    }
+
+    /// Give back `blocks` taken by `pin`.
+    pub fn unpin(&mut self, blocks: u64) {
+        assert!(
+            blocks <= self.pinned_blocks,
+            "unpinning blocks never pinned"
+        );
+        self.pinned_blocks -= blocks;
+        self.kv.free(blocks);
+    }
+
+    pub fn pinned_blocks(&self) -> u64 {
+        self.pinned_blocks
     }
 }

@@ -199,16 +199,6 @@ impl Engine {
         }
     }
 
-    /// Blocks fenced by steps in flight: back in the pool when those steps end.
-    fn fenced_pending(&self) -> u64 {
-        // The count is kept as blocks move; check it against the requests now and then.
-        debug_assert!(
-            self.step_next % 64 != 0
-                || self.fenced_total == self.seqs.iter().map(|s| s.fenced_blocks).sum::<u64>()
-        );
-        self.fenced_total
-    }
-
     /// Then waiting requests, in order, while nothing was preempted this step (vLLM's rule),
     /// unless the step would otherwise be empty.
     fn admit_waiting(&mut self, now_ns: u64, c: &mut Compose) {
@@ -396,31 +386,6 @@ impl Engine {
         }
         self.free_slots.push(slot);
         self.live -= 1;
-    }
-
-    /// Take `blocks` from the pool for use outside the engine (a prefill node's blocks kept for
-    /// a transfer, a decode node's receive buffer). False, and nothing taken, if they are not
-    /// free.
-    pub fn pin(&mut self, blocks: u64) -> bool {
-        let ok = self.kv.try_alloc(blocks);
-        if ok {
-            self.pinned_blocks += blocks;
-        }
-        ok
-    }
-
-    /// Give back `blocks` taken by `pin`.
-    pub fn unpin(&mut self, blocks: u64) {
-        assert!(
-            blocks <= self.pinned_blocks,
-            "unpinning blocks never pinned"
-        );
-        self.pinned_blocks -= blocks;
-        self.kv.free(blocks);
-    }
-
-    pub fn pinned_blocks(&self) -> u64 {
-        self.pinned_blocks
     }
 
     /// Blocks held now by requests with a cancel intent (retained).
