@@ -89,6 +89,13 @@ fn corpus() -> Vec<(Kind, Vec<u8>)> {
             }
         }
     }
+    // The stage graph has no library scenario that runs it yet: two written here.
+    for graph in [TOPOLOGY_COLOCATED, TOPOLOGY_1P1D] {
+        out.push((
+            Kind::Scenario,
+            format!("{SCENARIO_HEAD}{graph}\n    ),\n)\n").into_bytes(),
+        ));
+    }
     assert!(
         out.len() >= 20,
         "the corpus is the library: {} files",
@@ -96,6 +103,38 @@ fn corpus() -> Vec<(Kind, Vec<u8>)> {
     );
     out
 }
+
+const SCENARIO_HEAD: &str = r#"Scenario(
+    name: "graph",
+    workload: (source: Poisson(rate_per_s: 20.0, requests: 30)),
+    cluster: (
+        replicas: 2,
+        profile: Named("llama-3.1-8b-h100"),
+        scheduler: Continuous(),
+        topology: "#;
+
+const TOPOLOGY_COLOCATED: &str = r#"(
+            stages: [
+                (name: "router", role: Router),
+                (name: "gpus", role: Colocated, replicas: 2),
+                (name: "playback", role: Playback),
+            ],
+            links: [(from: "router", to: "gpus"), (from: "gpus", to: "playback")],
+        )"#;
+
+const TOPOLOGY_1P1D: &str = r#"(
+            stages: [
+                (name: "router", role: Router),
+                (name: "prefill", role: Prefill, replicas: 2),
+                (name: "decode", role: Decode),
+                (name: "playback", role: Playback),
+            ],
+            links: [
+                (from: "router", to: "prefill"),
+                (from: "prefill", to: "decode", latency_ms: 0.5, bandwidth_gbps: 400.0, loss: 0.01),
+                (from: "decode", to: "playback"),
+            ],
+        )"#;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
