@@ -70,30 +70,27 @@ impl Scenario {
                     Err(std::io::Error::other("not a file"))
                 }
             });
-            let outside = readable
-                .as_ref()
-                .ok()
-                .and_then(|()| outside_data_root(&full));
-            if let Some(root) = outside {
+            let problem = match &readable {
+                Ok(()) => outside_data_root(&full).map(|root| {
+                    format!(
+                        "{} is outside the data root {}; pass --data-root to widen it",
+                        crate::input::shown(&full),
+                        root.display()
+                    )
+                }),
+                Err(e) => Some(format!(
+                    "cannot read trace {}: {}",
+                    crate::input::shown(&full),
+                    io_reason(e)
+                )),
+            };
+            if let Some(problem) = problem {
                 let field = "workload.source.Trace.path";
                 let at = locate_field(text, field)
                     .map(|(l, c)| format!(":{l}:{c}"))
                     .unwrap_or_default();
                 return Err(LoadError(format!(
-                    "{shown}{at}: field `{field}`: {} is outside the data root {}; pass --data-root to widen it",
-                    crate::input::shown(&full),
-                    root.display()
-                )));
-            }
-            if let Err(e) = readable {
-                let field = "workload.source.Trace.path";
-                let at = locate_field(text, field)
-                    .map(|(l, c)| format!(":{l}:{c}"))
-                    .unwrap_or_default();
-                return Err(LoadError(format!(
-                    "{shown}{at}: field `{field}`: cannot read trace {}: {}",
-                    crate::input::shown(&full),
-                    io_reason(&e)
+                    "{shown}{at}: field `{field}`: {problem}"
                 )));
             }
         }

@@ -368,22 +368,27 @@ fn retries_are_bounded_and_late_acks_never_reopen() {
     );
 }
 
+/// W = 2 and one slot: the target (40 + 100 tokens) is cancelled 15 ms into its decode while a
+/// sibling (40 + 10) waits, under `release` (Fenced or Immediate).
+fn one_slot_w2_decode_cancel(release: &str) -> Report {
+    let backend = format!("release: {release}");
+    run(Setup {
+        name: release,
+        requests: &[(40, 100), (40, 10)],
+        cancellation: "requests: [0], stage: Decode, delay_ms: Constant(15.0)",
+        window: 2,
+        max_num_seqs: 1,
+        backend: &backend,
+        ..Setup::default()
+    })
+}
+
 #[test]
 fn unsafe_release_corrupts_a_sibling_and_fenced_release_does_not() {
     // W = 2, one slot: the target's blocks go back while its next step is in flight, and the
     // waiting sibling takes them.
-    let requests = [(40, 100), (40, 10)];
     for (release, survived) in [("Immediate", 0), ("Fenced", 1)] {
-        let backend = format!("release: {release}");
-        let r = run(Setup {
-            name: release,
-            requests: &requests,
-            cancellation: "requests: [0], stage: Decode, delay_ms: Constant(15.0)",
-            window: 2,
-            max_num_seqs: 1,
-            backend: &backend,
-            ..Setup::default()
-        });
+        let r = one_slot_w2_decode_cancel(release);
         let p = &r.policies[0];
         assert_eq!(p.playback.corrupted_requests, 1 - survived, "{release}");
         assert_eq!(p.sibling_survival.survived, survived, "{release}");
@@ -468,19 +473,10 @@ fn immediate_release_charges_the_in_flight_step_to_the_target_not_to_the_next_ta
     // (and per-request token-steps summed to one less than the run's, which the end-of-run
     // conservation check now refuses). A tag is never reused while a step holds it: the target's
     // leak is the same under both release modes.
-    let requests = [(40, 100), (40, 10)];
     let leak = |release: &str| {
-        let backend = format!("release: {release}");
-        let r = run(Setup {
-            name: release,
-            requests: &requests,
-            cancellation: "requests: [0], stage: Decode, delay_ms: Constant(15.0)",
-            window: 2,
-            max_num_seqs: 1,
-            backend: &backend,
-            ..Setup::default()
-        });
-        r.policies[0].leaked_work.clone()
+        one_slot_w2_decode_cancel(release).policies[0]
+            .leaked_work
+            .clone()
     };
     let (fenced, immediate) = (leak("Fenced"), leak("Immediate"));
     assert!(fenced.gpu_s > 0.0);
