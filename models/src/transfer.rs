@@ -183,10 +183,6 @@ impl Transfers {
         self.flights.values().map(|f| f.blocks).sum()
     }
 
-    pub fn in_flight(&self) -> usize {
-        self.flights.len()
-    }
-
     pub fn stats(&self) -> TransferStats {
         self.stats
     }

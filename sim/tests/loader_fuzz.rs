@@ -113,28 +113,9 @@ const SCENARIO_HEAD: &str = r#"Scenario(
         scheduler: Continuous(),
         topology: "#;
 
-const TOPOLOGY_COLOCATED: &str = r#"(
-            stages: [
-                (name: "router", role: Router),
-                (name: "gpus", role: Colocated, replicas: 2),
-                (name: "playback", role: Playback),
-            ],
-            links: [(from: "router", to: "gpus"), (from: "gpus", to: "playback")],
-        )"#;
+const TOPOLOGY_COLOCATED: &str = include_str!("fixtures/graph-colocated.ron");
 
-const TOPOLOGY_1P1D: &str = r#"(
-            stages: [
-                (name: "router", role: Router),
-                (name: "prefill", role: Prefill, replicas: 2),
-                (name: "decode", role: Decode),
-                (name: "playback", role: Playback),
-            ],
-            links: [
-                (from: "router", to: "prefill"),
-                (from: "prefill", to: "decode", latency_ms: 0.5, bandwidth_gbps: 400.0, loss: 0.01),
-                (from: "decode", to: "playback"),
-            ],
-        )"#;
+const TOPOLOGY_1P1D: &str = include_str!("fixtures/graph-1p1d.ron");
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {

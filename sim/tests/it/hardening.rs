@@ -178,6 +178,9 @@ fn a_reader_that_stops_early_ends_the_command_quietly() {
     let dir = scratch("pipe");
     std::fs::write(dir.join("a.ron"), TINY).unwrap();
     cancelsim(&["check", ".", "--update-golden"], &dir);
+    // 3 MB of results: more than a pipe holds, so replay is still writing when the pipe closes.
+    let long = "{\"op\":\"barrier_advance\"}\n".repeat(200_000);
+    std::fs::write(dir.join("long.jsonl"), long).unwrap();
     for args in [
         vec![
             "check".to_string(),
@@ -185,7 +188,7 @@ fn a_reader_that_stops_early_ends_the_command_quietly() {
             "--swarm".into(),
             "20".into(),
         ],
-        vec!["replay".into(), oplog()],
+        vec!["replay".into(), "long.jsonl".into()],
     ] {
         let mut child = bin()
             .args(&args)

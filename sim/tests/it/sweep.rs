@@ -15,13 +15,18 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn cancelsim(args: &[&str]) -> std::process::Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+/// The binary on `args`, with every path allowed (the sweeps live in the repository).
+fn invoke(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cancelsim"))
         .args(args)
         .args(["--data-root", "/"])
         .env("CI", "1")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+fn cancelsim(args: &[&str]) -> std::process::Output {
+    let out = invoke(args);
     assert!(
         out.status.success(),
         "{args:?}: {}",
@@ -175,12 +180,7 @@ fn small_sweep(dir: &Path, first_seed: u64) -> PathBuf {
 }
 
 fn refused(args: &[&str], want: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
-        .args(args)
-        .args(["--data-root", "/"])
-        .env("CI", "1")
-        .output()
-        .unwrap();
+    let out = invoke(args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
     assert!(err.contains(want), "{args:?}: {err}");

@@ -37,31 +37,9 @@ fn scenario(replicas: u32, topology: &str) -> String {
     )
 }
 
-const COLOCATED: &str = r#"(
-            stages: [
-                (name: "router", role: Router),
-                (name: "gpus", role: Colocated, replicas: 2),
-                (name: "playback", role: Playback),
-            ],
-            links: [
-                (from: "router", to: "gpus"),
-                (from: "gpus", to: "playback"),
-            ],
-        )"#;
+const COLOCATED: &str = include_str!("../fixtures/graph-colocated.ron");
 
-const ONE_P_ONE_D: &str = r#"(
-            stages: [
-                (name: "router", role: Router),
-                (name: "prefill", role: Prefill, replicas: 2),
-                (name: "decode", role: Decode),
-                (name: "playback", role: Playback),
-            ],
-            links: [
-                (from: "router", to: "prefill"),
-                (from: "prefill", to: "decode", latency_ms: 0.5, bandwidth_gbps: 400.0),
-                (from: "decode", to: "playback"),
-            ],
-        )"#;
+const ONE_P_ONE_D: &str = include_str!("../fixtures/graph-1p1d.ron");
 
 /// Run `text`: (exit code, stderr, the scratch directory).
 fn run(name: &str, text: &str) -> (Option<i32>, String, PathBuf) {
