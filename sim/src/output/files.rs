@@ -81,13 +81,12 @@ impl TraceFile {
         if self.error.is_some() {
             return;
         }
-        let value = serde_json::to_value(ev).expect("a trace event serialises");
-        self.checker.event(&value);
+        self.checker.event(ev);
         let sep: &[u8] = if self.events == 0 { b"" } else { b",\n" };
         let written = self
             .w
             .write_all(sep)
-            .and_then(|()| serde_json::to_writer(&mut self.w, &value).map_err(Into::into));
+            .and_then(|()| serde_json::to_writer(&mut self.w, ev).map_err(Into::into));
         if let Err(e) = written {
             self.error = Some(format!("{}: {e}", self.path.display()));
         }

@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::record::TraceEvent;
+
 /// Slices of one thread: (start, end, event index).
 type Slices = Vec<(f64, f64, usize)>;
 /// Per flow (cat, name, id): starts, ends, start ts, end ts.
@@ -36,18 +38,75 @@ const PHASES: [&str; 13] = [
     "B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "M",
 ];
 
-fn text(e: &Value, key: &str) -> String {
-    e.get(key).and_then(Value::as_str).unwrap_or("").to_string()
+/// What the checker reads of an event: a JSON value (a trace read back), or the typed event a
+/// run writes (checked as it streams, without building a JSON value per event).
+pub trait Fields {
+    fn text(&self, key: &str) -> Option<&str>;
+    fn number(&self, key: &str) -> Option<f64>;
+    fn integer(&self, key: &str) -> Option<i64>;
+    fn args_is_object(&self) -> bool;
+    /// The `id`, as JSON writes it.
+    fn id_text(&self) -> String;
 }
 
-fn id_of(e: &Value) -> String {
-    e.get("id").map(|v| v.to_string()).unwrap_or_default()
+impl Fields for Value {
+    fn text(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
+    fn number(&self, key: &str) -> Option<f64> {
+        self.get(key).and_then(Value::as_f64)
+    }
+    fn integer(&self, key: &str) -> Option<i64> {
+        self.get(key).and_then(Value::as_i64)
+    }
+    fn args_is_object(&self) -> bool {
+        self.get("args").is_some_and(Value::is_object)
+    }
+    fn id_text(&self) -> String {
+        self.get("id").map(|v| v.to_string()).unwrap_or_default()
+    }
+}
+
+impl Fields for TraceEvent {
+    fn text(&self, key: &str) -> Option<&str> {
+        match key {
+            "ph" => Some(self.ph),
+            "name" => Some(&self.name),
+            "cat" => self.cat,
+            _ => None,
+        }
+    }
+    fn number(&self, key: &str) -> Option<f64> {
+        match key {
+            "ts" => self.ts.map(|t| t as f64),
+            "dur" => self.dur.map(|d| d as f64),
+            _ => None,
+        }
+    }
+    fn integer(&self, key: &str) -> Option<i64> {
+        match key {
+            "pid" => Some(i64::from(self.pid)),
+            "tid" => self.tid.map(i64::from),
+            _ => None,
+        }
+    }
+    fn args_is_object(&self) -> bool {
+        // Every `TraceArgs` variant serialises as an object.
+        self.args.is_some()
+    }
+    fn id_text(&self) -> String {
+        self.id.map(|i| i.to_string()).unwrap_or_default()
+    }
+}
+
+fn text<E: Fields>(e: &E, key: &str) -> String {
+    e.text(key).unwrap_or("").to_string()
 }
 
 impl Checker {
     /// Event `i`: its phase, timestamp and thread, then what its phase requires.
-    fn event(&mut self, i: usize, e: &Value) {
-        let Some(ph) = e.get("ph").and_then(Value::as_str) else {
+    fn event<E: Fields>(&mut self, i: usize, e: &E) {
+        let Some(ph) = e.text("ph") else {
             self.errs.push(format!("event {i}: no ph"));
             return;
         };
@@ -58,15 +117,12 @@ impl Checker {
         if ph == "M" {
             return;
         }
-        let Some(ts) = e.get("ts").and_then(Value::as_f64) else {
+        let Some(ts) = e.number("ts") else {
             self.errs
                 .push(format!("event {i} ({ph}): ts is not a number"));
             return;
         };
-        let thread = (
-            e.get("pid").and_then(Value::as_i64),
-            e.get("tid").and_then(Value::as_i64),
-        );
+        let thread = (e.integer("pid"), e.integer("tid"));
         let key = match thread {
             (Some(p), Some(t)) => (p, t),
             _ if matches!(ph, "B" | "E" | "X" | "i" | "I") => {
@@ -78,9 +134,9 @@ impl Checker {
         self.phase(i, e, ph, (ts, key));
     }
 
-    fn phase(&mut self, i: usize, e: &Value, ph: &str, (ts, key): (f64, (i64, i64))) {
+    fn phase<E: Fields>(&mut self, i: usize, e: &E, ph: &str, (ts, key): (f64, (i64, i64))) {
         match ph {
-            "X" => match e.get("dur").and_then(Value::as_f64) {
+            "X" => match e.number("dur") {
                 Some(d) if d >= 0.0 => self.slices.entry(key).or_default().push((ts, ts + d, i)),
                 _ => self
                     .errs
@@ -94,14 +150,24 @@ impl Checker {
                     .errs
                     .push(format!("event {i} (E): no open B on {key:?}")),
             },
-            "C" if !e.get("args").is_some_and(Value::is_object) => {
+            "C" if !e.args_is_object() => {
                 self.errs
                     .push(format!("event {i} (C): args is not an object"));
             }
-            "b" => *self.asyncs.entry((text(e, "cat"), id_of(e))).or_default() += 1,
-            "e" => *self.asyncs.entry((text(e, "cat"), id_of(e))).or_default() -= 1,
+            "b" => {
+                *self
+                    .asyncs
+                    .entry((text(e, "cat"), e.id_text()))
+                    .or_default() += 1
+            }
+            "e" => {
+                *self
+                    .asyncs
+                    .entry((text(e, "cat"), e.id_text()))
+                    .or_default() -= 1
+            }
             "s" | "t" | "f" => {
-                let key = (text(e, "cat"), text(e, "name"), id_of(e));
+                let key = (text(e, "cat"), text(e, "name"), e.id_text());
                 let f = self.flows.entry(key).or_insert((0, 0, f64::MAX, f64::MIN));
                 if ph == "s" {
                     f.0 += 1;
@@ -211,9 +277,9 @@ pub struct Streaming {
 }
 
 impl Streaming {
-    pub fn event(&mut self, e: &Value) {
-        let pid = e.get("pid").and_then(Value::as_i64);
-        let meta = e.get("ph").and_then(Value::as_str) == Some("M");
+    pub fn event<E: Fields>(&mut self, e: &E) {
+        let pid = e.integer("pid");
+        let meta = e.text("ph") == Some("M");
         if !meta && pid != self.pid {
             if self.pid.is_some() {
                 self.c.settle();
@@ -303,5 +369,42 @@ mod tests {
             whole.contains("do not balance") && whole.contains("partially"),
             "{whole}"
         );
+    }
+
+    #[test]
+    fn typed_events_are_checked_as_their_json_is() {
+        use crate::record::{TraceArgs, TraceEvent};
+        let step = |ts, dur| TraceEvent {
+            dur: Some(dur),
+            args: Some(TraceArgs::Step { step: 1 }),
+            ..TraceEvent::at("X", "step", 0, 1, ts)
+        };
+        let track = |ph| TraceEvent {
+            cat: Some("request"),
+            id: Some(9),
+            ..TraceEvent::at(ph, "request 9", 0, 0, 3)
+        };
+        let flow = TraceEvent {
+            cat: Some("cancel"),
+            id: Some(4),
+            ..TraceEvent::at("s", "cancel", 1, 7, 2)
+        };
+        // A partial overlap, an unbalanced track, a flow without its end.
+        let events = [
+            step(0, 10),
+            step(5, 10),
+            track("b"),
+            track("b"),
+            track("e"),
+            flow,
+        ];
+        let (mut typed, mut json) = (Streaming::default(), Streaming::default());
+        for e in &events {
+            typed.event(e);
+            json.event(&serde_json::to_value(e).unwrap());
+        }
+        let (typed, json) = (typed.finish(), json.finish());
+        assert_eq!(typed.len(), 3, "{typed:?}");
+        assert_eq!(typed, json);
     }
 }
