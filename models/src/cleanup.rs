@@ -50,6 +50,8 @@ pub enum Why {
     Completed,
     Cancelled,
     LeaseExpired,
+    /// Still held when the run ended.
+    Abandoned,
 }
 
 /// Blocks handed back to the pool.
@@ -193,6 +195,11 @@ impl CleanupOwner {
     }
 
     /// When `expire` must next be called, if ever.
+    /// When the lease of `id`'s hold runs out, if it is held under a lease.
+    pub fn deadline_ns(&self, id: u64) -> Option<u64> {
+        self.holds.get(&id).and_then(|h| h.deadline_ns)
+    }
+
     pub fn timer_ns(&self) -> Option<u64> {
         self.deadlines.first().map(|&(d, _)| d)
     }
@@ -212,6 +219,31 @@ impl CleanupOwner {
             );
         }
         self.advance(now_ns);
+        out
+    }
+
+    /// The run is over. A hold under a lease is settled as if the lease ran out: its block-ns run
+    /// to its deadline, and it comes back `LeaseExpired` (nothing else could have happened to it:
+    /// no event is left). A hold without one is given up, `Abandoned`: never returned.
+    pub fn release_all(&mut self, now_ns: u64) -> Vec<Returned> {
+        self.advance(now_ns);
+        let ids: Vec<u64> = self.holds.keys().copied().collect();
+        let out = ids
+            .into_iter()
+            .map(|id| {
+                let h = self.holds[&id];
+                let why = match h.deadline_ns {
+                    Some(d) => {
+                        let rest_ns = d.saturating_sub(now_ns) as u128;
+                        self.block_ns += h.blocks as u128 * rest_ns;
+                        Why::LeaseExpired
+                    }
+                    None => Why::Abandoned,
+                };
+                self.take(id, why).expect("held")
+            })
+            .collect();
+        debug_assert_eq!(self.blocks_held, 0);
         out
     }
 

@@ -265,6 +265,8 @@ pub struct ReplicaStats {
     pub faults: u64,
     pub corrupted_allocations: u64,
     pub admission_stalls: u64,
+    /// Admissions refused for want of blocks while blocks were pinned for a handoff.
+    pub stalls_pinned: u64,
     pub marked_blocks_peak: u64,
 }
 
@@ -285,6 +287,7 @@ impl ReplicaStats {
         self.faults += s.faults;
         self.corrupted_allocations += s.corrupted_allocations;
         self.admission_stalls += s.admission_stalls;
+        self.stalls_pinned += s.stalls_pinned;
         self.marked_blocks_peak = self.marked_blocks_peak.max(s.marked_blocks_peak);
     }
 }
@@ -313,6 +316,20 @@ pub trait Scheduler {
     fn is_idle(&self) -> bool;
     fn kv(&self) -> &KvPool;
     fn totals(&self) -> ReplicaStats;
+    /// Whether `enqueue` would take `r` (it can ever run here), without taking it.
+    fn accepts(&self, r: &NewRequest) -> Result<(), Rejection> {
+        fits(self.kv(), r).map(|_| ())
+    }
+    /// Take `blocks` from the pool for work outside the scheduler (a prefill node's blocks kept
+    /// for a transfer, a decode node's receive buffer). False, and nothing taken, if they are not
+    /// free or the scheduler cannot lend blocks.
+    fn pin(&mut self, _blocks: u64) -> bool {
+        false
+    }
+    /// Give back blocks taken by `pin`.
+    fn unpin(&mut self, blocks: u64) {
+        assert_eq!(blocks, 0, "this scheduler lends no blocks");
+    }
 }
 
 /// Whether a request can ever fit a pool of `kv`: its prompt plus output in blocks. Returns the

@@ -107,6 +107,14 @@ pub const REPLICAS_MAX: u32 = 1024;
 /// Stages of one graph, at most.
 pub const STAGES_MAX: usize = 64;
 
+/// The prefill/decode pair of a disaggregated graph, and the link that carries KV between them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefillDecode {
+    pub prefill_replicas: u32,
+    pub decode_replicas: u32,
+    pub link: Link,
+}
+
 /// A validated stage graph.
 #[derive(Clone, Debug)]
 pub struct Topology {
@@ -222,6 +230,25 @@ impl Topology {
             .filter(|r| r.serves())
             .collect();
         serving == [Role::Colocated]
+    }
+
+    /// The one disaggregated shape the world simulates: exactly one Prefill stage feeding
+    /// exactly one Decode stage, no Colocated stage. `None` for any other graph.
+    pub fn prefill_decode(&self) -> Option<PrefillDecode> {
+        let g = &self.graph;
+        let of = |role: Role| -> Vec<NodeIndex> {
+            g.node_indices().filter(|&n| g[n].role == role).collect()
+        };
+        let (p, d, c) = (of(Role::Prefill), of(Role::Decode), of(Role::Colocated));
+        if p.len() != 1 || d.len() != 1 || !c.is_empty() {
+            return None;
+        }
+        let edge = g.find_edge(p[0], d[0])?;
+        Some(PrefillDecode {
+            prefill_replicas: g[p[0]].replicas,
+            decode_replicas: g[d[0]].replicas,
+            link: g[edge],
+        })
     }
 
     pub fn stages(&self) -> impl Iterator<Item = &Stage> {

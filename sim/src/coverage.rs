@@ -61,6 +61,17 @@ marks! {
     PlaybackBlocked => "playback.blocked",
     PlaybackExpired => "playback.expired",
     PlaybackSuppressed => "playback.suppressed",
+    StageKvTransfer => "stage.kv_transfer",
+    StageAwaitingRemoteKv => "stage.awaiting_remote_kv",
+    HandoffAbortAtBoundary => "handoff.abort_at_boundary",
+    HandoffPinnedForNobody => "handoff.pinned_for_nobody",
+    HandoffStranded => "handoff.stranded",
+    HandoffReceiveWait => "handoff.receive_wait",
+    HandoffNoticeLost => "handoff.notice_lost",
+    HandoffLeaseExpired => "handoff.lease_expired",
+    HandoffNeverReturned => "handoff.never_returned",
+    HandoffSecondCompletion => "handoff.second_completion",
+    TransferCancelled => "transfer.cancelled",
 }
 
 impl Mark {

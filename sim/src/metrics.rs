@@ -312,6 +312,64 @@ pub struct Targets {
     pub expired: u64,
 }
 
+/// One side's books in `summary.json`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct SideStats {
+    /// Blocks × seconds held by the cleanup owner after the stage's own work ended.
+    pub retained_block_s: f64,
+    pub retained_blocks_peak: u64,
+    /// Blocks still held when the run ended: never returned.
+    pub blocks_never_returned: u64,
+    pub returned_completed: u64,
+    pub returned_cancelled: u64,
+    pub returned_lease: u64,
+    /// Admissions refused for want of blocks while blocks were pinned for the handoff, on this
+    /// stage's replicas.
+    pub admission_stalls: u64,
+}
+
+/// The handoff's books in `summary.json`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct HandoffStats {
+    pub transfers_started: u64,
+    pub transfers_done: u64,
+    pub transfers_cancelled: u64,
+    pub transfer_bytes: u64,
+    pub transfer_wait_s: f64,
+    /// Cancelled in the final prefill step, and aborted at its boundary.
+    pub aborted_at_boundary: u64,
+    /// Dropped by the router after prefill (cancelled before the decode stage took it): the
+    /// prefill side's blocks wait for a notice that never comes.
+    pub stranded: u64,
+    /// Took a decode-side abort while its KV was on the way.
+    pub aborted_awaiting_kv: u64,
+    pub notices_lost: u64,
+    /// Second completions that faulted a decode engine.
+    pub second_completion_faults: u64,
+    pub receive_waits: u64,
+    pub prefill: SideStats,
+    pub decode: SideStats,
+}
+
+/// Time to recover from a storm in time (`cancellation.window_s`); the definition is in
+/// ARCHITECTURE.md ("Time to recover").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Recovery {
+    pub storm_from_s: f64,
+    pub storm_to_s: f64,
+    /// Mean admission latency of the requests that arrived before the storm.
+    pub level_ms: f64,
+    /// A one-second arrival bin above this is degraded: the worst pre-storm bin + 10 %, at
+    /// least the level + 1 ms.
+    pub threshold_ms: f64,
+    /// The worst bin's mean admission latency from the storm's start on.
+    pub worst_bin_ms: f64,
+    /// A bin after the last degraded one had arrivals, and was not degraded.
+    pub recovered: bool,
+    /// From the storm's start to the end of the last degraded bin (0: none was).
+    pub time_to_recover_s: f64,
+}
+
 /// Everything one run of one policy reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
@@ -344,6 +402,12 @@ pub struct Summary {
     /// How often each rare path was hit (`check` fails a scenario whose declared marks stay 0).
     pub coverage: BTreeMap<String, u64>,
     pub littles_law: LittlesLaw,
+    /// The prefill-to-decode handoff, in a disaggregated graph only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<HandoffStats>,
+    /// Time to recover from a storm in time, when the scenario has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<Recovery>,
     pub events: u64,
     pub virtual_time_s: f64,
     /// BLAKE3 of every arrival `(id, time, prompt, output)` in order: equal across runs that

@@ -72,6 +72,23 @@ impl Engine {
         self.kv.free(blocks);
     }
 
+    /// Blocks held now by requests with a cancel intent (retained).
+    pub fn marked_blocks(&self) -> u64 {
+        self.marked_blocks
+    }
+
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.len() as usize
+    }
+
+    pub fn running_len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn stats(&self) -> super::EngineStats {
+        self.stats
+    }
+
     pub fn pinned_blocks(&self) -> u64 {
         self.pinned_blocks
     }

@@ -387,37 +387,12 @@ impl Engine {
         self.free_slots.push(slot);
         self.live -= 1;
     }
-
-    /// Blocks held now by requests with a cancel intent (retained).
-    pub fn marked_blocks(&self) -> u64 {
-        self.marked_blocks
-    }
-
-    pub fn waiting_len(&self) -> usize {
-        self.waiting.len() as usize
-    }
-
-    pub fn running_len(&self) -> usize {
-        self.running.len()
-    }
-
-    pub fn inflight_len(&self) -> usize {
-        self.inflight.len()
-    }
-
-    pub fn stats(&self) -> EngineStats {
-        self.stats
-    }
 }
 
 impl Scheduler for Engine {
     /// Accept a request into the waiting queue, or refuse it if it can never run here.
     fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
-        let total = fits(&self.kv, &r).inspect_err(|_| self.stats.rejected += 1)?;
-        if !self.cfg.chunked_prefill && total > self.cfg.max_num_batched_tokens as u64 {
-            self.stats.rejected += 1;
-            return Err(Rejection::TooLongForBudget);
-        }
+        self.accepts(&r).inspect_err(|_| self.stats.rejected += 1)?;
         let mut seq = Seq::new(&r, now_ns);
         seq.serial = self.serial_next;
         self.serial_next += 1;
@@ -575,6 +550,22 @@ impl Scheduler for Engine {
         &self.kv
     }
 
+    fn accepts(&self, r: &NewRequest) -> Result<(), Rejection> {
+        let total = fits(&self.kv, r)?;
+        if !self.cfg.chunked_prefill && total > self.cfg.max_num_batched_tokens as u64 {
+            return Err(Rejection::TooLongForBudget);
+        }
+        Ok(())
+    }
+
+    fn pin(&mut self, blocks: u64) -> bool {
+        Engine::pin(self, blocks)
+    }
+
+    fn unpin(&mut self, blocks: u64) {
+        Engine::unpin(self, blocks)
+    }
+
     fn totals(&self) -> ReplicaStats {
         let s = &self.stats;
         ReplicaStats {
@@ -592,6 +583,7 @@ impl Scheduler for Engine {
             faults: s.faults,
             corrupted_allocations: s.corrupted_allocations,
             admission_stalls: s.admission_stalls,
+            stalls_pinned: s.stalls_pinned,
             marked_blocks_peak: s.marked_blocks_peak,
         }
     }

@@ -126,6 +126,10 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
     s.adapter = adapter(&mut d);
     s.backend = backend(&mut d);
     s.playback = playback(&mut d);
+    // Drawn last, so that the draws above are those of a colocated world.
+    if d.chance(0.3) {
+        disaggregate(&mut d, &mut s);
+    }
     s.expect.clear();
     s.coverage.clear();
     s.properties = Properties::default();
@@ -190,8 +194,10 @@ fn source(d: &mut Draw, requests: u64, big: bool) -> Source {
         2 => Source::OnOff {
             rate_on_per_s: rate,
             rate_off_per_s: d.real(0.0, rate / 4.0),
+            // At least one arrival per on period on average: rarer ones make runs of years of
+            // virtual time (about `requests` periods of `off_ms` each).
             on_ms: Dist::Exponential {
-                mean: d.scale(1.0, 5_000.0),
+                mean: d.scale(1.0, 5_000.0).max(1e3 / rate),
             },
             off_ms: d.dist(1_000.0, 1.0),
             requests,
@@ -269,8 +275,74 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
         router: d.pick(&[Router::RoundRobin, Router::LeastLoaded]),
         profile,
         scheduler,
-        // Disaggregated graphs do not run yet; the colocated case is the default.
+        // Colocated; `disaggregate` may draw a prefill/decode graph at the end.
         topology: None,
+    }
+}
+
+/// A prefill/decode graph of 1P1D up to 4P2D, with every handoff mechanism drawn. A reclaim of
+/// `Never` is drawn only where no notice can be missed: elsewhere it holds blocks for good, and
+/// the run stalls by design.
+fn disaggregate(d: &mut Draw, s: &mut Scenario) {
+    if !matches!(s.cluster.scheduler, Scheduler::Continuous { .. }) {
+        return;
+    }
+    let (p, dd) = (d.int(1, 4) as u32, d.int(1, 2) as u32);
+    s.cluster.replicas = p + dd;
+    let some = d.real(0.0, 0.5);
+    let loss = d.pick(&[0.0, 0.0, some, 1.0]);
+    // Intents come from storms, deadlines, disconnects, barge-ins and playback: any run may
+    // strand a request. With no loss and the router's notice, every hold gets its notice.
+    let notify_prefill = d.chance(0.5);
+    let calm = loss == 0.0 && notify_prefill;
+    let reclaim = |d: &mut Draw| match calm && d.chance(0.3) {
+        true => ReclaimSpec::Never,
+        false => ReclaimSpec::Lease {
+            lease_ms: d.scale(1.0, 480_000.0),
+            grace_ms: d.real(0.0, 1_000.0),
+        },
+    };
+    let handoff = HandoffSpec {
+        abort_order: d.pick(&[AbortOrder::BeforeOutput, AbortOrder::AfterOutput]),
+        transfer_cancel: d.pick(&[TransferCancel::AtOnce, TransferCancel::AtTransferEnd]),
+        prefill_reclaim: reclaim(d),
+        decode_reclaim: reclaim(d),
+        decode_completions: d.pick(&[CompletionsSpec::Counted, CompletionsSpec::FirstFrees]),
+        notify_prefill,
+        kv_bytes_per_token: d.chance(0.3).then(|| d.int(1, 1 << 20)),
+    };
+    let stage = |name: &str, role, replicas| StageSpec {
+        name: name.into(),
+        role,
+        replicas,
+    };
+    let local = |from: &str, to: &str| LinkRon {
+        from: from.into(),
+        to: to.into(),
+        latency_ms: 0.0,
+        bandwidth_gbps: None,
+        loss: 0.0,
+    };
+    let kv = LinkRon {
+        latency_ms: d.real(0.0, 5.0),
+        bandwidth_gbps: d.chance(0.8).then(|| d.scale(1.0, 800.0)),
+        loss,
+        ..local("prefill", "decode")
+    };
+    s.cluster.topology = Some(TopologySpec {
+        stages: vec![
+            stage("router", RoleSpec::Router, 1),
+            stage("prefill", RoleSpec::Prefill, p),
+            stage("decode", RoleSpec::Decode, dd),
+            stage("playback", RoleSpec::Playback, 1),
+        ],
+        links: vec![local("router", "prefill"), kv, local("decode", "playback")],
+        handoff,
+    });
+    if let Some(c) = &mut s.cancellation {
+        if d.chance(0.3) {
+            c.stage = d.pick(&[Stage::KvTransfer, Stage::AwaitingRemoteKv]);
+        }
     }
 }
 
@@ -286,6 +358,7 @@ fn cancellation(d: &mut Draw) -> Cancellation {
         requests: Vec::new(),
         stage,
         delay_ms: d.dist(50.0, 1.0),
+        window_s: None,
     }
 }
 

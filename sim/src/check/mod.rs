@@ -125,6 +125,21 @@ fn expect_one(e: &Expect, p: &Summary, out: &mut Vec<String>) {
         pending,
         (e.cleanup_pending_min, e.cleanup_pending_max),
     );
+    if !e.metrics.is_empty() {
+        let v = serde_json::to_value(p).expect("a summary serialises");
+        for m in &e.metrics {
+            let found = m.metric.split('.').try_fold(&v, |v, k| v.get(k));
+            match found.and_then(|x| x.as_f64()) {
+                Some(x) => bound(
+                    out,
+                    format!("{name}: {} = {x}", m.metric),
+                    x,
+                    (m.min, m.max),
+                ),
+                None => out.push(format!("{name}: summary.json has no number `{}`", m.metric)),
+            }
+        }
+    }
 }
 
 /// How a check runs a scenario on a seed: the simulator itself, or (tests of the checker) a

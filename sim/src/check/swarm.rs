@@ -30,6 +30,7 @@ pub fn randomise(base: &Scenario, seed: u64) -> Scenario {
             requests: Vec::new(),
             stage: Stage::Random,
             delay_ms: crate::dist::Dist::Constant(0.0),
+            window_s: None,
         });
         c.fraction = f;
         c.requests.clear();

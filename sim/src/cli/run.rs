@@ -53,7 +53,7 @@ fn sample_ms(text: &str) -> Result<f64, String> {
 fn run_failed(shown: &str, seed: u64, e: RunError) -> Fail {
     let code = match e {
         RunError::Invariant { .. } => Code::Found,
-        RunError::Limit(_) | RunError::Input(_) => Code::Input,
+        RunError::Limit(_) | RunError::Input(_) | RunError::Stalled(_) => Code::Input,
     };
     Fail {
         code,

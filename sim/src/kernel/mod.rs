@@ -221,6 +221,13 @@ impl<E: Traced> Kernel<E> {
         if self.queue.strong_len() == 0 {
             return Ok(None);
         }
+        self.next_weak_event()
+    }
+
+    /// Pop the next event even if only weak ones are pending (the caller knows the run must go
+    /// on: work waits for something a weak event brings). `Ok(None)`: the queue is empty.
+    #[inline]
+    pub fn next_weak_event(&mut self) -> Result<Option<E>, LimitError> {
         let Some((key, event)) = self.queue.pop() else {
             return Ok(None);
         };

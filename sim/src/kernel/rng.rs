@@ -41,6 +41,9 @@ pub enum Purpose {
     Swarm = 11,
     /// The scenario fuzzer's draw of a whole scenario (entity = tier, keyed by the fuzz seed).
     Fuzz = 12,
+    /// The loss of one message of a prefill/decode handoff (entity = request id, sub = which
+    /// message, `key::NOTICE_*`).
+    Handoff = 13,
 }
 
 /// Entity and sub-key values that name one stream among an entity's several. Part of the key
@@ -56,6 +59,14 @@ pub mod key {
     pub const TURN_COUNT: u64 = 0xF_FFFF;
     /// `CancelRpc` sub-key of the adapter's submission delay (attempts use `attempt + 1`).
     pub const SUBMIT_DELAY: u64 = 1 << 20;
+    /// `Handoff` sub-key: the decode side's completion notice to the prefill side.
+    pub const NOTICE_TO_PREFILL: u64 = 1;
+    /// `Handoff` sub-key: the receive completion of a request the decode side aborted.
+    pub const NOTICE_RECEIVED: u64 = 2;
+    /// `Handoff` sub-key: the send completion, the second notice a decode-side hold may get.
+    pub const NOTICE_SENT: u64 = 3;
+    /// `Handoff` sub-key: the router's or the decode side's cancel notice to the prefill side.
+    pub const NOTICE_CANCEL: u64 = 4;
     /// `CancelRpc` sub-key of the acknowledgement's latency after a backend observation.
     pub const ACK_LATENCY: u64 = 1 << 21;
     /// `Playback` entity flag of a request's blocked-admission retries (`id ^ RETRY_FLAG`,

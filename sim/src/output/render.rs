@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::metrics::Summary;
+use crate::metrics::{HandoffStats, Recovery, Summary};
 use crate::run::Report;
 
 fn int(x: u64) -> String {
@@ -85,6 +85,71 @@ const TAIL_ROWS: &[(&str, Cell)] = &[
     ("run_hash", |s| s.run_hash[..12].to_string()),
 ];
 
+/// The rows of a prefill/decode graph's handoff, after the head rows.
+const HANDOFF_ROWS: &[(&str, Cell)] = &[
+    ("handoff.transfers", |s| {
+        hand(s, |h| int(h.transfers_started))
+    }),
+    ("handoff.transfers_cancelled", |s| {
+        hand(s, |h| int(h.transfers_cancelled))
+    }),
+    ("handoff.aborted_at_boundary", |s| {
+        hand(s, |h| int(h.aborted_at_boundary))
+    }),
+    ("handoff.stranded", |s| hand(s, |h| int(h.stranded))),
+    ("handoff.aborted_awaiting_kv", |s| {
+        hand(s, |h| int(h.aborted_awaiting_kv))
+    }),
+    ("handoff.notices_lost", |s| hand(s, |h| int(h.notices_lost))),
+    ("handoff.second_completion_faults", |s| {
+        hand(s, |h| int(h.second_completion_faults))
+    }),
+    ("prefill.retained_block_s", |s| {
+        hand(s, |h| f3(h.prefill.retained_block_s))
+    }),
+    ("prefill.retained_blocks_peak", |s| {
+        hand(s, |h| int(h.prefill.retained_blocks_peak))
+    }),
+    ("prefill.blocks_never_returned", |s| {
+        hand(s, |h| int(h.prefill.blocks_never_returned))
+    }),
+    ("prefill.admission_stalls", |s| {
+        hand(s, |h| int(h.prefill.admission_stalls))
+    }),
+    ("decode.retained_block_s", |s| {
+        hand(s, |h| f3(h.decode.retained_block_s))
+    }),
+    ("decode.retained_blocks_peak", |s| {
+        hand(s, |h| int(h.decode.retained_blocks_peak))
+    }),
+    ("decode.blocks_never_returned", |s| {
+        hand(s, |h| int(h.decode.blocks_never_returned))
+    }),
+    ("decode.admission_stalls", |s| {
+        hand(s, |h| int(h.decode.admission_stalls))
+    }),
+];
+
+/// The rows of a storm in time.
+const RECOVERY_ROWS: &[(&str, Cell)] = &[
+    ("recovery.level_ms", |s| rec(s, |r| f3(r.level_ms))),
+    ("recovery.worst_bin_ms", |s| rec(s, |r| f3(r.worst_bin_ms))),
+    ("recovery.time_to_recover_s", |s| {
+        rec(s, |r| match r.recovered {
+            true => f3(r.time_to_recover_s),
+            false => format!(">{}", f3(r.time_to_recover_s)),
+        })
+    }),
+];
+
+fn rec(s: &Summary, f: fn(&Recovery) -> String) -> String {
+    s.recovery.as_ref().map_or("-".into(), f)
+}
+
+fn hand(s: &Summary, f: fn(&HandoffStats) -> String) -> String {
+    s.handoff.as_ref().map_or("-".into(), f)
+}
+
 /// Evidence levels whose cleanup latency the report shows.
 const LEVELS: [&str; 5] = [
     "local_invalidation",
@@ -156,6 +221,16 @@ pub fn render(r: &Report) -> String {
     t.row(w, "", &|s| s.policy.clone());
     for (name, cell) in HEAD_ROWS {
         t.row(w, name, cell);
+    }
+    if cf.handoff.is_some() {
+        for (name, cell) in HANDOFF_ROWS {
+            t.row(w, name, cell);
+        }
+    }
+    if cf.recovery.is_some() {
+        for (name, cell) in RECOVERY_ROWS {
+            t.row(w, name, cell);
+        }
     }
     t.cleanup_rows(w);
     for (name, cell) in TAIL_ROWS {

@@ -28,6 +28,10 @@ pub struct Cancellation {
     pub stage: Stage,
     #[serde(default = "zero_ms")]
     pub delay_ms: Dist,
+    /// A storm in time: only requests arriving in `[from_s, to_s)` are targets. The summary
+    /// then says how long admission took to recover from it (`recovery`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<(f64, f64)>,
 }
 
 /// Where in a request's life its cancel intent fires.
@@ -50,9 +54,30 @@ pub enum Stage {
     AfterCompletion,
     /// `delay_ms` after arrival, whatever the request is doing then.
     AfterArrival,
+    /// A prefill/decode graph only: its prefill is done and its KV handoff to the decode stage
+    /// began (the P-to-D gap, before the decode stage knows of it).
+    KvTransfer,
+    /// A prefill/decode graph only: the decode stage took the request and waits for its KV.
+    AwaitingRemoteKv,
 }
 
 impl Stage {
+    /// The lifecycle of a prefill/decode graph: the six, then the two places of the handoff.
+    pub const LIFECYCLE_DISAGGREGATED: [Stage; 8] = [
+        Stage::BeforeAdmission,
+        Stage::Queued,
+        Stage::Prefill,
+        Stage::Decode,
+        Stage::AfterFinalOutput,
+        Stage::AfterCompletion,
+        Stage::KvTransfer,
+        Stage::AwaitingRemoteKv,
+    ];
+
+    pub fn is_handoff(self) -> bool {
+        matches!(self, Stage::KvTransfer | Stage::AwaitingRemoteKv)
+    }
+
     /// The six lifecycle stages of the contract's protocol, in order; `Random` picks among them.
     pub const LIFECYCLE: [Stage; 6] = [
         Stage::BeforeAdmission,

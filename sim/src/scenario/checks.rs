@@ -18,6 +18,20 @@ pub struct Expect {
     pub retained_peak_blocks_max: Option<u64>,
     pub cleanup_pending_min: Option<u64>,
     pub cleanup_pending_max: Option<u64>,
+    /// Bounds on any number of `summary.json`, by its dotted path (`handoff.stranded`,
+    /// `handoff.prefill.blocks_never_returned`). A path the summary does not have fails.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<MetricBound>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricBound {
+    pub metric: String,
+    #[serde(default)]
+    pub min: Option<f64>,
+    #[serde(default)]
+    pub max: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -23,7 +23,10 @@ pub use cancel::*;
 pub use checks::*;
 pub use load::{outside_data_root, set_data_root, LoadError};
 pub use serving::*;
-pub use topology::{LinkRon, RoleSpec, StageSpec, TopologySpec};
+pub use topology::{
+    AbortOrder, CompletionsSpec, HandoffSpec, LinkRon, ReclaimSpec, RoleSpec, StageSpec,
+    TopologySpec, TransferCancel,
+};
 pub use validate::Invalid;
 
 /// The scenario `cancelsim` runs when given no file.

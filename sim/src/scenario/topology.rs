@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use cancelsim_models::topology::{self, Link, LinkSpec, Role, Stage, Topology};
+use cancelsim_models::cleanup::{CleanupConfig, Completions, Reclaim};
+use cancelsim_models::topology::{self, Link, LinkSpec, PrefillDecode, Role, Stage, Topology};
 
 use super::validate::Invalid;
 use super::Scenario;
@@ -15,6 +16,85 @@ pub struct TopologySpec {
     pub stages: Vec<StageSpec>,
     #[serde(default)]
     pub links: Vec<LinkRon>,
+    /// How the prefill and decode stages hand a request over, and clean up after it.
+    #[serde(default)]
+    pub handoff: HandoffSpec,
+}
+
+/// The mechanisms of the prefill-to-decode handoff, each as a real runtime may have it. The
+/// defaults are vLLM's with its NIXL connector as of the research note: aborts handled before
+/// output processing (the fix of vllm#29987), a 480 s abort timeout on the prefill side
+/// (vllm#41269), no reclaim deadline on the decode side (vllm#46283, open).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HandoffSpec {
+    /// When a prefill node handles an abort that arrived during a request's final prefill step.
+    pub abort_order: AbortOrder,
+    /// What a cancel does to a KV transfer on the wire.
+    pub transfer_cancel: TransferCancel,
+    /// How the prefill side gets back blocks kept for a decode that never confirms.
+    pub prefill_reclaim: ReclaimSpec,
+    /// How the decode side gets back the receive blocks of a request aborted while its KV was
+    /// on the way.
+    pub decode_reclaim: ReclaimSpec,
+    /// Whether a decode-side hold waits for one completion, or for two (receive and send) and
+    /// frees on the first, so that the second faults the engine (vllm#46240).
+    pub decode_completions: CompletionsSpec,
+    /// The router tells the prefill stage about a request cancelled after its prefill, so the
+    /// prefill side frees at once (vllm#41269's notification, `abort_immediately`).
+    pub notify_prefill: bool,
+    /// KV bytes per prompt token on the wire; unset: the profile's (a `Custom` profile's is
+    /// Llama-3.1-8B's, 131,072).
+    pub kv_bytes_per_token: Option<u64>,
+}
+
+impl Default for HandoffSpec {
+    fn default() -> Self {
+        HandoffSpec {
+            abort_order: AbortOrder::BeforeOutput,
+            transfer_cancel: TransferCancel::AtTransferEnd,
+            prefill_reclaim: ReclaimSpec::Lease {
+                lease_ms: 480_000.0,
+                grace_ms: 0.0,
+            },
+            decode_reclaim: ReclaimSpec::Never,
+            decode_completions: CompletionsSpec::Counted,
+            notify_prefill: false,
+            kv_bytes_per_token: None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AbortOrder {
+    /// Aborts first: a cancel that arrived during the final prefill step aborts the request at
+    /// the step's boundary, and its blocks go back.
+    BeforeOutput,
+    /// Outputs first: the request completes its prefill "normally", and its blocks stay pinned
+    /// for a decode that never comes (vllm#26400).
+    AfterOutput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TransferCancel {
+    /// The transfer stops at once; both sides may free.
+    AtOnce,
+    /// The transfer runs to its end (a late RDMA write could land); the blocks stay until then.
+    AtTransferEnd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ReclaimSpec {
+    /// Held until the notice comes: forever, if it never does.
+    Never,
+    /// Freed `lease_ms + grace_ms` after the hold began, if no notice came first.
+    Lease { lease_ms: f64, grace_ms: f64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompletionsSpec {
+    Counted,
+    FirstFrees,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -130,50 +210,142 @@ impl Scenario {
     /// The topology section is valid, and one the world simulates: colocated, with as many
     /// replicas as `cluster.replicas`.
     pub(super) fn validate_topology(&self) -> Result<(), Invalid> {
+        let handoff_stage = self
+            .cancellation
+            .as_ref()
+            .is_some_and(|c| c.stage.is_handoff());
         let Some(spec) = &self.cluster.topology else {
-            return Ok(());
+            return match handoff_stage {
+                true => Err(not_disaggregated()),
+                false => Ok(()),
+            };
         };
         let t = spec.build()?;
-        spec.check_runnable(&t, self.cluster.replicas)
+        spec.check_runnable(&t, self.cluster.replicas)?;
+        if t.prefill_decode().is_none() {
+            return match handoff_stage {
+                true => Err(not_disaggregated()),
+                false => Ok(()),
+            };
+        }
+        if !matches!(self.cluster.scheduler, super::Scheduler::Continuous { .. }) {
+            return Err(Invalid {
+                field: "cluster.scheduler".into(),
+                message: "a prefill/decode graph needs the Continuous scheduler: the dynamic \
+                          batcher cannot take a request whose KV was computed elsewhere"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The prefill/decode pair this scenario runs, if its graph is disaggregated.
+    pub fn prefill_decode(&self) -> Option<PrefillDecode> {
+        self.cluster.topology.as_ref()?;
+        self.topology().prefill_decode()
     }
 }
 
 impl TopologySpec {
-    /// Whether the world can run this graph: colocated, with local links and as many replicas as
-    /// `cluster.replicas`.
+    /// Whether the world can run this graph: colocated with as many replicas as
+    /// `cluster.replicas`, or one Prefill stage feeding one Decode stage with as many replicas
+    /// between them. Only the prefill-to-decode link may cost anything: the world has no other
+    /// link to cross.
     fn check_runnable(&self, t: &Topology, replicas_cluster: u32) -> Result<(), Invalid> {
-        if !t.is_colocated() {
+        let kv_link = t.prefill_decode().map(|_| {
+            let role = |name: &str| self.stages.iter().find(|s| s.name == name).map(|s| s.role);
+            move |l: &LinkRon| {
+                role(&l.from) == Some(RoleSpec::Prefill) && role(&l.to) == Some(RoleSpec::Decode)
+            }
+        });
+        if !t.is_colocated() && kv_link.is_none() {
             return Err(Invalid {
                 field: "cluster.topology".into(),
-                message: "a disaggregated prefill/decode graph is validated and drawn, but not \
-                          simulated yet: only a graph with one Colocated stage runs"
+                message: "this graph is validated and drawn, but not simulated: the world runs \
+                          one Colocated stage, or one Prefill stage linked to one Decode stage"
                     .into(),
             });
         }
-        // The colocated world has no links to cross yet: a value there would be ignored.
-        let costly = self
-            .links
-            .iter()
-            .position(|l| l.latency_ms != 0.0 || l.bandwidth_gbps.is_some() || l.loss != 0.0);
+        let costly = self.links.iter().position(|l| {
+            let free = l.latency_ms == 0.0 && l.bandwidth_gbps.is_none() && l.loss == 0.0;
+            !free && !kv_link.as_ref().is_some_and(|is_kv| is_kv(l))
+        });
         if let Some(i) = costly {
             return Err(Invalid {
                 field: format!("cluster.topology.links[{i}]"),
-                message: "a colocated graph's links are local: latency, bandwidth and loss \
-                          take effect between stages that do not run yet"
+                message: "only the prefill-to-decode link carries a cost: latency, bandwidth \
+                          and loss elsewhere would be ignored"
                     .into(),
             });
         }
-        let serving = t.stages().find(|s| s.role == Role::Colocated);
-        let replicas = serving.map_or(0, |s| s.replicas);
+        let replicas: u32 = t
+            .stages()
+            .filter(|s| s.role.serves())
+            .map(|s| s.replicas)
+            .sum();
         if replicas != replicas_cluster {
             return Err(Invalid {
                 field: "cluster.topology.stages".into(),
                 message: format!(
-                    "the Colocated stage has {replicas} replicas, `cluster.replicas` says \
+                    "the serving stages have {replicas} replicas in all, `cluster.replicas` says \
                      {replicas_cluster}"
                 ),
             });
         }
+        self.handoff.check()
+    }
+}
+
+impl HandoffSpec {
+    fn check(&self) -> Result<(), Invalid> {
+        for (name, r) in [
+            ("prefill_reclaim", self.prefill_reclaim),
+            ("decode_reclaim", self.decode_reclaim),
+        ] {
+            if let ReclaimSpec::Lease { lease_ms, grace_ms } = r {
+                for (what, v) in [("lease_ms", lease_ms), ("grace_ms", grace_ms)] {
+                    if !(0.0..=LATENCY_MS_MAX).contains(&v) {
+                        return Err(Invalid {
+                            field: format!("cluster.topology.handoff.{name}.{what}"),
+                            message: format!("must be 0 to {LATENCY_MS_MAX} ms (got {v})"),
+                        });
+                    }
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The cleanup owner of the prefill side (`decode: false`) or the decode side.
+    pub fn cleanup(&self, decode: bool) -> CleanupConfig {
+        let reclaim = match if decode {
+            self.decode_reclaim
+        } else {
+            self.prefill_reclaim
+        } {
+            ReclaimSpec::Never => Reclaim::Never,
+            ReclaimSpec::Lease { lease_ms, grace_ms } => Reclaim::Lease {
+                lease_ns: (lease_ms * 1e6).round() as u64,
+                grace_ns: (grace_ms * 1e6).round() as u64,
+            },
+        };
+        let completions = match (decode, self.decode_completions) {
+            (true, CompletionsSpec::FirstFrees) => Completions::FirstFrees,
+            _ => Completions::Counted,
+        };
+        CleanupConfig {
+            reclaim,
+            completions,
+            release_on_cancel: !decode && self.notify_prefill,
+        }
+    }
+}
+
+fn not_disaggregated() -> Invalid {
+    Invalid {
+        field: "cancellation.stage".into(),
+        message: "KvTransfer and AwaitingRemoteKv happen only in a prefill/decode graph \
+                  (`cluster.topology`)"
+            .into(),
     }
 }

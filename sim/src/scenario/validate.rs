@@ -132,6 +132,13 @@ impl Scenario {
         if let Some(c) = &self.cancellation {
             probability("cancellation.fraction", c.fraction)?;
             dist("cancellation.delay_ms", &c.delay_ms)?;
+            if let Some((from, to)) = c.window_s {
+                let ok = from.is_finite() && to.is_finite() && 0.0 <= from && from < to;
+                if !ok {
+                    let m = format!("must be (from, to) with 0 <= from < to (got ({from}, {to}))");
+                    return err("cancellation.window_s", m);
+                }
+            }
         }
         let n = self.policies.len();
         if n == 0 {

@@ -84,6 +84,9 @@ pub(crate) struct Accounts {
     pub coverage: Coverage,
     /// Output tokens and token-steps of the requests that left, for conservation.
     pub tokens_left: u64,
+    /// The one token each prefill replica's request samples, which the decode stage samples
+    /// again: it never reaches a client.
+    pub tokens_prefill: u64,
     pub token_steps_left: u64,
     /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
     /// requests leave: folded into the run hash, so two runs whose events coincide but whose
@@ -115,6 +118,7 @@ impl Accounts {
             storm_targets: 0,
             coverage: Coverage::default(),
             tokens_left: 0,
+            tokens_prefill: 0,
             token_steps_left: 0,
             outcomes: blake3::Hasher::new(),
         }
@@ -278,10 +282,11 @@ impl Accounts {
     /// shared to a request, and GPU time split into requests', discarded and padding work adds
     /// up to the replicas' busy time.
     pub fn conserved(&self, replicas: &ReplicaStats) -> Result<(), Stop> {
-        if self.tokens_left != replicas.tokens_delivered {
+        if self.tokens_left + self.tokens_prefill != replicas.tokens_delivered {
             let what = format!(
-                "tokens not conserved: replicas delivered {}, requests received {}",
-                replicas.tokens_delivered, self.tokens_left
+                "tokens not conserved: replicas delivered {}, requests received {} (and {} \
+                 prefill tokens)",
+                replicas.tokens_delivered, self.tokens_left, self.tokens_prefill
             );
             return Err(Stop::broken(vec![], what));
         }

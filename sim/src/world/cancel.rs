@@ -78,6 +78,9 @@ pub(crate) struct CancelClient<'s> {
     rpc: CancelRpc,
     /// Intents the backend has neither observed nor released yet.
     in_flight: u64,
+    /// The stages a `Random` storm picks from: a prefill/decode graph has two more places, and
+    /// the colocated draws stay as they were.
+    lifecycle: &'static [Stage],
 }
 
 impl<'s> CancelClient<'s> {
@@ -94,6 +97,10 @@ impl<'s> CancelClient<'s> {
             aborts_batch,
             rpc: CancelRpc::default(),
             in_flight: 0,
+            lifecycle: match scenario.prefill_decode() {
+                Some(_) => &Stage::LIFECYCLE_DISAGGREGATED,
+                None => &Stage::LIFECYCLE,
+            },
         }
     }
 
@@ -107,7 +114,7 @@ impl<'s> CancelClient<'s> {
 
     /// The storm's plan for request `id`: whether it is a target, at which stage, after which
     /// delay. All three draws are made for every request, so the plan of one never shifts another.
-    pub fn plan(&self, id: u64) -> Option<(Stage, u64)> {
+    pub fn plan(&self, id: u64, now_ns: u64) -> Option<(Stage, u64)> {
         let c = self.scenario.cancellation.as_ref()?;
         self.policy?;
         let mut s = Stream::new(self.seed, Purpose::CancelPlan, id);
@@ -117,11 +124,16 @@ impl<'s> CancelClient<'s> {
         } else {
             c.requests.contains(&id)
         };
-        let pick = s.below(Stage::LIFECYCLE.len() as u64);
+        let now_s = now_ns as f64 / 1e9;
+        let hit = hit
+            && c.window_s
+                .is_none_or(|(from, to)| (from..to).contains(&now_s));
+        let lifecycle = self.lifecycle;
+        let pick = s.below(lifecycle.len() as u64);
         let delay = ms_to_ns(c.delay_ms.sample(&mut s));
         hit.then(|| {
             let stage = match c.stage {
-                Stage::Random => Stage::LIFECYCLE[pick as usize],
+                Stage::Random => lifecycle[pick as usize],
                 s => s,
             };
             (stage, delay)
@@ -394,6 +406,8 @@ pub(crate) fn stage_mark(stage: Stage) -> Mark {
         Stage::AfterFinalOutput => Mark::StageAfterFinalOutput,
         Stage::AfterCompletion => Mark::StageAfterCompletion,
         Stage::AfterArrival | Stage::Random => Mark::StageAfterArrival,
+        Stage::KvTransfer => Mark::StageKvTransfer,
+        Stage::AwaitingRemoteKv => Mark::StageAwaitingRemoteKv,
     }
 }
 

@@ -95,6 +95,10 @@ pub(crate) struct Cluster {
     replicas: Vec<Replica>,
     router: Router,
     rr_next: u32,
+    /// In a prefill/decode graph, replicas `0..prefill_n` prefill and the rest decode; 0 when
+    /// colocated.
+    prefill_n: u32,
+    rr_decode: u32,
     pass_pending: Vec<bool>,
     timer_at: Vec<Option<u64>>,
     /// Cancel intents so far per replica: a request that sees this move while it is on the
@@ -111,6 +115,8 @@ impl Cluster {
             replicas: (0..n).map(|_| configured(s)).collect(),
             router: s.cluster.router,
             rr_next: 0,
+            prefill_n: s.prefill_decode().map_or(0, |pd| pd.prefill_replicas),
+            rr_decode: 0,
             pass_pending: vec![false; n],
             timer_at: vec![None; n],
             intent_epoch: vec![0; n],
@@ -118,19 +124,64 @@ impl Cluster {
         }
     }
 
-    /// The replica a new request goes to.
+    /// The replica a new request goes to: a colocated one, or a prefill one.
     pub fn route(&mut self) -> u32 {
-        let n = self.replicas.len() as u32;
-        match self.router {
-            Router::RoundRobin => {
-                let r = self.rr_next;
-                self.rr_next = (r + 1) % n;
-                r
-            }
-            Router::LeastLoaded => (0..n)
-                .min_by_key(|&r| (self.replicas[r as usize].load(), r))
-                .expect("at least one replica"),
+        let n = match self.prefill_n {
+            0 => self.replicas.len() as u32,
+            p => p,
+        };
+        let rr = &mut self.rr_next;
+        pick(self.router, &self.replicas, 0..n, rr)
+    }
+
+    /// The decode replica a prefilled request goes to, chosen when it reaches the decode stage.
+    pub fn route_decode(&mut self) -> u32 {
+        debug_assert!(self.prefill_n > 0, "a prefill/decode graph");
+        let range = self.prefill_n..self.replicas.len() as u32;
+        pick(self.router, &self.replicas, range, &mut self.rr_decode)
+    }
+
+    /// Whether `replica` is a prefill replica of a prefill/decode graph.
+    pub fn is_prefill(&self, replica: u32) -> bool {
+        replica < self.prefill_n
+    }
+
+    pub fn disaggregated(&self) -> bool {
+        self.prefill_n > 0
+    }
+
+    /// Blocks of `replica`'s pool that `tokens` of KV fill.
+    pub fn blocks_for(&self, replica: u32, tokens: u64) -> u64 {
+        self.replicas[replica as usize].kv().blocks_for(tokens)
+    }
+
+    /// Whether a decode replica would ever take `r` (all decode replicas are alike).
+    pub fn decode_accepts(&self, r: &NewRequest) -> bool {
+        self.replicas[self.prefill_n as usize].accepts(r).is_ok()
+    }
+
+    /// Take blocks of `replica`'s pool for a handoff; false if they are not free.
+    pub fn pin(&mut self, replica: u32, blocks: u64) -> bool {
+        self.replicas[replica as usize].pin(blocks)
+    }
+
+    pub fn unpin(&mut self, replica: u32, blocks: u64) {
+        self.replicas[replica as usize].unpin(blocks);
+    }
+
+    /// The totals of the prefill replicas (`prefill`) or of the others.
+    pub fn stage_totals(&self, prefill: bool) -> ReplicaStats {
+        let mut t = ReplicaStats::default();
+        let n = self.prefill_n as usize;
+        let range = if prefill {
+            0..n
+        } else {
+            n..self.replicas.len()
+        };
+        for r in &self.replicas[range] {
+            t.add(&r.totals());
         }
+        t
     }
 
     pub fn enqueue(&mut self, replica: u32, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
@@ -208,6 +259,12 @@ impl Cluster {
         self.replicas[replica as usize].mark_intent(now_ns, tag);
     }
 
+    /// A request between a prefill and a decode stage, last at `replica`, got a cancel intent:
+    /// the requests there are its siblings (it holds no blocks in the engine itself).
+    pub fn intent_between(&mut self, replica: u32) {
+        self.intent_epoch[replica as usize] += 1;
+    }
+
     pub fn intent_epoch(&self, replica: u32) -> u64 {
         self.intent_epoch[replica as usize]
     }
@@ -242,5 +299,19 @@ impl Cluster {
 
     pub fn len(&self) -> usize {
         self.replicas.len()
+    }
+}
+
+/// The router's choice among `range`.
+fn pick(router: Router, replicas: &[Replica], range: std::ops::Range<u32>, rr: &mut u32) -> u32 {
+    match router {
+        Router::RoundRobin => {
+            let r = range.start + *rr;
+            *rr = (*rr + 1) % range.len() as u32;
+            r
+        }
+        Router::LeastLoaded => range
+            .min_by_key(|&r| (replicas[r as usize].load(), r))
+            .expect("at least one replica"),
     }
 }

@@ -9,6 +9,9 @@ pub enum RunError {
     Limit(LimitError),
     /// A trace could not be read mid-run (file:line: message).
     Input(String),
+    /// The modelled system stopped making progress: requests wait for blocks that are held
+    /// for good (a reclaim mode of `Never` and notices that never came).
+    Stalled(String),
     /// A simulator invariant broke: a bug in cancelsim.
     Invariant {
         seed: u64,
@@ -24,6 +27,7 @@ impl std::fmt::Display for RunError {
         match self {
             RunError::Limit(e) => e.fmt(f),
             RunError::Input(e) => f.write_str(e),
+            RunError::Stalled(e) => write!(f, "the modelled system stalled: {e}"),
             RunError::Invariant {
                 seed,
                 policy,
@@ -52,6 +56,7 @@ impl From<LimitError> for RunError {
 pub(crate) enum Stop {
     Limit(LimitError),
     Input(String),
+    Stalled(String),
     /// A simulator invariant broke, about these requests.
     Broken {
         requests: Vec<u64>,
@@ -78,6 +83,7 @@ impl Stop {
         match self {
             Stop::Limit(l) => RunError::Limit(l),
             Stop::Input(s) => RunError::Input(s),
+            Stop::Stalled(s) => RunError::Stalled(s),
             Stop::Broken { requests, what } => RunError::Invariant {
                 seed,
                 policy: policy.to_string(),

@@ -99,6 +99,27 @@ pub enum Event {
         owner: u64,
         epoch: u64,
     },
+    /// A prefilled request reaches the decode stage (it crossed the prefill-to-decode link).
+    Handoff {
+        request: u64,
+        tag: u32,
+    },
+    /// A KV transfer on the wire of prefill replica `prefill` lands (or ends, cancelled).
+    KvLanded {
+        request: u64,
+        prefill: u32,
+    },
+    /// A handoff message reaches the cleanup owner of `replica`: a completion notice, or a
+    /// cancel (`cancel`).
+    Notice {
+        request: u64,
+        replica: u32,
+        cancel: bool,
+    },
+    /// A lease of `replica`'s cleanup owner may have run out.
+    LeaseCheck {
+        replica: u32,
+    },
 }
 
 impl Traced for Event {
@@ -121,6 +142,10 @@ impl Traced for Event {
             Event::Fallback { .. } => 15,
             Event::ChunkAdmit { .. } => 16,
             Event::BarrierAck { .. } => 17,
+            Event::Handoff { .. } => 18,
+            Event::KvLanded { .. } => 19,
+            Event::Notice { .. } => 20,
+            Event::LeaseCheck { .. } => 21,
         }
     }
 
@@ -139,8 +164,12 @@ impl Traced for Event {
             | Event::CancelTimeout { request, .. }
             | Event::CancelAck { request, .. }
             | Event::Fallback { request, .. }
-            | Event::ChunkAdmit { request, .. } => request,
+            | Event::ChunkAdmit { request, .. }
+            | Event::Handoff { request, .. }
+            | Event::KvLanded { request, .. }
+            | Event::Notice { request, .. } => request,
             Event::BarrierAck { owner, .. } => owner,
+            Event::LeaseCheck { replica } => replica as u64,
         }
     }
 }

@@ -4,14 +4,13 @@
 //! which order (the order is part of the run hash).
 
 use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
-use cancelsim_models::ownership::{State, Ticket, Timestamp};
+use cancelsim_models::ownership::{State, Timestamp};
 use cancelsim_models::protocol::{NewRequest, Observed, Outcome, Released, Retired};
 
 use super::cancel::{self, evidence_mark, stage_mark, CancelState};
 use super::conversations::TurnEnd;
 use super::error::{Step, Stop};
 use super::event::{Cause, Event};
-use super::playback::{self, Admitted, Hold};
 use super::recorder::Left;
 use super::requests::{Req, Tag, TurnRef};
 use super::{arrivals, World};
@@ -78,32 +77,20 @@ impl World<'_> {
         self.try_finalize(tag)
     }
 
-    pub(super) fn on_chunk_admit(
-        &mut self,
-        request: u64,
-        tag: Tag,
-        (born_ns, epoch): (u64, u64),
-        retry: u8,
-    ) -> Step {
-        if !self.requests.live(request, tag) {
-            return Ok(());
-        }
-        let ticket = self
-            .sink
-            .ticket(self.requests[tag].chunk_owner(), born_ns, epoch);
-        self.admit_chunk(tag, &ticket, retry)
-    }
-
     /// A step ends: each output is costed, tokens go on to the sink, and released requests may
     /// leave.
     pub(super) fn on_step_done(&mut self, replica: u32, step: u64) -> Step {
         let now_ns = self.kernel.now_ns();
         let (report, out) = self.cluster.step_done(replica, step, now_ns);
+        let prefill = self.cluster.is_prefill(replica);
         for &o in &out.outputs {
             let q = &mut self.requests[o.tag];
             self.accounts
                 .step_share(&mut q.cost, &q.cancel, &o, &report, now_ns);
             match o.outcome {
+                Outcome::Token { last: true, .. } if prefill => {
+                    self.prefill_done(o.tag, replica)?
+                }
                 Outcome::Token { index, last } => self.on_token(o.tag, index, last, o.corrupted)?,
                 Outcome::Discarded { sampled: true } => self.discarded_token(o.tag),
                 _ => {}
@@ -116,7 +103,8 @@ impl World<'_> {
             self.on_retired(r)?;
         }
         self.cluster.recycle(out);
-        Ok(self.cluster.request_pass(&mut self.kernel, replica)?)
+        self.cluster.request_pass(&mut self.kernel, replica)?;
+        self.receive_on(replica)
     }
 
     /// A scheduler pass: the checkpoint's observations and releases, then steps dispatched until
@@ -134,6 +122,7 @@ impl World<'_> {
         for &r in &out.retired {
             self.on_retired(r)?;
         }
+        self.receive_on(replica)?;
         while let Some(d) = self.cluster.dispatch(replica, now_ns, &mut out) {
             self.recorder.step(replica, &d);
             let done = Event::StepDone {
@@ -145,6 +134,7 @@ impl World<'_> {
         for &tag in &out.started {
             if !self.requests[tag].life.started {
                 self.requests[tag].life.started = true;
+                self.recover.admitted(self.requests[tag].arrival_ns, now_ns);
                 self.accounts.counts.started += 1;
                 self.stage_reached(tag, Stage::Prefill)?;
             }
@@ -166,7 +156,7 @@ impl World<'_> {
         let (owner, generation) = conv.unwrap_or((a.id, 0));
         let handle = self.cancel.handle(a.id, owner);
         let replica = self.cluster.route();
-        let plan = self.cancel.plan(a.id);
+        let plan = self.cancel.plan(a.id, now_ns);
         if plan.is_some() {
             self.accounts.storm_targets += 1;
         }
@@ -206,10 +196,21 @@ impl World<'_> {
             tag,
             handle: q.handle,
             prompt_tokens: a.prompt_tokens,
-            output_tokens: a.output_tokens,
+            // A prefill replica computes the prompt and samples one token, which it keeps.
+            output_tokens: match self.cluster.disaggregated() {
+                true => 1,
+                false => a.output_tokens,
+            },
             kv_ready: false,
         };
-        if self.cluster.enqueue(replica, now_ns, new).is_err() {
+        // A prefill replica takes the prompt and one token; the decode stage must take it all.
+        let whole = NewRequest {
+            output_tokens: a.output_tokens,
+            kv_ready: true,
+            ..new
+        };
+        let fits = !self.cluster.disaggregated() || self.cluster.decode_accepts(&whole);
+        if !fits || self.cluster.enqueue(replica, now_ns, new).is_err() {
             return self.reject(tag);
         }
         let epoch = self.cluster.intent_epoch(replica);
@@ -252,7 +253,7 @@ impl World<'_> {
     }
 
     /// If the request's storm stage is `stage`, its intent is planned now.
-    fn stage_reached(&mut self, tag: Tag, stage: Stage) -> Step {
+    pub(super) fn stage_reached(&mut self, tag: Tag, stage: Stage) -> Step {
         match self.requests[tag].cancel.plan {
             Some((s, delay)) if s == stage => self.plan_intent(tag, delay),
             _ => Ok(()),
@@ -261,7 +262,7 @@ impl World<'_> {
 
     /// A cancel intent: the controller makes the request terminal at once (local invalidation);
     /// then the adapter acts by policy. One intent per request: the first.
-    fn intent(&mut self, tag: Tag, cause: Cause) -> Step {
+    pub(super) fn intent(&mut self, tag: Tag, cause: Cause) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &mut self.requests[tag];
         if q.cancel.intent_ns.is_some() {
@@ -292,6 +293,9 @@ impl World<'_> {
         let holds = !q.life.engine_released;
         if holds {
             self.cluster.intent(q.replica, now_ns, tag);
+        } else if q.life.in_handoff {
+            // Between the stages: the stage it is at shares its blocks and link with others.
+            self.cluster.intent_between(q.replica);
         }
         let k = &mut self.kernel;
         Ok(self.cancel.on_intent(k, &mut q.cancel, id, tag, holds)?)
@@ -330,7 +334,7 @@ impl World<'_> {
     }
 
     /// The backend removed a request at a checkpoint.
-    fn on_observed(&mut self, o: Observed) -> Step {
+    pub(super) fn on_observed(&mut self, o: Observed) -> Step {
         if !self.requests.live(o.id, o.tag) {
             return Ok(());
         }
@@ -362,13 +366,20 @@ impl World<'_> {
         self.accounts.kv_block_ns += rel.kv_block_ns;
         self.accounts.kv_block_ns_retained += rel.kv_block_ns_marked;
         let q = &mut self.requests[rel.tag];
-        q.cost.kv_block_ns = rel.kv_block_ns;
+        q.cost.kv_block_ns += rel.kv_block_ns;
         q.life.engine_released = true;
         q.life.released_ns = Some(self.kernel.now_ns());
         self.cancel.backend_acted(&mut q.cancel);
         if q.cancel.intent_ns.is_some() {
             let domain = ClockDomain::Backend;
             self.evidence(rel.tag, EvidenceLevel::ResourceRelease, domain)?;
+        }
+        if let Some(p) = self
+            .handoff
+            .as_mut()
+            .and_then(|h| h.prefilled.remove(&rel.id))
+        {
+            self.handoff_begin(rel.tag, p)?;
         }
         self.try_finalize(rel.tag)
     }
@@ -385,7 +396,7 @@ impl World<'_> {
 
     /// Output token `index` of a request: the lifecycle moves on, then the token passes the
     /// controller. After the terminal transition it is a late output, discarded here.
-    fn on_token(&mut self, tag: Tag, index: u32, last: bool, corrupted: bool) -> Step {
+    pub(super) fn on_token(&mut self, tag: Tag, index: u32, last: bool, corrupted: bool) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &mut self.requests[tag];
         debug_assert_eq!(index, q.life.tokens + 1);
@@ -439,64 +450,9 @@ impl World<'_> {
         self.stage_reached(tag, Stage::AfterFinalOutput)
     }
 
-    /// The sink takes the request's next chunk.
-    fn hold_next_chunk(&mut self, tag: Tag) -> Step {
-        let who = self.requests[tag].chunk_owner();
-        let (k, owners) = (&mut self.kernel, &mut self.owners);
-        let chunks = &mut self.requests[tag].chunks;
-        match self.sink.hold(k, owners, who, tag, chunks)? {
-            Hold::Settle => self.chunk_settled(tag),
-            Hold::Now(ticket) => self.admit_chunk(tag, &ticket, 0),
-            Hold::Waiting => Ok(()),
-        }
-    }
-
-    /// After the wait: the post-wait admission check, against the state at this moment.
-    fn admit_chunk(&mut self, tag: Tag, ticket: &Ticket<u64>, retry: u8) -> Step {
-        let who = self.requests[tag].chunk_owner();
-        let (k, owners) = (&mut self.kernel, &mut self.owners);
-        let chunks = &mut self.requests[tag].chunks;
-        match self
-            .sink
-            .admit(k, owners, (who, tag), chunks, (ticket, retry))?
-        {
-            Admitted::Played { final_chunk } => {
-                if final_chunk {
-                    self.complete(tag)?;
-                }
-                if self.sink.has_next(&self.requests[tag].chunks) {
-                    self.hold_next_chunk(tag)
-                } else {
-                    self.try_finalize(tag)
-                }
-            }
-            Admitted::Suppressed => self.chunk_settled(tag),
-            Admitted::Expired | Admitted::GaveUp => {
-                self.intent(tag, Cause::Playback)?;
-                self.chunk_settled(tag)
-            }
-            Admitted::Retrying => Ok(()),
-        }
-    }
-
-    /// The application's completion boundary: the last chunk was played.
-    fn complete(&mut self, tag: Tag) -> Step {
-        let q = &mut self.requests[tag];
-        playback::complete(&mut self.owners, q.id)?;
-        q.life.terminal = true;
-        self.turn_over(tag)?;
-        self.stage_reached(tag, Stage::AfterCompletion)
-    }
-
-    /// The chunk held is done with, and the request is terminal: the rest is suppressed.
-    fn chunk_settled(&mut self, tag: Tag) -> Step {
-        self.sink.settle(&mut self.requests[tag].chunks);
-        self.try_finalize(tag)
-    }
-
     /// The request became terminal (completed, cancelled, expired or refused): its turn has one
     /// request fewer out. Once per request, however it ended.
-    fn turn_over(&mut self, tag: Tag) -> Step {
+    pub(super) fn turn_over(&mut self, tag: Tag) -> Step {
         let q = &mut self.requests[tag];
         if std::mem::replace(&mut q.life.turn_over, true) {
             return Ok(());
@@ -550,7 +506,7 @@ impl World<'_> {
         let terminal = state.is_none_or(State::is_terminal);
         // Not before its replica is done with it: a step in flight still holds its tag, and its
         // output must be charged to this request, not to the next owner of the tag.
-        let engine_done = q.life.engine_retired || !q.life.enqueued;
+        let engine_done = (q.life.engine_retired || !q.life.enqueued) && !q.life.in_handoff;
         let settled = self.cancel.settled(&q.cancel, q.life.enqueued);
         if !terminal || !engine_done || q.chunks.busy() || q.cancel.intent_pending || !settled {
             return Ok(());
@@ -569,6 +525,9 @@ impl World<'_> {
     /// The request leaves: into the books, against the baseline, to the recorder.
     fn leave(&mut self, tag: Tag, state: State) {
         let now_ns = self.kernel.now_ns();
+        if let Some(h) = self.handoff.as_mut() {
+            h.aborts_seen.remove(&self.requests[tag].id);
+        }
         self.requests[tag].chunks.drop_stream();
         let q = &self.requests[tag];
         let fd = self.cancel.finish_and_discard();

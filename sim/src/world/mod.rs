@@ -20,11 +20,15 @@ mod baseline;
 mod cancel;
 mod cluster;
 mod conversations;
+mod delivery;
+mod disagg;
 mod error;
 mod event;
 mod flow;
+mod handoff;
 mod playback;
 mod recorder;
+mod recovery;
 mod requests;
 mod summary;
 
@@ -45,8 +49,10 @@ use cancel::{scope_mark, Ack};
 use cluster::Cluster;
 use conversations::Conversations;
 use error::{Step, Stop};
+use handoff::Handoff;
 use playback::PlaybackSink;
 use recorder::Recorder;
+use recovery::Recover;
 use requests::Requests;
 use requests::Tag;
 
@@ -95,11 +101,14 @@ pub struct World<'s> {
     arrivals: Arrivals,
     conversations: Conversations,
     cluster: Cluster,
+    /// The prefill-to-decode handoff, in a disaggregated graph.
+    handoff: Option<Handoff>,
     cancel: CancelClient<'s>,
     sink: PlaybackSink,
     accounts: Accounts,
     baseline: Baseline<'s>,
     recorder: Recorder,
+    recover: Recover,
 }
 
 impl<'s> World<'s> {
@@ -128,11 +137,15 @@ impl<'s> World<'s> {
             arrivals: Arrivals::new(scenario, seed).map_err(RunError::Input)?,
             conversations: Conversations::new(seed),
             cluster: Cluster::new(scenario),
+            handoff: scenario
+                .prefill_decode()
+                .map(|pd| Handoff::new(scenario, seed, pd)),
             cancel: CancelClient::new(scenario, seed, policy, false),
             sink: PlaybackSink::new(&scenario.playback, seed),
             accounts: Accounts::new(),
             baseline,
             recorder: Recorder::new(Recording::default()),
+            recover: Recover::new(scenario.cancellation.as_ref().and_then(|c| c.window_s)),
         })
     }
 
@@ -161,7 +174,14 @@ impl<'s> World<'s> {
     pub fn run_recorded(mut self) -> Result<(Summary, Extras), RunError> {
         let started = self.arrivals.begin(&mut self.kernel, self.scenario);
         started.map_err(|e| self.stopped(e))?;
-        while let Some(event) = self.kernel.next_event()? {
+        loop {
+            let event = match self.kernel.next_event()? {
+                None if self.waits_on_leases() => self.kernel.next_weak_event()?,
+                e => e,
+            };
+            let Some(event) = event else {
+                break;
+            };
             self.sample_until(self.kernel.now_ns());
             self.dispatch(event).map_err(|e| self.stopped(e))?;
         }
@@ -239,6 +259,14 @@ impl<'s> World<'s> {
                 self.sink.cleared(&mut self.owners, owner, epoch);
                 Ok(())
             }
+            Event::Handoff { request, tag } => self.on_handoff(request, tag),
+            Event::KvLanded { prefill, .. } => self.on_kv_landed(prefill),
+            Event::Notice {
+                request,
+                replica,
+                cancel,
+            } => self.on_notice(request, replica, cancel),
+            Event::LeaseCheck { replica } => self.on_lease_check(replica),
         }
     }
 
@@ -268,6 +296,9 @@ impl<'s> World<'s> {
     fn on_cancel_deliver(&mut self, request: u64, replica: u32, scope: Scope, attempt: u8) -> Step {
         let abort = self.cancel.abort(request, scope, attempt);
         self.accounts.coverage.hit(scope_mark(scope));
+        if self.handoff_abort(request, replica, scope)? {
+            return Ok(());
+        }
         Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
     }
 
@@ -310,6 +341,7 @@ impl<'s> World<'s> {
         let end_ns = self.kernel.now_ns();
         self.accounts.little.integrate(end_ns);
         self.conserved()?;
+        let handoff = self.handoff_finish(end_ns);
         let drained = self
             .cluster
             .drained()
@@ -341,6 +373,8 @@ impl<'s> World<'s> {
             siblings: self.baseline.siblings(),
             events: self.kernel.events_dispatched(),
             end_ns,
+            handoff,
+            recovery: self.recover.summary(),
             workload_hash: self.arrivals.workload_hash(),
             run_hash,
         };
@@ -352,6 +386,14 @@ impl<'s> World<'s> {
     /// disposition and left, and every conversation ended.
     fn conserved(&self) -> Result<(), Stop> {
         let live = self.requests.live_ids(8);
+        if let (false, Some(h)) = (live.is_empty(), &self.handoff) {
+            if let Some(why) = h.stall() {
+                return Err(Stop::Stalled(format!(
+                    "{} requests never finished ({live:?}, ...): {why}",
+                    self.accounts.little.in_system
+                )));
+            }
+        }
         if !live.is_empty() || self.accounts.little.in_system != 0 {
             return Err(Stop::broken(
                 live,

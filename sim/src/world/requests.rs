@@ -38,6 +38,8 @@ pub(crate) struct Life {
     pub epoch_at_enqueue: u64,
     /// Its conversation turn has counted it as ended.
     pub turn_over: bool,
+    /// Between a prefill and a decode stage: it may not leave yet.
+    pub in_handoff: bool,
 }
 
 /// A request in the system.
@@ -46,6 +48,7 @@ pub(crate) struct Req {
     pub id: u64,
     pub live: bool,
     pub arrival_ns: u64,
+    pub prompt: u32,
     pub output: u32,
     pub replica: u32,
     pub owner: u64,
@@ -65,6 +68,7 @@ impl Req {
             id: a.id,
             live: true,
             arrival_ns: now_ns,
+            prompt: a.prompt_tokens,
             output: a.output_tokens,
             replica: 0,
             owner,

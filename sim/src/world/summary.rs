@@ -27,6 +27,8 @@ pub(crate) struct Books<'a> {
     pub siblings: Option<&'a Siblings>,
     pub events: u64,
     pub end_ns: u64,
+    pub handoff: Option<HandoffStats>,
+    pub recovery: Option<Recovery>,
     pub workload_hash: String,
     pub run_hash: String,
 }
@@ -207,6 +209,8 @@ pub(crate) fn summary(mut b: Books, extras: &mut Extras) -> Summary {
         targets: a.targets.clone(),
         coverage: a.coverage.clone().into_map(),
         littles_law: littles_law(a, b.end_ns),
+        handoff: b.handoff,
+        recovery: b.recovery,
         events: b.events,
         virtual_time_s: b.end_ns as f64 / NS_PER_S as f64,
         workload_hash: b.workload_hash.clone(),

@@ -1,5 +1,6 @@
 //! The stage graph in scenario files: validated at load with one-line errors that name the
-//! field, drawn as `graph.dot` in every run directory. Only the colocated graph runs so far.
+//! field, drawn as `graph.dot` in every run directory; a prefill/decode graph runs, and its
+//! lease holds the capacity queueing theory predicts.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -133,7 +134,7 @@ fn invalid_graphs_get_one_line_naming_the_field() {
     refused(
         "mismatch",
         &scenario(3, COLOCATED),
-        &["Colocated stage has 2 replicas", "says 3"],
+        &["serving stages have 2 replicas in all", "says 3"],
     );
     refused(
         "typo",
@@ -149,15 +150,170 @@ fn invalid_graphs_get_one_line_naming_the_field() {
             2,
             &COLOCATED.replace("to: \"gpus\")", "to: \"gpus\", latency_ms: 0.2)"),
         ),
-        &["cluster.topology.links[0]", "links are local"],
+        &[
+            "cluster.topology.links[0]",
+            "only the prefill-to-decode link",
+        ],
     );
 }
 
 #[test]
-fn a_disaggregated_graph_is_validated_but_refused_to_run_with_a_clear_line() {
+fn a_prefill_decode_graph_runs_and_is_drawn() {
+    let (code, err, dir) = run("1p1d", &scenario(3, ONE_P_ONE_D));
+    assert_eq!(code, Some(0), "{err}");
+    let runs: Vec<_> = std::fs::read_dir(dir.join("out/topo")).unwrap().collect();
+    let run_dir = runs[0].as_ref().unwrap().path();
+    let dot = std::fs::read_to_string(run_dir.join("graph.dot")).unwrap();
+    assert!(dot.contains("prefill\\nPrefill x2"), "{dot}");
+    let summary = std::fs::read_to_string(run_dir.join("summary.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    let h = &v["counterfactual"]["handoff"];
+    assert_eq!(h["transfers_done"], 30, "every request crossed: {summary}");
+    // The fixture's link loses 1 % of messages: a lost completion notice leaves the prefill
+    // side's blocks to its lease (480 s), and every other notice returns them.
+    let p = &h["prefill"];
+    let returned =
+        p["returned_completed"].as_u64().unwrap() + p["returned_lease"].as_u64().unwrap();
+    assert_eq!(returned, 30, "{summary}");
+    assert_eq!(h["notices_lost"], p["returned_lease"], "{summary}");
+}
+
+#[test]
+fn graphs_the_world_cannot_run_are_refused_with_a_clear_line() {
+    let two_prefill = ONE_P_ONE_D
+        .replace(
+            "(name: \"decode\", role: Decode),",
+            "(name: \"decode\", role: Decode), (name: \"p2\", role: Prefill),",
+        )
+        .replace(
+            "(from: \"decode\", to: \"playback\"),",
+            "(from: \"decode\", to: \"playback\"), (from: \"router\", to: \"p2\"), \
+             (from: \"p2\", to: \"decode\"),",
+        );
     refused(
-        "1p1d",
-        &scenario(1, ONE_P_ONE_D),
-        &["cluster.topology", "not simulated yet"],
+        "two-prefill",
+        &scenario(4, &two_prefill),
+        &[
+            "cluster.topology",
+            "one Prefill stage linked to one Decode stage",
+        ],
     );
+    let dynamic = scenario(3, ONE_P_ONE_D).replace(
+        "scheduler: Continuous(),",
+        "scheduler: Dynamic(max_batch_size: 8, max_queue_delay_ms: 1.0),",
+    );
+    refused("dynamic", &dynamic, &["cluster.scheduler", "Continuous"]);
+    let handoff_stage = scenario(2, "None").replace(
+        "    cluster:",
+        "    cancellation: (fraction: 0.5, stage: KvTransfer),\n    cluster:",
+    );
+    refused(
+        "stage-without-graph",
+        &handoff_stage,
+        &["cancellation.stage", "only in a prefill/decode graph"],
+    );
+}
+
+/// Every request's client leaves in the prefill-to-decode gap, so each request's prompt blocks
+/// stay pinned on the prefill side for exactly the lease. Little's law: the blocks pinned at any
+/// moment average λ × lease × blocks per request. 50 req/s × 10 s × 20 blocks = 10,000.
+#[test]
+fn a_lease_pins_arrival_rate_times_lease_times_blocks() {
+    let text = r#"Scenario(
+    name: "lease-closed-form",
+    seed: 3,
+    workload: (
+        source: Poisson(rate_per_s: 50.0, requests: 3000),
+        prompt_tokens: Constant(320.0),
+        output_tokens: Constant(10.0),
+    ),
+    cluster: (
+        replicas: 2,
+        profile: Custom(c0_ms: 0.1, prefill_tokens_per_s: 10000000.0, kv_blocks_16: 40000),
+        scheduler: Continuous(),
+        topology: Some((
+            stages: [
+                (name: "router", role: Router),
+                (name: "prefill", role: Prefill),
+                (name: "decode", role: Decode),
+                (name: "playback", role: Playback),
+            ],
+            links: [
+                (from: "router", to: "prefill"),
+                (from: "prefill", to: "decode", latency_ms: 5.0),
+                (from: "decode", to: "playback"),
+            ],
+            handoff: (prefill_reclaim: Lease(lease_ms: 10000.0, grace_ms: 0.0)),
+        )),
+    ),
+    cancellation: (fraction: 1.0, stage: KvTransfer),
+    policies: [PerRequest],
+)"#;
+    let s = cancelsim::scenario::Scenario::parse(text, "<inline>").unwrap();
+    let opts = cancelsim::run::RunOptions {
+        sample_ns: 100_000_000,
+        ..Default::default()
+    };
+    let (report, extras) = cancelsim::run::run(&s, 3, opts).unwrap();
+    let h = report.policies[0].handoff.unwrap();
+    assert_eq!(h.stranded, 3000, "every request stranded");
+    assert_eq!(
+        h.prefill.returned_lease, 3000,
+        "every hold returned by its lease"
+    );
+    // Steady state: after the first lease, before the arrivals end (about 60 s).
+    let steady: Vec<f64> = extras[1]
+        .timeseries
+        .iter()
+        .filter(|x| (15.0..55.0).contains(&x.t_s))
+        .map(|x| x.kv_blocks as f64)
+        .collect();
+    let mean = steady.iter().sum::<f64>() / steady.len() as f64;
+    let predicted = 50.0 * 10.0 * 20.0;
+    let error = (mean - predicted).abs() / predicted;
+    assert!(
+        error < 0.10,
+        "pinned {mean:.0} blocks against {predicted}: {error:.3}"
+    );
+    eprintln!(
+        "lease closed form: pinned {mean:.1} blocks, predicted {predicted}, error {error:.4}"
+    );
+    // Each hold lasted the lease exactly: 3,000 x 20 blocks x 10 s.
+    let block_s = h.prefill.retained_block_s;
+    assert!((block_s - 600_000.0).abs() < 1e-3, "{block_s}");
+}
+
+/// The library's storm during KV transfers, and the same storm where the router tells the prefill
+/// side: the notice frees the pinned blocks at once, so nothing stalls and nothing needs recovering.
+#[test]
+fn a_storm_during_transfers_pins_the_prefill_pool_until_the_leases_end() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/library/storm-during-kv-transfer.ron"
+    );
+    let storm = cancelsim::scenario::Scenario::load(std::path::Path::new(path)).unwrap();
+    let mut told = storm.clone();
+    told.cluster
+        .topology
+        .as_mut()
+        .unwrap()
+        .handoff
+        .notify_prefill = true;
+    let run = |s: &cancelsim::scenario::Scenario| {
+        let (r, _) = cancelsim::run::run(s, 1, Default::default()).unwrap();
+        r.policies[0].clone()
+    };
+    let (a, b) = (run(&storm), run(&told));
+    let (ha, hb) = (a.handoff.unwrap(), b.handoff.unwrap());
+    let (ra, rb) = (a.recovery.unwrap(), b.recovery.unwrap());
+    assert!(
+        ha.prefill.admission_stalls > 0 && ha.prefill.returned_lease >= 40,
+        "{ha:?}"
+    );
+    assert!(ra.time_to_recover_s >= 20.0, "at least the lease: {ra:?}");
+    assert_eq!(hb.prefill.admission_stalls, 0, "{hb:?}");
+    assert!(hb.prefill.returned_cancelled >= 40, "{hb:?}");
+    assert!(rb.recovered && rb.time_to_recover_s == 0.0, "{rb:?}");
+    assert_eq!(a.sibling_survival.rate, 1.0);
+    assert_eq!(b.sibling_survival.rate, 1.0);
 }

@@ -1,0 +1,387 @@
+//! What follows each event of a prefill/decode handoff. A request's prefill runs on a prefill
+//! replica as a one-token request; once its blocks are back in that pool they are pinned again
+//! for the transfer, and the request crosses the link to the decode stage. The decode stage
+//! reserves blocks to receive the KV into, the KV crosses the wire, and the request joins a
+//! decode engine with its prompt's KV ready. The decode side's completion notice frees the
+//! prefill side's blocks; a notice that never comes leaves them to the cleanup owner's reclaim.
+//!
+//! Cancels: an abort sent to a prefill replica reaches its engine, and, once the prefill is done,
+//! its connector (which frees only with `notify_prefill`). An abort sent to a decode replica for
+//! a request awaiting its KV is observed by the decode stage, which keeps the receive blocks
+//! until the transfer's completion arrives. The router drops a request cancelled before the
+//! decode stage took it.
+
+use cancelsim_models::cleanup::{Notice, Returned};
+use cancelsim_models::protocol::{Abort, BlastRadius, NewRequest, Observed, Scope};
+
+use super::error::{Step, Stop};
+use super::event::Event;
+use super::handoff::{Flight, Phase};
+use super::requests::Tag;
+use super::World;
+use crate::coverage::Mark;
+use crate::kernel::rng::key;
+use crate::kernel::Class;
+use crate::metrics::HandoffStats;
+use crate::scenario::Stage;
+use cancelsim_models::ownership::State;
+
+impl World<'_> {
+    /// The final prefill step of a request is done on `prefill`. An abort delivered meanwhile
+    /// aborts it at the boundary if the node handles aborts first; otherwise its blocks will be
+    /// kept for the decode stage.
+    pub(super) fn prefill_done(&mut self, tag: Tag, prefill: u32) -> Step {
+        let id = self.requests[tag].id;
+        self.accounts.tokens_prefill += 1;
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        let seen = h.aborts_seen.remove(&id);
+        if seen && h.aborts_first() {
+            h.stats.aborted_at_boundary += 1;
+            self.accounts.coverage.hit(Mark::HandoffAbortAtBoundary);
+            let o = Observed {
+                id,
+                tag,
+                in_scope: true,
+            };
+            return self.on_observed(o);
+        }
+        if seen {
+            self.accounts.coverage.hit(Mark::HandoffPinnedForNobody);
+        }
+        h.prefilled.insert(id, prefill);
+        self.requests[tag].life.in_handoff = true;
+        Ok(())
+    }
+
+    /// The prefilled request's blocks are back in its prefill pool: pin them again for the
+    /// transfer, and send the request across the link.
+    pub(super) fn handoff_begin(&mut self, tag: Tag, prefill: u32) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &self.requests[tag];
+        let (id, prompt) = (q.id, q.prompt as u64);
+        let blocks = self.cluster.blocks_for(prefill, prompt);
+        if !self.cluster.pin(prefill, blocks) {
+            let what = "a prefilled request's blocks were not free to keep for its transfer";
+            return Err(Stop::broken(vec![id], what));
+        }
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        h.owner(prefill).hold(now_ns, id, blocks, 1);
+        let flight = Flight {
+            tag,
+            prefill,
+            decode: prefill,
+            phase: Phase::Gap,
+            blocks_prefill: blocks,
+            bytes: prompt.saturating_mul(h.kv_bytes_per_token),
+            blocks_decode: 0,
+            aborted: false,
+        };
+        h.flights.insert(id, flight);
+        let latency_ns = h.link.latency_ns;
+        self.lease_timer(prefill, id)?;
+        let ev = Event::Handoff { request: id, tag };
+        self.kernel.schedule_in(latency_ns, Class::Control, ev)?;
+        self.stage_reached(tag, Stage::KvTransfer)
+    }
+
+    /// The request reaches the decode stage. The router drops it if its client is gone: the
+    /// prefill side's blocks then wait for a notice that never comes, unless the router tells it.
+    pub(super) fn on_handoff(&mut self, request: u64, tag: Tag) -> Step {
+        debug_assert!(
+            self.requests.live(request, tag),
+            "in handoff, so in the world"
+        );
+        if self.owners.state(&request) != Some(State::Running) {
+            let h = self.handoff.as_mut().expect("a prefill/decode world");
+            let f = h.flights.remove(&request).expect("a flight in its gap");
+            h.stats.stranded += 1;
+            self.accounts.coverage.hit(Mark::HandoffStranded);
+            if h.cfg.notify_prefill {
+                self.notice(request, f.prefill, key::NOTICE_CANCEL, true)?;
+            }
+            self.requests[tag].life.in_handoff = false;
+            return self.try_finalize(tag);
+        }
+        let decode = self.cluster.route_decode();
+        let prompt = self.requests[tag].prompt as u64;
+        let blocks = self.cluster.blocks_for(decode, prompt);
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        let f = h.flights.get_mut(&request).expect("a flight in its gap");
+        f.decode = decode;
+        f.phase = Phase::Receiving;
+        f.blocks_decode = blocks;
+        h.queue(decode).push_back(request);
+        self.requests[tag].replica = decode;
+        self.stage_reached(tag, Stage::AwaitingRemoteKv)?;
+        self.try_receive(decode)
+    }
+
+    /// After a pass or a step of `replica`: if it decodes for a prefill stage, blocks may have
+    /// come back for requests waiting to receive their KV.
+    pub(super) fn receive_on(&mut self, replica: u32) -> Step {
+        if self.cluster.disaggregated() && !self.cluster.is_prefill(replica) {
+            return self.try_receive(replica);
+        }
+        Ok(())
+    }
+
+    /// Requests waiting at `decode` get receive blocks in arrival order, while there are free
+    /// blocks; each one's KV then goes on its prefill replica's wire.
+    pub(super) fn try_receive(&mut self, decode: u32) -> Step {
+        let now_ns = self.kernel.now_ns();
+        loop {
+            let h = self.handoff.as_mut().expect("a prefill/decode world");
+            let Some(&id) = h.queue(decode).front() else {
+                return Ok(());
+            };
+            let f = h.flights[&id];
+            if !self.cluster.pin(decode, f.blocks_decode) {
+                h.stats.receive_waits += 1;
+                self.accounts.coverage.hit(Mark::HandoffReceiveWait);
+                return Ok(());
+            }
+            h.queue(decode).pop_front();
+            let lands_ns = h
+                .wire(f.prefill)
+                .start(now_ns, id, f.bytes, f.blocks_prefill, false);
+            h.flights.get_mut(&id).expect("queued, so flying").phase = Phase::OnWire;
+            let ev = Event::KvLanded {
+                request: id,
+                prefill: f.prefill,
+            };
+            self.kernel.schedule_at(lands_ns, Class::Completion, ev)?;
+        }
+    }
+
+    /// Transfers on `prefill`'s wire end: the KV is there, or the transfer was cancelled.
+    pub(super) fn on_kv_landed(&mut self, prefill: u32) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        for ended in h.wire(prefill).land(now_ns) {
+            self.transfer_ended(ended.id)?;
+        }
+        Ok(())
+    }
+
+    /// A transfer reached its end. A request the decode stage still has joins a decode engine
+    /// and the prefill side is told; an aborted one's completions go to the decode side's owner.
+    fn transfer_ended(&mut self, id: u64) -> Step {
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        let f = h.flights.remove(&id).expect("a transfer has its flight");
+        if f.aborted {
+            self.notice(id, f.decode, key::NOTICE_RECEIVED, false)?;
+            let h = self.handoff.as_mut().expect("a prefill/decode world");
+            if h.second_completion() {
+                self.notice(id, f.decode, key::NOTICE_SENT, false)?;
+            }
+            return Ok(());
+        }
+        self.cluster.unpin(f.decode, f.blocks_decode);
+        self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false)?;
+        self.decode_admit(f)
+    }
+
+    /// Into the decode engine's waiting queue, with its prompt's KV ready.
+    fn decode_admit(&mut self, f: Flight) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &mut self.requests[f.tag];
+        q.life.in_handoff = false;
+        q.life.engine_released = false;
+        q.life.engine_retired = false;
+        q.life.epoch_at_enqueue = self.cluster.intent_epoch(f.decode);
+        let new = NewRequest {
+            id: q.id,
+            tag: f.tag,
+            handle: q.handle,
+            prompt_tokens: q.prompt,
+            output_tokens: q.output,
+            kv_ready: true,
+        };
+        if self.cluster.enqueue(f.decode, now_ns, new).is_err() {
+            let what = "a decode replica refused a request its prefill replica took";
+            return Err(Stop::broken(vec![new.id], what));
+        }
+        self.cluster.request_pass(&mut self.kernel, f.decode)?;
+        self.try_receive(f.decode)
+    }
+
+    /// A handoff message leaves for `replica`'s cleanup owner, and may be lost on the link.
+    fn notice(&mut self, id: u64, replica: u32, sub: u64, cancel: bool) -> Step {
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        if h.lost(id, sub) {
+            self.accounts.coverage.hit(Mark::HandoffNoticeLost);
+            return Ok(());
+        }
+        // The receive completion is the decode node's own; every other message crosses the link.
+        let delay_ns = match sub {
+            key::NOTICE_RECEIVED => 0,
+            _ => h.link.latency_ns,
+        };
+        let ev = Event::Notice {
+            request: id,
+            replica,
+            cancel,
+        };
+        Ok(self.kernel.schedule_in(delay_ns, Class::Control, ev)?)
+    }
+
+    /// A handoff message reaches `replica`'s cleanup owner.
+    pub(super) fn on_notice(&mut self, request: u64, replica: u32, cancel: bool) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        let owner = h.owner(replica);
+        if cancel {
+            return match owner.cancel(now_ns, request) {
+                Some(r) => self.give_back(replica, r),
+                None => Ok(()),
+            };
+        }
+        match owner.notice(now_ns, request) {
+            Notice::Returned(r) => self.give_back(replica, r),
+            Notice::Pending | Notice::Ignored => Ok(()),
+            Notice::Fault => {
+                h.stats.second_completion_faults += 1;
+                self.accounts.coverage.hit(Mark::HandoffSecondCompletion);
+                let abort = Abort {
+                    scope: Scope::Engine,
+                    fault: Some(BlastRadius::Engine),
+                    key: u64::MAX - request,
+                };
+                Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
+            }
+        }
+    }
+
+    /// A cleanup owner gave blocks back: into the pool, where waiting work may take them.
+    fn give_back(&mut self, replica: u32, r: Returned) -> Step {
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        h.returned(replica, &r);
+        self.cluster.unpin(replica, r.blocks);
+        self.cluster.request_pass(&mut self.kernel, replica)?;
+        if self.cluster.is_prefill(replica) {
+            return Ok(());
+        }
+        self.try_receive(replica)
+    }
+
+    /// Leases of `replica`'s cleanup owner run out now.
+    pub(super) fn on_lease_check(&mut self, replica: u32) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        let expired = h.owner(replica).expire(now_ns);
+        for r in expired {
+            self.accounts.coverage.hit(Mark::HandoffLeaseExpired);
+            self.give_back(replica, r)?;
+        }
+        Ok(())
+    }
+
+    /// A hold of `id` just began on `replica`: its lease, if any, gets a check when it runs out.
+    fn lease_timer(&mut self, replica: u32, id: u64) -> Step {
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        if let Some(at_ns) = h.owner(replica).deadline_ns(id) {
+            // Weak: a lease check keeps no run alive by itself. The run goes on through leases
+            // while work waits (`World::waits_on_leases`); at its end, leases left are settled.
+            let ev = Event::LeaseCheck { replica };
+            let delay_ns = at_ns - self.kernel.now_ns();
+            self.kernel.schedule_weak_in(delay_ns, Class::Control, ev)?;
+        }
+        Ok(())
+    }
+
+    /// An abort for `request` reaches `replica`. True if the handoff took it (the request is
+    /// between the stages); false if it goes to the replica's engine as usual.
+    pub(super) fn handoff_abort(&mut self, request: u64, replica: u32, scope: Scope) -> Step<bool> {
+        let now_ns = self.kernel.now_ns();
+        let Some(h) = self.handoff.as_mut() else {
+            return Ok(false);
+        };
+        let Some(&f) = h.flights.get(&request) else {
+            if self.cluster.is_prefill(replica) {
+                // Maybe still on the engine: whether it gets there before its last step ends
+                // decides the abort order's case. Maybe its blocks are kept: the connector sees it.
+                h.aborts_seen.insert(request);
+                if let Some(r) = h.owner(replica).cancel(now_ns, request) {
+                    self.give_back(replica, r)?;
+                }
+            }
+            return Ok(false);
+        };
+        let tag = f.tag;
+        let own = scope.reaches(&self.requests[tag].handle);
+        if !own || replica != f.decode || f.phase == Phase::Gap {
+            // The prefill connector frees blocks not on the wire, if it frees on a cancel.
+            if own && replica == f.prefill && f.phase != Phase::OnWire {
+                if let Some(r) = h.owner(replica).cancel(now_ns, request) {
+                    self.give_back(replica, r)?;
+                }
+            }
+            return Ok(false);
+        }
+        if !f.aborted {
+            self.decode_abort(request, f)?;
+        }
+        Ok(true) // a second delivery of an abort the decode stage handled changes nothing
+    }
+
+    /// The decode stage aborts a request awaiting its KV: it keeps the receive blocks until
+    /// the transfer's completion, or its lease, returns them.
+    fn decode_abort(&mut self, request: u64, f: Flight) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        h.stats.aborted_awaiting_kv += 1;
+        match f.phase {
+            Phase::Receiving => {
+                h.queue(f.decode).retain(|&x| x != request);
+                h.flights.remove(&request);
+            }
+            _ => {
+                let pending = if h.second_completion() { 2 } else { 1 };
+                h.owner(f.decode)
+                    .hold(now_ns, request, f.blocks_decode, pending);
+                h.flights.get_mut(&request).expect("on the wire").aborted = true;
+                // The decode side no longer holds them as the request's own: its owner does.
+                if h.wire(f.prefill).cancel(now_ns, request).is_some() {
+                    self.accounts.coverage.hit(Mark::TransferCancelled);
+                    self.transfer_ended(request)?;
+                }
+                self.lease_timer(f.decode, request)?;
+            }
+        }
+        if self.handoff.as_ref().is_some_and(|h| h.cfg.notify_prefill) {
+            self.notice(request, f.prefill, key::NOTICE_CANCEL, true)?;
+        }
+        self.requests[f.tag].life.in_handoff = false;
+        let o = Observed {
+            id: request,
+            tag: f.tag,
+            in_scope: true,
+        };
+        self.on_observed(o)?;
+        self.try_finalize(f.tag)
+    }
+
+    /// Whether the run must go on through weak events: requests are still in the system and
+    /// cleanup owners hold blocks a lease may return (work may be waiting for them).
+    pub(super) fn waits_on_leases(&self) -> bool {
+        self.accounts.little.in_system > 0
+            && self.handoff.as_ref().is_some_and(|h| h.holds_leases())
+    }
+
+    /// The run is over: leases left are settled, blocks held with none are never returned; both
+    /// go back to their pools so the pools' conservation can be checked. The handoff's books,
+    /// with each stage's stalls.
+    pub(super) fn handoff_finish(&mut self, now_ns: u64) -> Option<HandoffStats> {
+        let h = self.handoff.as_mut()?;
+        for (replica, blocks) in h.finish(now_ns) {
+            self.cluster.unpin(replica, blocks);
+        }
+        let cov = &mut self.accounts.coverage;
+        cov.add(Mark::HandoffLeaseExpired, h.settled.0);
+        cov.add(Mark::HandoffNeverReturned, h.settled.1);
+        let mut stats = h.stats;
+        stats.prefill.admission_stalls = self.cluster.stage_totals(true).stalls_pinned;
+        stats.decode.admission_stalls = self.cluster.stage_totals(false).stalls_pinned;
+        Some(stats)
+    }
+}
