@@ -309,6 +309,7 @@ impl Scheduler for Batcher {
             running: self.batch.len() as u64,
             kv_blocks: self.kv.in_use(),
             kv_retained: self.marked_blocks,
+            kv_pinned: 0,
         }
     }
 

@@ -244,6 +244,8 @@ pub struct Gauges {
     pub kv_blocks: u64,
     /// KV blocks held by requests with a cancel intent.
     pub kv_retained: u64,
+    /// KV blocks lent out of the pool (`pin`): kept for a transfer, or a receive buffer.
+    pub kv_pinned: u64,
 }
 
 /// Counters common to both kinds of scheduler.

@@ -149,7 +149,7 @@ impl Topology {
                 let found = nodes.iter().find(|&&n| graph[n].name == name).copied();
                 found.ok_or_else(|| Invalid {
                     field: format!("topology.links[{i}].{side}"),
-                    message: format!("names no stage (got `{name}`)"),
+                    message: format!("names no stage (got `{}`)", shown(name)),
                 })
             };
             let (a, b) = (end(&l.from, "from")?, end(&l.to, "to")?);
@@ -314,6 +314,20 @@ fn spec(from: &str, to: &str, link: Link) -> LinkSpec {
     }
 }
 
+/// A name as an error shows it: on one line (escaped), and at most 64 characters.
+fn shown(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .take(64)
+        .collect::<String>()
+        .escape_debug()
+        .collect();
+    if name.chars().nth(64).is_some() {
+        s.push('…');
+    }
+    s
+}
+
 fn check_stages(stages: &[Stage]) -> Result<(), Invalid> {
     if stages.is_empty() || stages.len() > STAGES_MAX {
         return invalid(
@@ -329,7 +343,7 @@ fn check_stages(stages: &[Stage]) -> Result<(), Invalid> {
                 format!("topology.stages[{i}].name"),
                 format!(
                     "must be a unique name of letters, digits, `_` and `-` (got `{}`)",
-                    s.name
+                    shown(&s.name)
                 ),
             );
         }

@@ -154,6 +154,11 @@ impl Transfers {
     }
 
     /// When `land` must next be called, if ever.
+    /// Whether the wire holds `IN_FLIGHT_MAX` transfers: `start` would refuse another.
+    pub fn is_full(&self) -> bool {
+        self.flights.len() >= IN_FLIGHT_MAX
+    }
+
     pub fn timer_ns(&self) -> Option<u64> {
         self.landing.first().map(|&(t, _)| t)
     }

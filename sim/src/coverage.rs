@@ -72,6 +72,8 @@ marks! {
     HandoffNeverReturned => "handoff.never_returned",
     HandoffSecondCompletion => "handoff.second_completion",
     TransferCancelled => "transfer.cancelled",
+    HandoffWedge => "handoff.wedge",
+    TransferFailed => "transfer.failed",
 }
 
 impl Mark {

@@ -334,6 +334,8 @@ pub struct HandoffStats {
     pub transfers_started: u64,
     pub transfers_done: u64,
     pub transfers_cancelled: u64,
+    /// Failed transfers: the decode side computed the prompt again.
+    pub transfers_failed: u64,
     pub transfer_bytes: u64,
     pub transfer_wait_s: f64,
     /// Cancelled in the final prefill step, and aborted at its boundary.
@@ -347,6 +349,11 @@ pub struct HandoffStats {
     /// Second completions that faulted a decode engine.
     pub second_completion_faults: u64,
     pub receive_waits: u64,
+    /// Prefill engines wedged by a cancelled transfer, killed by the hang detector, and the
+    /// time they spent wedged in all (to the end of the run for one never killed).
+    pub wedges: u64,
+    pub hang_kills: u64,
+    pub wedge_s: f64,
     pub prefill: SideStats,
     pub decode: SideStats,
 }

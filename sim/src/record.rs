@@ -17,6 +17,10 @@ pub struct Sample {
     pub running: u64,
     /// Cancels whose backend has neither observed them nor released the request.
     pub cancels_in_flight: u64,
+    /// Blocks pinned for the handoff on the prefill and on the decode replicas (0 when
+    /// colocated).
+    pub kv_pinned_prefill: u64,
+    pub kv_pinned_decode: u64,
 }
 
 /// One request's record, as `requests.csv` writes it. Times are virtual milliseconds from the

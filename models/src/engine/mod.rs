@@ -534,6 +534,7 @@ impl Scheduler for Engine {
             running: self.running.len() as u64,
             kv_blocks: self.kv.in_use(),
             kv_retained: self.marked_blocks,
+            kv_pinned: self.pinned_blocks,
         }
     }
 

@@ -123,3 +123,21 @@ fn the_dot_export_names_every_stage_and_link() {
         assert!(dot.contains(want), "missing {want:?} in\n{dot}");
     }
 }
+
+#[test]
+fn a_name_in_an_error_stays_on_one_line_and_short() {
+    let mut stages = vec![
+        stage("router", Role::Router, 1),
+        stage("pre\nfill", Role::Prefill, 1),
+        stage("playback", Role::Playback, 1),
+    ];
+    let e = Topology::new(stages.clone(), vec![]).unwrap_err();
+    assert!(
+        !e.message.contains('\n') && e.message.contains("pre\\nfill"),
+        "{}",
+        e.message
+    );
+    stages[1].name = "x".repeat(10_000);
+    let e = Topology::new(stages, vec![]).unwrap_err();
+    assert!(e.message.len() < 200, "{}", e.message);
+}

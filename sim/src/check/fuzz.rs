@@ -151,8 +151,23 @@ fn workload(d: &mut Draw, tier: Tier) -> Workload {
         .iter()
         .any(|x| matches!(x, Dist::LogNormal { sigma, .. } if *sigma > 2.0));
     let requests = if heavy { requests.min(8) } else { requests };
+    let mut source = source(d, requests, big);
+    // Heavy tails in conversations: turns wait for their slowest request, one after another.
+    // Two turns of one request each keep a run within days of virtual time.
+    if let (
+        true,
+        Source::Conversations {
+            turns,
+            requests_per_turn,
+            ..
+        },
+    ) = (heavy, &mut source)
+    {
+        *turns = Dist::Constant(2.0);
+        *requests_per_turn = 1;
+    }
     Workload {
-        source: source(d, requests, big),
+        source,
         prompt_tokens,
         output_tokens,
         // A deadline far past the run's end is an edge too: its timer must not keep the run alive.
@@ -310,6 +325,10 @@ fn disaggregate(d: &mut Draw, s: &mut Scenario) {
         decode_completions: d.pick(&[CompletionsSpec::Counted, CompletionsSpec::FirstFrees]),
         notify_prefill,
         kv_bytes_per_token: d.chance(0.3).then(|| d.int(1, 1 << 20)),
+        // A wedged engine without a hang detector stalls the run by design: always one here.
+        wedge_probability: d.pick(&[0.0, 0.0, 0.05, 1.0]),
+        transfer_failure: d.pick(&[0.0, 0.0, 0.1, 1.0]),
+        hang_detector_ms: Some(d.scale(1.0, 300_000.0)),
     };
     let stage = |name: &str, role, replicas| StageSpec {
         name: name.into(),

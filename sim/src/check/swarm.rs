@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::{check_with, Runner};
 use crate::kernel::rng::{Purpose, Stream};
 use crate::run;
-use crate::scenario::{Cancellation, Scenario, Scheduler, Source, Stage};
+use crate::scenario::{Cancellation, RoleSpec, Scenario, Scheduler, Source, Stage, SwarmRanges};
 
 /// The scenario with its swarm parameters drawn for `seed` (a keyed stream: the draws depend
 /// only on the seed).
@@ -60,8 +60,44 @@ pub fn randomise(base: &Scenario, seed: u64) -> Scenario {
         let hi = real(&mut g, range);
         s.playback.writer_wait_ms = crate::dist::Dist::Uniform { low: 0.0, high: hi };
     }
+    graph(&mut s, &r, &mut g);
     debug_assert!(s.validate().is_ok(), "swarm ranges are validated");
     s
+}
+
+/// A prefill/decode graph's swarm draws: replicas per stage (`cluster.replicas` follows) and the
+/// KV link's loss. Drawn after every other range, so older scenarios draw as they did.
+fn graph(s: &mut Scenario, r: &SwarmRanges, g: &mut Stream) {
+    let int = |g: &mut Stream, (lo, hi): (u64, u64)| lo + g.below(hi - lo + 1);
+    let real = |g: &mut Stream, (lo, hi): (f64, f64)| lo + (hi - lo) * g.uniform_open01();
+    let Some(t) = &mut s.cluster.topology else {
+        return;
+    };
+    let mut draw = |role: RoleSpec, range: Option<(u32, u32)>| {
+        let Some((lo, hi)) = range else { return 0 };
+        let n = int(g, (lo as u64, hi as u64)) as u32;
+        for st in t.stages.iter_mut().filter(|st| st.role == role) {
+            st.replicas = n;
+        }
+        n
+    };
+    let p = draw(RoleSpec::Prefill, r.prefill_replicas);
+    let d = draw(RoleSpec::Decode, r.decode_replicas);
+    if p + d > 0 {
+        let serving = t.stages.iter().filter(|st| st.role != RoleSpec::Router);
+        s.cluster.replicas = serving
+            .filter(|st| st.role != RoleSpec::Playback)
+            .map(|st| st.replicas)
+            .sum();
+    }
+    if let Some(range) = r.link_loss {
+        let loss = real(g, range);
+        for l in &mut t.links {
+            if l.latency_ms > 0.0 || l.bandwidth_gbps.is_some() || l.loss > 0.0 {
+                l.loss = loss;
+            }
+        }
+    }
 }
 
 /// Requests of the scenario: open-loop count, conversations, or trace rows (None: to the end).

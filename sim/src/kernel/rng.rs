@@ -67,6 +67,10 @@ pub mod key {
     pub const NOTICE_SENT: u64 = 3;
     /// `Handoff` sub-key: the router's or the decode side's cancel notice to the prefill side.
     pub const NOTICE_CANCEL: u64 = 4;
+    /// `Handoff` sub-key: whether cancelling the request's transfer wedges its sender.
+    pub const WEDGE: u64 = 5;
+    /// `Handoff` sub-key: whether the request's KV transfer fails.
+    pub const TRANSFER_FAILS: u64 = 6;
     /// `CancelRpc` sub-key of the acknowledgement's latency after a backend observation.
     pub const ACK_LATENCY: u64 = 1 << 21;
     /// `Playback` entity flag of a request's blocked-admission retries (`id ^ RETRY_FLAG`,

@@ -25,6 +25,8 @@ pub(super) fn write_timeseries(
         "queue",
         "running",
         "cancels_in_flight",
+        "kv_pinned_prefill",
+        "kv_pinned_decode",
     ])
     .map_err(err)?;
     let names = std::iter::once(&report.counterfactual)
@@ -40,6 +42,8 @@ pub(super) fn write_timeseries(
                 s.queue.to_string(),
                 s.running.to_string(),
                 s.cancels_in_flight.to_string(),
+                s.kv_pinned_prefill.to_string(),
+                s.kv_pinned_decode.to_string(),
             ])
             .map_err(err)?;
         }

@@ -14,7 +14,7 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
 use crate::metrics::Summary;
-use crate::record::Extras;
+use crate::record::{Extras, Sample};
 use crate::run::Report;
 
 type Res = Result<(), Box<dyn std::error::Error>>;
@@ -125,6 +125,8 @@ enum Chart {
     CleanupCdf,
     KvRetained,
     SiblingTtft,
+    /// A prefill/decode graph's only: the blocks pinned on each stage over time.
+    HandoffPinned,
 }
 
 /// What the plots are drawn from.
@@ -145,6 +147,7 @@ impl Charts<'_> {
             Chart::CleanupCdf => self.cleanup_cdf(&area)?,
             Chart::KvRetained => self.kv_retained(&area)?,
             Chart::SiblingTtft => self.sibling_ttft(&area)?,
+            Chart::HandoffPinned => self.handoff_pinned(&area)?,
         }
         area.present()?;
         Ok(())
@@ -157,7 +160,9 @@ pub fn draw_all(dir: &Path, report: &Report, extras: &[Extras]) -> Result<Vec<Pa
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let charts = Charts { report, extras };
     let mut written = Vec::new();
-    for (name, chart) in CHARTS {
+    let handoff = report.counterfactual.handoff.is_some();
+    let extra = handoff.then_some(("handoff_pinned", Chart::HandoffPinned));
+    for (name, chart) in CHARTS.into_iter().chain(extra) {
         let p = dir.join(format!("{name}.png"));
         let area = BitMapBackend::new(&p, SIZE).into_drawing_area();
         charts
@@ -370,6 +375,37 @@ impl Charts<'_> {
         Ok(())
     }
 
+    /// Blocks pinned for the handoff, one panel per stage, one line per run, as steps between
+    /// samples. The counterfactual's are the transfers' own; the rest is what cancels strand.
+    fn handoff_pinned<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
+    where
+        DB::ErrorType: 'static,
+    {
+        let cf = std::iter::once(self.report.counterfactual.policy.as_str());
+        let names = cf.chain(self.report.policies.iter().map(|p| p.policy.as_str()));
+        let runs: Vec<(&str, &[Sample])> = names
+            .zip(self.extras.iter().map(|e| e.timeseries.as_slice()))
+            .collect();
+        let (top, bottom) = area.split_vertically(area.dim_in_pixel().1 / 2);
+        type Pick = fn(&Sample) -> u64;
+        let panels: [(&str, Pick, &DrawingArea<DB, Shift>); 2] = [
+            (
+                "prefill stage: blocks kept for transfers",
+                |x| x.kv_pinned_prefill,
+                &top,
+            ),
+            (
+                "decode stage: receive blocks",
+                |x| x.kv_pinned_decode,
+                &bottom,
+            ),
+        ];
+        for (caption, pick, panel) in panels {
+            pinned_panel(panel, caption, &runs, pick)?;
+        }
+        Ok(())
+    }
+
     fn sibling_ttft<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
     where
         DB::ErrorType: 'static,
@@ -410,4 +446,40 @@ impl Charts<'_> {
         legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         Ok(())
     }
+}
+
+/// One stage's pinned blocks over time, one step line per run.
+fn pinned_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    caption: &str,
+    runs: &[(&str, &[Sample])],
+    pick: fn(&Sample) -> u64,
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    let tmax = runs.iter().flat_map(|(_, s)| s.last().map(|x| x.t_s));
+    let tmax = tmax.fold(0.0f64, f64::max).max(1.0);
+    let ymax = runs.iter().flat_map(|(_, s)| s.iter().map(pick));
+    let ymax = ymax.max().unwrap_or(0).max(1) as f64;
+    let axes = Axes {
+        caption,
+        x_desc: "virtual time (s)",
+        y_desc: "KV blocks pinned",
+        y_label_area: 80,
+    };
+    let mut chart = axes.chart(area, 0f64..tmax, 0f64..ymax * 1.1)?;
+    for (i, (name, samples)) in runs.iter().enumerate() {
+        let c = palette(i);
+        let steps = samples.windows(2).flat_map(|w| {
+            let y = pick(&w[0]) as f64;
+            [(w[0].t_s, y), (w[1].t_s, y)]
+        });
+        chart
+            .draw_series(LineSeries::new(steps, c.stroke_width(2)))?
+            .label(name.replace('_', " "))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    Ok(())
 }

@@ -93,6 +93,9 @@ const HANDOFF_ROWS: &[(&str, Cell)] = &[
     ("handoff.transfers_cancelled", |s| {
         hand(s, |h| int(h.transfers_cancelled))
     }),
+    ("handoff.transfers_failed", |s| {
+        hand(s, |h| int(h.transfers_failed))
+    }),
     ("handoff.aborted_at_boundary", |s| {
         hand(s, |h| int(h.aborted_at_boundary))
     }),
@@ -104,6 +107,9 @@ const HANDOFF_ROWS: &[(&str, Cell)] = &[
     ("handoff.second_completion_faults", |s| {
         hand(s, |h| int(h.second_completion_faults))
     }),
+    ("handoff.wedges", |s| hand(s, |h| int(h.wedges))),
+    ("handoff.hang_kills", |s| hand(s, |h| int(h.hang_kills))),
+    ("handoff.wedge_s", |s| hand(s, |h| f3(h.wedge_s))),
     ("prefill.retained_block_s", |s| {
         hand(s, |h| f3(h.prefill.retained_block_s))
     }),

@@ -73,4 +73,12 @@ pub struct SwarmRanges {
     pub max_num_seqs: Option<(u32, u32)>,
     pub loss: Option<(f64, f64)>,
     pub writer_wait_ms: Option<(f64, f64)>,
+    /// A prefill/decode graph's replicas per stage (`cluster.replicas` follows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_replicas: Option<(u32, u32)>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_replicas: Option<(u32, u32)>,
+    /// The loss of the prefill-to-decode link.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_loss: Option<(f64, f64)>,
 }

@@ -46,6 +46,15 @@ pub struct HandoffSpec {
     /// KV bytes per prompt token on the wire; unset: the profile's (a `Custom` profile's is
     /// Llama-3.1-8B's, 131,072).
     pub kv_bytes_per_token: Option<u64>,
+    /// Probability that a KV transfer fails (after its wire time): the decode side then computes
+    /// the prompt again, as vLLM's `kv_load_failure_policy: recompute` does.
+    pub transfer_failure: f64,
+    /// Probability that cancelling a transfer on the wire wedges its sending prefill engine: a
+    /// stuck sender or a stalled collective leaves it alive but making no progress.
+    pub wedge_probability: f64,
+    /// A hang detector kills a wedged engine after this long (every request on it fails) and
+    /// it starts again; unset, a wedged engine stays wedged (TensorRT-LLM's detector: 300 s).
+    pub hang_detector_ms: Option<f64>,
 }
 
 impl Default for HandoffSpec {
@@ -61,6 +70,9 @@ impl Default for HandoffSpec {
             decode_completions: CompletionsSpec::Counted,
             notify_prefill: false,
             kv_bytes_per_token: None,
+            transfer_failure: 0.0,
+            wedge_probability: 0.0,
+            hang_detector_ms: None,
         }
     }
 }
@@ -298,6 +310,27 @@ impl TopologySpec {
 
 impl HandoffSpec {
     fn check(&self) -> Result<(), Invalid> {
+        let field = |f: &str| format!("cluster.topology.handoff.{f}");
+        if !(0.0..=1.0).contains(&self.transfer_failure) {
+            return Err(Invalid {
+                field: field("transfer_failure"),
+                message: format!("must be a probability (got {})", self.transfer_failure),
+            });
+        }
+        if !(0.0..=1.0).contains(&self.wedge_probability) {
+            return Err(Invalid {
+                field: field("wedge_probability"),
+                message: format!("must be a probability (got {})", self.wedge_probability),
+            });
+        }
+        if let Some(ms) = self.hang_detector_ms {
+            if !(0.0..=LATENCY_MS_MAX).contains(&ms) {
+                return Err(Invalid {
+                    field: field("hang_detector_ms"),
+                    message: format!("must be 0 to {LATENCY_MS_MAX} ms (got {ms})"),
+                });
+            }
+        }
         for (name, r) in [
             ("prefill_reclaim", self.prefill_reclaim),
             ("decode_reclaim", self.decode_reclaim),

@@ -83,6 +83,14 @@ impl Scenario {
         self.validate_checks()?;
         if let Some(r) = &self.swarm {
             validate_swarm(r)?;
+            let graph = r.prefill_replicas.is_some()
+                || r.decode_replicas.is_some()
+                || r.link_loss.is_some();
+            if graph && self.prefill_decode().is_none() {
+                let m = "prefill_replicas, decode_replicas and link_loss need a prefill/decode \
+                         graph (`cluster.topology`)";
+                return err("swarm", m.into());
+            }
         }
         let pb = &self.playback;
         in_range("playback.chunk_tokens", pb.chunk_tokens as u64, 1, 1 << 20)?;
@@ -393,6 +401,20 @@ fn validate_swarm(r: &SwarmRanges) -> Check {
     }
     if let Some((a, b)) = r.writer_wait_ms {
         ordered("swarm.writer_wait_ms", a, b)?;
+    }
+    for (f, range) in [
+        ("swarm.prefill_replicas", r.prefill_replicas),
+        ("swarm.decode_replicas", r.decode_replicas),
+    ] {
+        if let Some((a, b)) = range {
+            ordered(f, a as f64, b as f64)?;
+            in_range(f, a as u64, 1, 512)?;
+            in_range(f, b as u64, 1, 512)?;
+        }
+    }
+    if let Some((a, b)) = r.link_loss {
+        ordered("swarm.link_loss", a, b)?;
+        probability("swarm.link_loss", b)?;
     }
     Ok(())
 }

@@ -99,6 +99,8 @@ pub(crate) struct Cluster {
     /// colocated.
     prefill_n: u32,
     rr_decode: u32,
+    /// Since when each replica is wedged: alive, but dispatching nothing.
+    wedged_since: Vec<Option<u64>>,
     pass_pending: Vec<bool>,
     timer_at: Vec<Option<u64>>,
     /// Cancel intents so far per replica: a request that sees this move while it is on the
@@ -117,6 +119,7 @@ impl Cluster {
             rr_next: 0,
             prefill_n: s.prefill_decode().map_or(0, |pd| pd.prefill_replicas),
             rr_decode: 0,
+            wedged_since: vec![None; n],
             pass_pending: vec![false; n],
             timer_at: vec![None; n],
             intent_epoch: vec![0; n],
@@ -144,6 +147,10 @@ impl Cluster {
     /// Whether `replica` is a prefill replica of a prefill/decode graph.
     pub fn is_prefill(&self, replica: u32) -> bool {
         replica < self.prefill_n
+    }
+
+    pub fn prefill_count(&self) -> u32 {
+        self.prefill_n
     }
 
     pub fn disaggregated(&self) -> bool {
@@ -229,7 +236,28 @@ impl Cluster {
 
     /// The next step of `replica`, if it has room and work; first dispatches go to `out.started`.
     pub fn dispatch(&mut self, replica: u32, now_ns: u64, out: &mut Outbox) -> Option<Dispatch> {
+        if self.wedged_since[replica as usize].is_some() {
+            return None;
+        }
         self.replicas[replica as usize].dispatch(now_ns, out)
+    }
+
+    /// `replica` wedges now, unless it already is. True if it just wedged.
+    pub fn wedge(&mut self, replica: u32, now_ns: u64) -> bool {
+        let w = &mut self.wedged_since[replica as usize];
+        w.is_none() && w.replace(now_ns).is_none()
+    }
+
+    /// `replica` was wedged since `since_ns` and is not any more; it dispatches again.
+    pub fn unwedge(&mut self, replica: u32, since_ns: u64) -> bool {
+        let w = &mut self.wedged_since[replica as usize];
+        w.take_if(|s| *s == since_ns).is_some()
+    }
+
+    /// Replicas wedged now, and since when.
+    pub fn wedged(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        let all = self.wedged_since.iter().enumerate();
+        all.filter_map(|(r, s)| s.map(|s| (r as u32, s)))
     }
 
     /// After a pass: schedule the batcher's timer if it wants one it does not have yet.
@@ -269,16 +297,21 @@ impl Cluster {
         self.intent_epoch[replica as usize]
     }
 
-    pub fn gauges(&self) -> Gauges {
+    /// The replicas' gauges summed, and the blocks pinned on the prefill and on the decode
+    /// replicas of a prefill/decode graph.
+    pub fn gauges(&self) -> (Gauges, [u64; 2]) {
         let mut g = Gauges::default();
-        for r in &self.replicas {
+        let mut pinned = [0; 2];
+        for (i, r) in self.replicas.iter().enumerate() {
             let x = r.gauges();
             g.waiting += x.waiting;
             g.running += x.running;
             g.kv_blocks += x.kv_blocks;
             g.kv_retained += x.kv_retained;
+            g.kv_pinned += x.kv_pinned;
+            pinned[!self.is_prefill(i as u32) as usize] += x.kv_pinned;
         }
-        g
+        (g, pinned)
     }
 
     /// The replicas' totals, or `None` if one did not drain or leaked KV blocks (conservation).

@@ -13,6 +13,7 @@
 
 use cancelsim_models::cleanup::{Notice, Returned};
 use cancelsim_models::protocol::{Abort, BlastRadius, NewRequest, Observed, Scope};
+use cancelsim_models::transfer::End;
 
 use super::error::{Step, Stop};
 use super::event::Event;
@@ -20,10 +21,11 @@ use super::handoff::{Flight, Phase};
 use super::requests::Tag;
 use super::World;
 use crate::coverage::Mark;
-use crate::kernel::rng::key;
+use crate::dist::ms_to_ns;
+use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::Class;
 use crate::metrics::HandoffStats;
-use crate::scenario::Stage;
+use crate::scenario::{CheckpointConfig, Stage};
 use cancelsim_models::ownership::State;
 
 impl World<'_> {
@@ -34,7 +36,9 @@ impl World<'_> {
         let id = self.requests[tag].id;
         self.accounts.tokens_prefill += 1;
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        let seen = h.aborts_seen.remove(&id);
+        // A backend that never checks for aborts has no order to handle them in.
+        let checks = self.scenario.backend.checkpoint != CheckpointConfig::Never;
+        let seen = h.aborts_seen.remove(&id) && checks;
         if seen && h.aborts_first() {
             h.stats.aborted_at_boundary += 1;
             self.accounts.coverage.hit(Mark::HandoffAbortAtBoundary);
@@ -135,15 +139,19 @@ impl World<'_> {
                 return Ok(());
             };
             let f = h.flights[&id];
-            if !self.cluster.pin(decode, f.blocks_decode) {
+            // A full wire (a million transfers queued on one sender) waits like a full pool.
+            if h.wire(f.prefill).is_full() || !self.cluster.pin(decode, f.blocks_decode) {
                 h.stats.receive_waits += 1;
                 self.accounts.coverage.hit(Mark::HandoffReceiveWait);
                 return Ok(());
             }
             h.queue(decode).pop_front();
+            let p = h.cfg.transfer_failure;
+            let draw = || Stream::keyed(h.seed(), Purpose::Handoff, id, key::TRANSFER_FAILS);
+            let fails = p > 0.0 && draw().uniform_open01() < p;
             let lands_ns = h
                 .wire(f.prefill)
-                .start(now_ns, id, f.bytes, f.blocks_prefill, false);
+                .start(now_ns, id, f.bytes, f.blocks_prefill, fails);
             h.flights.get_mut(&id).expect("queued, so flying").phase = Phase::OnWire;
             let ev = Event::KvLanded {
                 request: id,
@@ -157,15 +165,24 @@ impl World<'_> {
     pub(super) fn on_kv_landed(&mut self, prefill: u32) -> Step {
         let now_ns = self.kernel.now_ns();
         let h = self.handoff.as_mut().expect("a prefill/decode world");
+        let was_full = h.wire(prefill).is_full();
         for ended in h.wire(prefill).land(now_ns) {
-            self.transfer_ended(ended.id)?;
+            self.transfer_ended(ended.id, ended.end == End::Failed)?;
+        }
+        if was_full {
+            // Requests of every decode replica may have waited for room on this wire.
+            let decodes = self.cluster.prefill_count()..self.cluster.len() as u32;
+            for decode in decodes {
+                self.try_receive(decode)?;
+            }
         }
         Ok(())
     }
 
     /// A transfer reached its end. A request the decode stage still has joins a decode engine
-    /// and the prefill side is told; an aborted one's completions go to the decode side's owner.
-    fn transfer_ended(&mut self, id: u64) -> Step {
+    /// (which computes its prompt again if the transfer `failed`) and the prefill side is told;
+    /// an aborted one's completions go to the decode side's owner.
+    fn transfer_ended(&mut self, id: u64, failed: bool) -> Step {
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         let f = h.flights.remove(&id).expect("a transfer has its flight");
         if f.aborted {
@@ -178,11 +195,15 @@ impl World<'_> {
         }
         self.cluster.unpin(f.decode, f.blocks_decode);
         self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false)?;
-        self.decode_admit(f)
+        if failed {
+            self.accounts.coverage.hit(Mark::TransferFailed);
+        }
+        self.decode_admit(f, !failed)
     }
 
-    /// Into the decode engine's waiting queue, with its prompt's KV ready.
-    fn decode_admit(&mut self, f: Flight) -> Step {
+    /// Into the decode engine's waiting queue, with its prompt's KV ready, or to compute it again
+    /// (vLLM's `kv_load_failure_policy: recompute`).
+    fn decode_admit(&mut self, f: Flight, kv_ready: bool) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &mut self.requests[f.tag];
         q.life.in_handoff = false;
@@ -195,7 +216,7 @@ impl World<'_> {
             handle: q.handle,
             prompt_tokens: q.prompt,
             output_tokens: q.output,
-            kv_ready: true,
+            kv_ready,
         };
         if self.cluster.enqueue(f.decode, now_ns, new).is_err() {
             let what = "a decode replica refused a request its prefill replica took";
@@ -341,9 +362,11 @@ impl World<'_> {
                     .hold(now_ns, request, f.blocks_decode, pending);
                 h.flights.get_mut(&request).expect("on the wire").aborted = true;
                 // The decode side no longer holds them as the request's own: its owner does.
-                if h.wire(f.prefill).cancel(now_ns, request).is_some() {
-                    self.accounts.coverage.hit(Mark::TransferCancelled);
-                    self.transfer_ended(request)?;
+                let ended = h.wire(f.prefill).cancel(now_ns, request).is_some();
+                self.accounts.coverage.hit(Mark::TransferCancelled);
+                self.maybe_wedge(f.prefill, request)?;
+                if ended {
+                    self.transfer_ended(request, false)?;
                 }
                 self.lease_timer(f.decode, request)?;
             }
@@ -368,6 +391,45 @@ impl World<'_> {
             && self.handoff.as_ref().is_some_and(|h| h.holds_leases())
     }
 
+    /// Cancelling `request`'s transfer on the wire may wedge its sender, `prefill`: alive, but
+    /// making no progress until a hang detector, if any, kills it.
+    fn maybe_wedge(&mut self, prefill: u32, request: u64) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        let p = h.cfg.wedge_probability;
+        let draw = || Stream::keyed(h.seed(), Purpose::Handoff, request, key::WEDGE);
+        if p == 0.0 || draw().uniform_open01() >= p || !self.cluster.wedge(prefill, now_ns) {
+            return Ok(());
+        }
+        h.stats.wedges += 1;
+        self.accounts.coverage.hit(Mark::HandoffWedge);
+        if let Some(ms) = h.cfg.hang_detector_ms {
+            let ev = Event::HangCheck {
+                replica: prefill,
+                since_ns: now_ns,
+            };
+            self.kernel.schedule_in(ms_to_ns(ms), Class::Control, ev)?;
+        }
+        Ok(())
+    }
+
+    /// The hang detector finds `replica` still wedged since `since_ns`: it kills the engine
+    /// (every request on it fails) and the engine starts again.
+    pub(super) fn on_hang_check(&mut self, replica: u32, since_ns: u64) -> Step {
+        if !self.cluster.unwedge(replica, since_ns) {
+            return Ok(());
+        }
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        h.stats.hang_kills += 1;
+        h.stats.wedge_s += (self.kernel.now_ns() - since_ns) as f64 / 1e9;
+        let abort = Abort {
+            scope: Scope::Engine,
+            fault: Some(BlastRadius::Engine),
+            key: u64::MAX - (1 << 32) - replica as u64,
+        };
+        Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
+    }
+
     /// The run is over: leases left are settled, blocks held with none are never returned; both
     /// go back to their pools so the pools' conservation can be checked. The handoff's books,
     /// with each stage's stalls.
@@ -380,6 +442,9 @@ impl World<'_> {
         cov.add(Mark::HandoffLeaseExpired, h.settled.0);
         cov.add(Mark::HandoffNeverReturned, h.settled.1);
         let mut stats = h.stats;
+        for (_, since_ns) in self.cluster.wedged() {
+            stats.wedge_s += (now_ns - since_ns) as f64 / 1e9;
+        }
         stats.prefill.admission_stalls = self.cluster.stage_totals(true).stalls_pinned;
         stats.decode.admission_stalls = self.cluster.stage_totals(false).stalls_pinned;
         Some(stats)

@@ -120,6 +120,11 @@ pub enum Event {
     LeaseCheck {
         replica: u32,
     },
+    /// The hang detector looks at `replica`, wedged since `since_ns`.
+    HangCheck {
+        replica: u32,
+        since_ns: u64,
+    },
 }
 
 impl Traced for Event {
@@ -146,6 +151,7 @@ impl Traced for Event {
             Event::KvLanded { .. } => 19,
             Event::Notice { .. } => 20,
             Event::LeaseCheck { .. } => 21,
+            Event::HangCheck { .. } => 22,
         }
     }
 
@@ -169,7 +175,7 @@ impl Traced for Event {
             | Event::KvLanded { request, .. }
             | Event::Notice { request, .. } => request,
             Event::BarrierAck { owner, .. } => owner,
-            Event::LeaseCheck { replica } => replica as u64,
+            Event::LeaseCheck { replica } | Event::HangCheck { replica, .. } => replica as u64,
         }
     }
 }

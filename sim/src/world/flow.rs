@@ -530,6 +530,11 @@ impl World<'_> {
         }
         self.requests[tag].chunks.drop_stream();
         let q = &self.requests[tag];
+        // Failed before admission without a cancel of its own (a killed engine, say): it waited
+        // for admission until now, and the time to recover must see it.
+        if !q.life.started && q.cancel.intent_ns.is_none() {
+            self.recover.admitted(q.arrival_ns, now_ns);
+        }
         let fd = self.cancel.finish_and_discard();
         self.accounts.left(q, state, fd, now_ns);
         // A sibling: no intent of its own, but it shared a replica with a request that got one

@@ -103,6 +103,10 @@ impl Handoff {
         }
     }
 
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Whether a decode-side hold waits for two completions and faults on the second.
     pub fn second_completion(&self) -> bool {
         self.cfg.decode_completions == CompletionsSpec::FirstFrees
@@ -199,6 +203,7 @@ impl Handoff {
                 t.started += s.started;
                 t.done += s.done;
                 t.cancelled += s.cancelled;
+                t.failed += s.failed;
                 t.bytes += s.bytes;
                 t.wait_ns += s.wait_ns;
                 t
@@ -206,6 +211,7 @@ impl Handoff {
         self.stats.transfers_started = t.started;
         self.stats.transfers_done = t.done;
         self.stats.transfers_cancelled = t.cancelled;
+        self.stats.transfers_failed = t.failed;
         self.stats.transfer_bytes = t.bytes.min(u64::MAX as u128) as u64;
         self.stats.transfer_wait_s = t.wait_ns as f64 / 1e9;
         back

@@ -267,6 +267,7 @@ impl<'s> World<'s> {
                 cancel,
             } => self.on_notice(request, replica, cancel),
             Event::LeaseCheck { replica } => self.on_lease_check(replica),
+            Event::HangCheck { replica, since_ns } => self.on_hang_check(replica, since_ns),
         }
     }
 
@@ -387,7 +388,13 @@ impl<'s> World<'s> {
     fn conserved(&self) -> Result<(), Stop> {
         let live = self.requests.live_ids(8);
         if let (false, Some(h)) = (live.is_empty(), &self.handoff) {
-            if let Some(why) = h.stall() {
+            let wedged = self.cluster.wedged().next().map(|(r, since_ns)| {
+                format!(
+                    "replica {r} wedged at {:.3} s and no hang detector kills it",
+                    since_ns as f64 / 1e9
+                )
+            });
+            if let Some(why) = wedged.or_else(|| h.stall()) {
                 return Err(Stop::Stalled(format!(
                     "{} requests never finished ({live:?}, ...): {why}",
                     self.accounts.little.in_system

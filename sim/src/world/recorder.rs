@@ -53,14 +53,21 @@ impl Recorder {
     }
 
     /// Samples of the gauges at every boundary before `now_ns`: the state between events.
-    pub fn sample_until(&mut self, now_ns: u64, gauges: impl Fn() -> Gauges, in_flight: u64) {
+    pub fn sample_until(
+        &mut self,
+        now_ns: u64,
+        gauges: impl Fn() -> (Gauges, [u64; 2]),
+        in_flight: u64,
+    ) {
         let step = self.opts.sample_ns;
         if step == 0 {
             return;
         }
         while self.next_sample_ns < now_ns && self.extras.timeseries.len() < SAMPLES_MAX {
-            let g = gauges();
+            let (g, [pinned_prefill, pinned_decode]) = gauges();
             self.extras.timeseries.push(Sample {
+                kv_pinned_prefill: pinned_prefill,
+                kv_pinned_decode: pinned_decode,
                 t_s: self.next_sample_ns as f64 / NS_PER_S as f64,
                 kv_blocks: g.kv_blocks,
                 kv_retained: g.kv_retained,

@@ -3,7 +3,9 @@
 //! the storm.
 //!
 //! - Requests are binned by arrival second; a bin's value is the mean admission latency of the
-//!   requests that arrived in it and were admitted (requests never admitted do not count).
+//!   requests that arrived in it and were admitted. A request that failed before admission
+//!   without a cancel of its own (its engine was killed) counts with its wait until it failed;
+//!   one cancelled before admission does not count.
 //! - The level is the mean over every request that arrived before the storm's start; the normal
 //!   range is up to the worst pre-storm bin.
 //! - A bin is degraded if its mean exceeds the threshold: the worst pre-storm bin + 10 %, and at

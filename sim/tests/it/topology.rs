@@ -317,3 +317,54 @@ fn a_storm_during_transfers_pins_the_prefill_pool_until_the_leases_end() {
     assert_eq!(a.sibling_survival.rate, 1.0);
     assert_eq!(b.sibling_survival.rate, 1.0);
 }
+
+/// Without a hang detector a wedged engine stays wedged: the requests behind it never finish, and
+/// the run says so, naming the replica, instead of a false invariant violation or a hang.
+#[test]
+fn a_wedged_engine_without_a_hang_detector_stalls_the_run() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/library/wedged-prefill-hang-detector.ron"
+    );
+    let mut s = cancelsim::scenario::Scenario::load(std::path::Path::new(path)).unwrap();
+    s.cluster
+        .topology
+        .as_mut()
+        .unwrap()
+        .handoff
+        .hang_detector_ms = None;
+    let Err(e) = cancelsim::run::run(&s, 1, Default::default()) else {
+        panic!("a wedged engine without a detector must stall the run");
+    };
+    let msg = e.to_string();
+    assert!(matches!(e, cancelsim::world::RunError::Stalled(_)), "{msg}");
+    assert!(
+        msg.contains("replica 0 wedged at 20.") && msg.contains("no hang detector"),
+        "{msg}"
+    );
+}
+
+/// A failed transfer is not a lost request: the decode side computes the prompt again (vLLM's
+/// `recompute` policy), every request completes, and its prefill costs twice.
+#[test]
+fn a_failed_transfer_is_recomputed_on_the_decode_side() {
+    let failing = ONE_P_ONE_D.replacen(
+        "links: [",
+        "handoff: (transfer_failure: 1.0),\n    links: [",
+        1,
+    );
+    let text = scenario(3, &failing);
+    let s = cancelsim::scenario::Scenario::parse(&text, "<inline>").unwrap();
+    let (r, _) = cancelsim::run::run(&s, 2, Default::default()).unwrap();
+    let cf = &r.counterfactual;
+    let h = cf.handoff.unwrap();
+    assert_eq!((h.transfers_failed, h.transfers_done), (30, 0), "{h:?}");
+    assert_eq!(cf.requests.completed, 30);
+    let ok = cancelsim::scenario::Scenario::parse(&scenario(3, ONE_P_ONE_D), "<inline>").unwrap();
+    let (base, _) = cancelsim::run::run(&ok, 2, Default::default()).unwrap();
+    assert!(
+        cf.gpu.busy_s > base.counterfactual.gpu.busy_s,
+        "the prompts were computed twice"
+    );
+    assert!(cf.ttft_ms.p50 > base.counterfactual.ttft_ms.p50);
+}
