@@ -122,8 +122,9 @@ pub struct CheckpointReport {
     pub duplicates: u32,
 }
 
-/// A request as the engine receives it. `output_tokens` is where the model emits its end of
-/// sequence; the scheduler does not use it to decide, it only discovers it.
+/// A request as the engine receives it. `output_tokens` is where its output ends. For a stop
+/// token (the model's end of sequence) the scheduler does not know it in advance, it discovers it
+/// when the token comes out; for `length_capped` (the request's `max_tokens`) it does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NewRequest {
     pub id: u64,
@@ -136,6 +137,9 @@ pub struct NewRequest {
     /// and the first step is a decode. The continuous engine only; after a preemption the prompt
     /// is recomputed.
     pub kv_ready: bool,
+    /// The output ends at the request's `max_tokens`, which the scheduler knows: with steps in
+    /// flight it schedules no step past the end (a stop-token finish costs one, discarded).
+    pub length_capped: bool,
 }
 
 /// A step was dispatched: the world schedules its end.

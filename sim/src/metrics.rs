@@ -22,6 +22,10 @@ pub struct LatencyMs {
     pub max: f64,
 }
 
+/// Values kept for exact quantiles, per statistic (2 MB of `u64`s at most each); past this, the
+/// 3-significant-digit histogram answers (within 0.1 %).
+pub const EXACT_MAX: usize = 1 << 18;
+
 /// Number of batches for batch-means confidence intervals.
 const BATCHES: usize = 32;
 
@@ -29,6 +33,9 @@ const BATCHES: usize = 32;
 /// (merging batches pairwise) whenever the batches fill, so the batch count stays bounded without
 /// knowing the run length.
 pub struct LatencyStats {
+    /// Every value, while there are at most `EXACT_MAX`: quantiles are then exact.
+    exact: Option<Vec<u64>>,
+    /// Beyond that, quantiles come from here (3 significant digits).
     hist: Histogram<u64>,
     pub sum_ns: u128,
     pub count: u64,
@@ -47,6 +54,7 @@ impl Default for LatencyStats {
 impl LatencyStats {
     pub fn new() -> Self {
         LatencyStats {
+            exact: Some(Vec::new()),
             hist: Histogram::new_with_bounds(1, 10_000_000 * NS_PER_S, 3).expect("valid bounds"),
             sum_ns: 0,
             count: 0,
@@ -59,6 +67,12 @@ impl LatencyStats {
 
     pub fn record(&mut self, value_ns: u64) {
         self.hist.saturating_record(value_ns.max(1));
+        if let Some(v) = &mut self.exact {
+            match v.len() < EXACT_MAX {
+                true => v.push(value_ns),
+                false => self.exact = None,
+            }
+        }
         self.sum_ns += value_ns as u128;
         self.count += 1;
         self.batch_sum_ns[self.filled] += value_ns as u128;
@@ -82,12 +96,34 @@ impl LatencyStats {
         if self.count == 0 {
             return Vec::new();
         }
+        let sorted = self.sorted();
         (0..=points)
             .map(|i| {
                 let q = i as f64 / points as f64;
-                (self.hist.value_at_quantile(q) as f64 / NS_PER_MS as f64, q)
+                (
+                    self.quantile_ns(sorted.as_deref(), q) as f64 / NS_PER_MS as f64,
+                    q,
+                )
             })
             .collect()
+    }
+
+    /// The values in order, if every one was kept.
+    fn sorted(&self) -> Option<Vec<u64>> {
+        let mut v = self.exact.clone()?;
+        v.sort_unstable();
+        Some(v)
+    }
+
+    /// Quantile `q`: nearest rank over every value if kept, else the histogram's.
+    fn quantile_ns(&self, sorted: Option<&[u64]>, q: f64) -> u64 {
+        match sorted {
+            Some(xs) if !xs.is_empty() => {
+                let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
+                xs[rank - 1]
+            }
+            _ => self.hist.value_at_quantile(q),
+        }
     }
 
     pub fn summary(&self) -> LatencyMs {
@@ -115,14 +151,16 @@ impl LatencyStats {
         } else {
             f64::NAN
         };
+        let sorted = self.sorted();
+        let q = |p: f64| ms(self.quantile_ns(sorted.as_deref(), p) as f64);
         LatencyMs {
             count: self.count,
             mean: ms(mean_ns),
             mean_ci95: ms(ci95_ns),
-            p50: ms(self.hist.value_at_quantile(0.50) as f64),
-            p90: ms(self.hist.value_at_quantile(0.90) as f64),
-            p99: ms(self.hist.value_at_quantile(0.99) as f64),
-            max: ms(self.hist.max() as f64),
+            p50: q(0.50),
+            p90: q(0.90),
+            p99: q(0.99),
+            max: q(1.0),
         }
     }
 }
@@ -152,7 +190,14 @@ pub struct RequestCounts {
     pub completed: u64,
     pub cancelled: u64,
     pub expired: u64,
+    /// Requests whose resources were not confirmed released at the end of the run: held at
+    /// their intent with no release evidence when they left, or KV blocks of theirs that a
+    /// prefill/decode handoff still held with no lease to return them.
     pub cleanup_pending: u64,
+    /// Requests with an intent, held by a backend at it, whose cancel the backend never
+    /// observed (lost, unobservable, out of retries, or never sent: finish-and-discard). Their
+    /// work may have run on and been released at its end.
+    pub never_observed: u64,
     /// Refused by a replica (could never fit).
     pub rejected: u64,
 }
@@ -456,6 +501,28 @@ pub fn t95(df: usize) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn quantiles_are_exact_and_zero_is_zero_up_to_exact_max() {
+        let mut l = LatencyStats::new();
+        for v in [0, 0, 45_000_000, 7, 45_000_000] {
+            l.record(v);
+        }
+        let s = l.summary();
+        // Nearest rank over 0, 0, 7, 45 ms, 45 ms.
+        assert_eq!((s.p50, s.p90, s.max), (7e-6, 45.0, 45.0), "{s:?}");
+        let mut z = LatencyStats::new();
+        z.record(0);
+        assert_eq!(z.summary().p99, 0.0);
+        // Past the cap the histogram answers, within its 3 significant digits.
+        let mut big = LatencyStats::new();
+        for i in 0..EXACT_MAX as u64 + 10 {
+            big.record(1_000_000 + i % 1000);
+        }
+        assert!(big.exact.is_none());
+        let p50 = big.summary().p50;
+        assert!((p50 - 1.0005).abs() < 0.002, "{p50}");
+    }
+
     use super::*;
 
     #[test]

@@ -153,6 +153,10 @@ impl Engine {
             let slot = self.running[i];
             let seq = &self.seqs[slot as usize];
             let prefill = seq.ctx < seq.need;
+            if !prefill && seq.length_capped && seq.sched_out >= seq.output {
+                i += 1; // its last token is in flight, and the scheduler knows it is the last
+                continue;
+            }
             let tokens = if prefill {
                 let rem = seq.need - seq.ctx;
                 if self.cfg.chunked_prefill {

@@ -26,6 +26,8 @@ pub(super) struct Seq {
     pub(super) released_sent: bool,
     /// The prompt's KV came from a prefill stage: the first admission skips the prefill.
     pub(super) kv_ready: bool,
+    /// Its end is its `max_tokens`, known to the scheduler.
+    pub(super) length_capped: bool,
     pub(super) prompt: u32,
     pub(super) output: u32,
     /// Tokens to compute before the next sample: the prompt, or prompt + delivered tokens after a
@@ -71,6 +73,7 @@ impl Seq {
             corrupted: false,
             released_sent: false,
             kv_ready: r.kv_ready,
+            length_capped: r.length_capped,
             prompt: r.prompt_tokens,
             output: r.output_tokens,
             need: r.prompt_tokens,

@@ -137,6 +137,7 @@ fn released(traces: &mut BTreeMap<u64, Trace>, out: &mut Outbox, now: u64) {
 pub(crate) fn req(id: u64, prompt: u32, output: u32) -> NewRequest {
     NewRequest {
         kv_ready: false,
+        length_capped: false,
         tag: id as u32,
         handle: Handle {
             runtime_id: id,
@@ -174,6 +175,23 @@ fn window_2_overshoots_one_step_and_fences_the_release() {
     assert_eq!(t[&1].released_ns, Some(60 * MS));
     assert_eq!(e.stats().steps, 6);
     assert_eq!(e.stats().tokens_discarded, 1);
+    assert_eq!(e.kv().in_use(), 0);
+}
+
+#[test]
+fn window_2_schedules_no_step_past_a_length_capped_end() {
+    let mut e = Engine::new(cfg(2));
+    let capped = NewRequest {
+        length_capped: true,
+        ..req(1, 20, 5)
+    };
+    let t = drive(&mut e, &[(0, capped)]);
+    // The scheduler knows token 5 is the last: nothing overshoots, and the blocks come back when
+    // the last token's step ends.
+    assert_eq!(t[&1].tokens_ns, [10, 20, 30, 40, 50].map(|x| x * MS));
+    assert_eq!(t[&1].discarded, 0);
+    assert_eq!(t[&1].released_ns, Some(50 * MS));
+    assert_eq!(e.stats().steps, 5);
     assert_eq!(e.kv().in_use(), 0);
 }
 

@@ -130,6 +130,10 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
     if d.chance(0.3) {
         disaggregate(&mut d, &mut s);
     }
+    if d.chance(0.3) {
+        let some = d.real(0.0, 1.0);
+        s.workload.length_capped = d.pick(&[1.0, some]);
+    }
     s.expect.clear();
     s.coverage.clear();
     s.properties = Properties::default();
@@ -176,6 +180,8 @@ fn workload(d: &mut Draw, tier: Tier) -> Workload {
             d.pick(&[near, Dist::Constant(7e8)])
         }),
         disconnect_ms: d.chance(0.2).then(|| d.dist(10_000.0, 1.0)),
+        // Drawn at the end of `scenario`, after every older draw.
+        length_capped: 0.0,
     }
 }
 

@@ -28,6 +28,9 @@ const HEAD_ROWS: &[(&str, Cell)] = &[
     ("requests.cleanup_pending", |s| {
         int(s.requests.cleanup_pending)
     }),
+    ("requests.never_observed", |s| {
+        int(s.requests.never_observed)
+    }),
     ("requests.rejected", |s| int(s.requests.rejected)),
     ("leaked_work.gpu_s", |s| f3(s.leaked_work.gpu_s)),
     ("leaked_work.token_steps", |s| {

@@ -23,6 +23,15 @@ pub struct Workload {
     /// Time from acceptance until the client disconnects, per request. None: clients stay.
     #[serde(default)]
     pub disconnect_ms: Option<Dist>,
+    /// Probability that a request's output ends at its `max_tokens`, which the scheduler knows
+    /// in advance (no step in flight runs past it), rather than at a stop token, which it
+    /// discovers (with W > 1, one more step is already in flight).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub length_capped: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn default_prompt() -> Dist {

@@ -293,7 +293,7 @@ fn validate_lengths(w: &Workload) -> Check {
     if let Some(d) = &w.disconnect_ms {
         dist("workload.disconnect_ms", d)?;
     }
-    Ok(())
+    probability("workload.length_capped", w.length_capped)
 }
 
 fn validate_profile(p: &ProfileRef) -> Check {

@@ -299,7 +299,7 @@ pub(crate) type Column = (
     &'static str,
     fn(&crate::run::Report, &crate::metrics::Summary) -> String,
 );
-pub(crate) const METRICS: [Column; 19] = [
+pub(crate) const METRICS: [Column; 20] = [
     ("run_policy", |_, p| p.policy.clone()),
     ("scenario_hash", |r, _| r.scenario_hash.clone()),
     ("report_run_hash", |r, _| r.run_hash.clone()),
@@ -309,6 +309,9 @@ pub(crate) const METRICS: [Column; 19] = [
     ("expired", |_, p| p.requests.expired.to_string()),
     ("cleanup_pending", |_, p| {
         p.requests.cleanup_pending.to_string()
+    }),
+    ("never_observed", |_, p| {
+        p.requests.never_observed.to_string()
     }),
     ("leaked_gpu_s", |_, p| p.leaked_work.gpu_s.to_string()),
     ("leaked_token_steps", |_, p| {

@@ -49,6 +49,14 @@ pub fn shape(w: &Workload, seed: u64, id: u64) -> (u32, u32) {
     (prompt, output)
 }
 
+/// Whether request `id`'s output ends at its `max_tokens` (known to the scheduler) rather than at
+/// a stop token; from a stream of its own, drawn only when some requests are capped.
+pub fn length_capped(w: &Workload, seed: u64, id: u64) -> bool {
+    w.length_capped > 0.0
+        && Stream::keyed(seed, Purpose::RequestShape, id, key::FINISH_KIND).uniform_open01()
+            < w.length_capped
+}
+
 /// Deadline and disconnect offsets from acceptance, from the request's timing stream.
 pub fn timing(w: &Workload, seed: u64, id: u64) -> (Option<u64>, Option<u64>) {
     if w.deadline_ms.is_none() && w.disconnect_ms.is_none() {

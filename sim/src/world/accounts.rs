@@ -230,11 +230,15 @@ impl Accounts {
     /// A request with an intent leaves: cleanup evidence and leaked work by cause.
     fn cancelled_left(&mut self, q: &Req, state: State, intent_ns: u64, fd: bool) {
         let c = &q.cancel;
-        // Cleanup pending: the backend still held the request at the intent, and never
-        // observed the cancel (its work ran on, and nobody confirmed that it stopped).
+        // Never observed: the backend still held the request at the intent, and never observed
+        // the cancel (its work ran on, and nobody confirmed that it stopped). Cleanup pending:
+        // held at the intent and no release confirmed by the time it leaves.
         let held_at_intent = q.life.released_ns.is_none_or(|r| r > intent_ns);
-        if q.life.enqueued && c.observed_ns.is_none() && held_at_intent && state != State::Completed
-        {
+        let held = q.life.enqueued && held_at_intent && state != State::Completed;
+        if held && c.observed_ns.is_none() {
+            self.counts.never_observed += 1;
+        }
+        if held && c.evidence(EvidenceLevel::ResourceRelease).is_none() {
             self.counts.cleanup_pending += 1;
         }
         for (i, level) in CLEANUP_LEVELS.iter().enumerate() {

@@ -26,6 +26,7 @@ use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::Class;
 use crate::metrics::HandoffStats;
 use crate::scenario::{CheckpointConfig, Stage};
+use crate::workload;
 use cancelsim_models::ownership::State;
 
 impl World<'_> {
@@ -217,6 +218,7 @@ impl World<'_> {
             prompt_tokens: q.prompt,
             output_tokens: q.output,
             kv_ready,
+            length_capped: workload::length_capped(&self.scenario.workload, self.seed, q.id),
         };
         if self.cluster.enqueue(f.decode, now_ns, new).is_err() {
             let what = "a decode replica refused a request its prefill replica took";
@@ -438,6 +440,7 @@ impl World<'_> {
         for (replica, blocks) in h.finish(now_ns) {
             self.cluster.unpin(replica, blocks);
         }
+        self.accounts.counts.cleanup_pending += h.abandoned.len() as u64;
         let cov = &mut self.accounts.coverage;
         cov.add(Mark::HandoffLeaseExpired, h.settled.0);
         cov.add(Mark::HandoffNeverReturned, h.settled.1);

@@ -18,7 +18,7 @@ use crate::coverage::Mark;
 use crate::dist::ms_to_ns;
 use crate::kernel::Class;
 use crate::scenario::Stage;
-use crate::workload::Arrival;
+use crate::workload::{self, Arrival};
 
 impl World<'_> {
     pub(super) fn on_arrival(&mut self, request: u64) -> Step {
@@ -202,11 +202,15 @@ impl World<'_> {
                 false => a.output_tokens,
             },
             kv_ready: false,
+            // A prefill replica's request is capped at one token (`max_tokens: 1`).
+            length_capped: self.cluster.disaggregated()
+                || workload::length_capped(&self.scenario.workload, self.seed, a.id),
         };
         // A prefill replica takes the prompt and one token; the decode stage must take it all.
         let whole = NewRequest {
             output_tokens: a.output_tokens,
             kv_ready: true,
+            length_capped: false,
             ..new
         };
         let fits = !self.cluster.disaggregated() || self.cluster.decode_accepts(&whole);

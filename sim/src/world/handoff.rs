@@ -64,6 +64,8 @@ pub(crate) struct Handoff {
     pub stats: HandoffStats,
     /// Holds settled at the end of the run: by their lease, and given up.
     pub settled: (u64, u64),
+    /// Requests with blocks given up at the end of the run: cleanup pending.
+    pub abandoned: BTreeSet<u64>,
 }
 
 impl Handoff {
@@ -99,6 +101,7 @@ impl Handoff {
             aborts_seen: BTreeSet::new(),
             stats: HandoffStats::default(),
             settled: (0, 0),
+            abandoned: BTreeSet::new(),
             cfg,
         }
     }
@@ -182,7 +185,10 @@ impl Handoff {
                 self.returned(r, x);
                 match x.why {
                     Why::LeaseExpired => self.settled.0 += 1,
-                    _ => self.settled.1 += 1,
+                    _ => {
+                        self.settled.1 += 1;
+                        self.abandoned.insert(x.id);
+                    }
                 }
             }
             let blocks: u64 = left.iter().map(|x| x.blocks).sum();

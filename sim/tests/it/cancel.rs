@@ -134,8 +134,12 @@ fn finish_and_discard_leaks_the_remaining_tokens_times_their_step_share() {
     );
     assert_eq!(fd.requests.cancelled, 1);
     assert_eq!(
-        fd.requests.cleanup_pending, 1,
+        fd.requests.never_observed, 1,
         "no backend cancel: nobody saw it stop"
+    );
+    assert_eq!(
+        fd.requests.cleanup_pending, 0,
+        "its blocks were released when it finished, with evidence"
     );
     assert_eq!(fd.sibling_survival.survived, 3);
     assert_eq!(fd.sibling_survival.siblings, 3);
@@ -160,12 +164,8 @@ fn per_request_w1_every_step_leaks_less_than_one_step_share_plus_the_observation
     assert_eq!(p.late_output_discards, 1, "step 4's token");
     let obs = &p.cleanup_latency_ms["backend_observation"];
     assert_eq!((obs.count, obs.unknown), (1, 0));
-    // Latency quantiles come from a 3-significant-digit histogram.
-    assert!(
-        (obs.max - 5.0).abs() < 0.01,
-        "observed 5 ms after the intent: {}",
-        obs.max
-    );
+    // Quantiles are exact (every value is kept up to `EXACT_MAX`).
+    assert_eq!(obs.max, 5.0, "observed 5 ms after the intent");
     assert_eq!(p.requests.cleanup_pending, 0);
     assert_eq!(p.sibling_survival.rate, 1.0);
     // Siblings finish their 60 tokens sooner without the target in their steps? No: with a flat
@@ -327,7 +327,7 @@ fn completion_and_cancel_race_first_terminal_transition_wins() {
 }
 
 #[test]
-fn a_lost_cancel_is_cleanup_pending_never_cancelled_at_zero() {
+fn a_lost_cancel_is_never_observed_never_cancelled_at_zero() {
     let r = run(Setup {
         adapter: "rpc_latency_ms: Constant(0.0), loss: 1.0, max_attempts: 3, timeout_ms: 5.0",
         ..Setup::default()
@@ -336,7 +336,11 @@ fn a_lost_cancel_is_cleanup_pending_never_cancelled_at_zero() {
     assert_eq!(p.cancel_rpc.attempts, 3);
     assert_eq!(p.cancel_rpc.lost, 3);
     assert_eq!(p.cancel_rpc.budget_exhausted, 1);
-    assert_eq!(p.requests.cleanup_pending, 1);
+    assert_eq!(p.requests.never_observed, 1);
+    assert_eq!(
+        p.requests.cleanup_pending, 0,
+        "released at its end, with evidence"
+    );
     let obs = &p.cleanup_latency_ms["backend_observation"];
     assert_eq!((obs.count, obs.unknown), (0, 1), "unknown, never 0 ms");
     // The work ran to completion: the same leak as finish-and-discard, under the lost cause.
@@ -420,7 +424,7 @@ fn a_fallback_policy_never_touches_a_backend_that_cannot_observe() {
     });
     // Per-request: the backend never checks the flag, so nothing faults, but the target runs on.
     let pr = policy(&r, "per_request");
-    assert_eq!(pr.requests.cleanup_pending, 1);
+    assert_eq!(pr.requests.never_observed, 1);
     let fb = policy(&r, "per_request_fallback");
     assert_eq!(
         fb.cancel_rpc.attempts, 0,

@@ -400,3 +400,36 @@ fn omitted_lengths_take_the_documented_defaults() {
         readme.contains("output_tokens: LogNormal(median: 130.0, sigma: 0.8),    // the default")
     );
 }
+
+/// With W = 2, a stop-token finish costs one step already in flight, discarded; a finish at the
+/// request's `max_tokens` costs none, since the scheduler knows it. Flat 10 ms steps, 20 requests
+/// of 50 tokens one after another: 20 overshoot steps of one token each, or none.
+#[test]
+fn only_stop_token_finishes_overshoot_with_a_window_of_two() {
+    let text = |capped: f64| {
+        format!(
+            r#"Scenario(
+    name: "overshoot",
+    seed: 1,
+    workload: (
+        source: Poisson(rate_per_s: 0.5, requests: 20),
+        prompt_tokens: Constant(16.0),
+        output_tokens: Constant(50.0),
+        length_capped: {capped},
+    ),
+    cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 1000), scheduler: Continuous(window: 2, max_num_seqs: 1)),
+)"#
+        )
+    };
+    let stop = check(&text(0.0), None, None);
+    let capped = check(&text(1.0), None, None);
+    assert_eq!(stop.requests.completed, 20);
+    assert_eq!(capped.requests.completed, 20);
+    assert!(
+        (stop.gpu.gpu_s_discarded - 20.0 * 0.010).abs() < 1e-9,
+        "{:?}",
+        stop.gpu
+    );
+    assert_eq!(capped.gpu.gpu_s_discarded, 0.0, "{:?}", capped.gpu);
+    assert_eq!(stop.gpu.steps, capped.gpu.steps + 20);
+}
