@@ -422,6 +422,18 @@ pub struct Recovery {
     pub time_to_recover_s: f64,
 }
 
+/// Outputs that end at a stop string (`workload.stop_strings`; catalogue S14).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct StopStats {
+    /// Requests whose output ended at a stop string.
+    pub requests: u64,
+    /// Tokens the engine delivered past a stop string before the frontend's abort stopped it
+    /// (discarded; the steps already in flight then are in `gpu.gpu_s_discarded`).
+    pub overrun_tokens: u64,
+    /// The frontend's aborts that an engine observed (the rest came after it had finished).
+    pub aborts_observed: u64,
+}
+
 /// Everything one run of one policy reports.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
@@ -457,6 +469,9 @@ pub struct Summary {
     /// The prefill-to-decode handoff, in a disaggregated graph only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handoff: Option<HandoffStats>,
+    /// Outputs that end at a stop string, when the workload has them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_strings: Option<StopStats>,
     /// Time to recover from a storm in time, when the scenario has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery: Option<Recovery>,

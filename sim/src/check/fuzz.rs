@@ -134,6 +134,13 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
         let some = d.real(0.0, 1.0);
         s.workload.length_capped = d.pick(&[1.0, some]);
     }
+    if d.chance(0.3) {
+        let some = d.real(0.0, 1.0);
+        s.workload.stop_strings = Some(StopStrings {
+            probability: d.pick(&[1.0, some]),
+            detect_ms: d.dist(5.0, 1.0),
+        });
+    }
     s.expect.clear();
     s.coverage.clear();
     s.properties = Properties::default();
@@ -182,6 +189,7 @@ fn workload(d: &mut Draw, tier: Tier) -> Workload {
         disconnect_ms: d.chance(0.2).then(|| d.dist(10_000.0, 1.0)),
         // Drawn at the end of `scenario`, after every older draw.
         length_capped: 0.0,
+        stop_strings: None,
     }
 }
 

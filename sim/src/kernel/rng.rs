@@ -73,6 +73,8 @@ pub mod key {
     pub const TRANSFER_FAILS: u64 = 6;
     /// `RequestShape` sub-key: how the request's output ends (a stop token or its `max_tokens`).
     pub const FINISH_KIND: u64 = 7;
+    /// `RequestShape` sub-key: whether the output ends at a stop string, and its detection delay.
+    pub const STOP_STRING: u64 = 8;
     /// `CancelRpc` sub-key of the acknowledgement's latency after a backend observation.
     pub const ACK_LATENCY: u64 = 1 << 21;
     /// `Playback` entity flag of a request's blocked-admission retries (`id ^ RETRY_FLAG`,

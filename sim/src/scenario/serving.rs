@@ -28,6 +28,25 @@ pub struct Workload {
     /// discovers (with W > 1, one more step is already in flight).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub length_capped: f64,
+    /// Outputs that end at a stop string, which the frontend's detokenizer finds after the
+    /// token comes out; the engine runs on until the frontend's abort reaches it (catalogue S14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_strings: Option<StopStrings>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopStrings {
+    /// Probability that a request's output ends at a stop string.
+    pub probability: f64,
+    /// From the last token out to the frontend's abort reaching the engine: detokenizing,
+    /// matching, and the abort's trip.
+    #[serde(default = "stop_detect_default")]
+    pub detect_ms: Dist,
+}
+
+fn stop_detect_default() -> Dist {
+    Dist::Constant(1.0)
 }
 
 fn is_zero(x: &f64) -> bool {

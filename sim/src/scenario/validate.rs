@@ -293,6 +293,10 @@ fn validate_lengths(w: &Workload) -> Check {
     if let Some(d) = &w.disconnect_ms {
         dist("workload.disconnect_ms", d)?;
     }
+    if let Some(st) = &w.stop_strings {
+        probability("workload.stop_strings.probability", st.probability)?;
+        dist("workload.stop_strings.detect_ms", &st.detect_ms)?;
+    }
     probability("workload.length_capped", w.length_capped)
 }
 

@@ -57,6 +57,20 @@ pub fn length_capped(w: &Workload, seed: u64, id: u64) -> bool {
             < w.length_capped
 }
 
+/// Tokens an engine may generate past a stop string before the frontend's abort stops it: the
+/// request's `max_tokens` beyond its natural end, as the engine sees it.
+pub const STOP_OVERRUN_MAX: u32 = 256;
+
+/// If request `id`'s output ends at a stop string, the delay from its last token out to the
+/// frontend's abort reaching the engine; from a stream of its own.
+pub fn stop_string(w: &Workload, seed: u64, id: u64) -> Option<u64> {
+    let st = w.stop_strings.as_ref()?;
+    let mut s = Stream::keyed(seed, Purpose::RequestShape, id, key::STOP_STRING);
+    let hit = s.uniform_open01() < st.probability;
+    let delay_ns = ms_to_ns(st.detect_ms.sample(&mut s));
+    hit.then_some(delay_ns)
+}
+
 /// Deadline and disconnect offsets from acceptance, from the request's timing stream.
 pub fn timing(w: &Workload, seed: u64, id: u64) -> (Option<u64>, Option<u64>) {
     if w.deadline_ms.is_none() && w.disconnect_ms.is_none() {

@@ -87,6 +87,12 @@ pub(crate) struct Accounts {
     /// The one token each prefill replica's request samples, which the decode stage samples
     /// again: it never reaches a client.
     pub tokens_prefill: u64,
+    /// Tokens generated past a stop string before the frontend's abort stopped the engine.
+    pub tokens_overrun: u64,
+    /// Those aborts, observed by an engine.
+    pub stop_aborts_observed: u64,
+    /// Requests whose output ends at a stop string.
+    pub stop_requests: u64,
     pub token_steps_left: u64,
     /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
     /// requests leave: folded into the run hash, so two runs whose events coincide but whose
@@ -119,6 +125,9 @@ impl Accounts {
             coverage: Coverage::default(),
             tokens_left: 0,
             tokens_prefill: 0,
+            tokens_overrun: 0,
+            stop_aborts_observed: 0,
+            stop_requests: 0,
             token_steps_left: 0,
             outcomes: blake3::Hasher::new(),
         }
@@ -286,7 +295,8 @@ impl Accounts {
     /// shared to a request, and GPU time split into requests', discarded and padding work adds
     /// up to the replicas' busy time.
     pub fn conserved(&self, replicas: &ReplicaStats) -> Result<(), Stop> {
-        if self.tokens_left + self.tokens_prefill != replicas.tokens_delivered {
+        let received = self.tokens_left + self.tokens_prefill + self.tokens_overrun;
+        if received != replicas.tokens_delivered {
             let what = format!(
                 "tokens not conserved: replicas delivered {}, requests received {} (and {} \
                  prefill tokens)",

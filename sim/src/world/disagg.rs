@@ -216,9 +216,10 @@ impl World<'_> {
             tag: f.tag,
             handle: q.handle,
             prompt_tokens: q.prompt,
-            output_tokens: q.output,
+            output_tokens: q.engine_output(),
             kv_ready,
-            length_capped: workload::length_capped(&self.scenario.workload, self.seed, q.id),
+            length_capped: q.stop_detect_ns.is_none()
+                && workload::length_capped(&self.scenario.workload, self.seed, q.id),
         };
         if self.cluster.enqueue(f.decode, now_ns, new).is_err() {
             let what = "a decode replica refused a request its prefill replica took";

@@ -120,6 +120,11 @@ pub enum Event {
     LeaseCheck {
         replica: u32,
     },
+    /// The frontend found a stop string in `request`'s output: its abort reaches the engine.
+    StopAbort {
+        request: u64,
+        tag: u32,
+    },
     /// The hang detector looks at `replica`, wedged since `since_ns`.
     HangCheck {
         replica: u32,
@@ -152,6 +157,7 @@ impl Traced for Event {
             Event::Notice { .. } => 20,
             Event::LeaseCheck { .. } => 21,
             Event::HangCheck { .. } => 22,
+            Event::StopAbort { .. } => 23,
         }
     }
 
@@ -173,7 +179,8 @@ impl Traced for Event {
             | Event::ChunkAdmit { request, .. }
             | Event::Handoff { request, .. }
             | Event::KvLanded { request, .. }
-            | Event::Notice { request, .. } => request,
+            | Event::Notice { request, .. }
+            | Event::StopAbort { request, .. } => request,
             Event::BarrierAck { owner, .. } => owner,
             Event::LeaseCheck { replica } | Event::HangCheck { replica, .. } => replica as u64,
         }

@@ -5,7 +5,7 @@
 
 use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
 use cancelsim_models::ownership::{State, Timestamp};
-use cancelsim_models::protocol::{NewRequest, Observed, Outcome, Released, Retired};
+use cancelsim_models::protocol::{Abort, NewRequest, Observed, Outcome, Released, Retired, Scope};
 
 use super::cancel::{self, evidence_mark, stage_mark, CancelState};
 use super::conversations::TurnEnd;
@@ -66,6 +66,21 @@ impl World<'_> {
             _ => self.accounts.disconnects += 1,
         }
         self.intent(tag, cause)
+    }
+
+    /// The frontend's abort after a stop string reaches the engine, if it still has the request.
+    pub(super) fn on_stop_abort(&mut self, request: u64, tag: Tag) -> Step {
+        if !self.requests.live(request, tag) || self.requests[tag].life.engine_released {
+            return Ok(());
+        }
+        let q = &mut self.requests[tag];
+        q.stop_abort = true;
+        let abort = Abort {
+            scope: Scope::Request(q.handle.runtime_id),
+            fault: None,
+            key: request | 1 << 63,
+        };
+        Ok(self.cluster.abort(&mut self.kernel, q.replica, abort)?)
     }
 
     pub(super) fn on_storm_intent(&mut self, request: u64, tag: Tag) -> Step {
@@ -165,11 +180,13 @@ impl World<'_> {
             handle,
             conv,
             cancel: CancelState::new(plan),
+            stop_detect_ns: workload::stop_string(&self.scenario.workload, self.seed, a.id),
             ..Req::new(&a, now_ns, owner, generation)
         });
         if let Some((c, _)) = conv {
             self.conversations.joined(c, a.id, tag);
         }
+        self.accounts.stop_requests += self.requests[tag].stop_detect_ns.is_some() as u64;
         self.accounts.arrived(now_ns);
         if self.owners.start(a.id, generation as u64).is_err() {
             return Err(Stop::broken(vec![a.id], "a request identity was reused"));
@@ -199,16 +216,17 @@ impl World<'_> {
             // A prefill replica computes the prompt and samples one token, which it keeps.
             output_tokens: match self.cluster.disaggregated() {
                 true => 1,
-                false => a.output_tokens,
+                false => q.engine_output(),
             },
             kv_ready: false,
             // A prefill replica's request is capped at one token (`max_tokens: 1`).
             length_capped: self.cluster.disaggregated()
-                || workload::length_capped(&self.scenario.workload, self.seed, a.id),
+                || (q.stop_detect_ns.is_none()
+                    && workload::length_capped(&self.scenario.workload, self.seed, a.id)),
         };
         // A prefill replica takes the prompt and one token; the decode stage must take it all.
         let whole = NewRequest {
-            output_tokens: a.output_tokens,
+            output_tokens: self.requests[tag].engine_output(),
             kv_ready: true,
             length_capped: false,
             ..new
@@ -342,6 +360,11 @@ impl World<'_> {
         if !self.requests.live(o.id, o.tag) {
             return Ok(());
         }
+        if self.requests[o.tag].stop_abort {
+            // The frontend's own abort after a stop string: the request completed; no cancel.
+            self.accounts.stop_aborts_observed += 1;
+            return Ok(());
+        }
         let q = &mut self.requests[o.tag];
         q.cancel.observed_ns = Some(self.kernel.now_ns());
         self.cancel.backend_acted(&mut q.cancel);
@@ -402,6 +425,18 @@ impl World<'_> {
     /// controller. After the terminal transition it is a late output, discarded here.
     pub(super) fn on_token(&mut self, tag: Tag, index: u32, last: bool, corrupted: bool) -> Step {
         let now_ns = self.kernel.now_ns();
+        let q = &mut self.requests[tag];
+        if index > q.output {
+            // Past a stop string: the engine does not know the output ended. Discarded.
+            self.accounts.tokens_overrun += 1;
+            return Ok(());
+        }
+        let stop_ns = q.stop_detect_ns.filter(|_| index == q.output);
+        let last = last || stop_ns.is_some();
+        if let Some(delay_ns) = stop_ns {
+            let ev = Event::StopAbort { request: q.id, tag };
+            self.kernel.schedule_in(delay_ns, Class::Control, ev)?;
+        }
         let q = &mut self.requests[tag];
         debug_assert_eq!(index, q.life.tokens + 1);
         q.life.tokens = index;

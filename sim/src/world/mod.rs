@@ -268,6 +268,7 @@ impl<'s> World<'s> {
             } => self.on_notice(request, replica, cancel),
             Event::LeaseCheck { replica } => self.on_lease_check(replica),
             Event::HangCheck { replica, since_ns } => self.on_hang_check(replica, since_ns),
+            Event::StopAbort { request, tag } => self.on_stop_abort(request, tag),
         }
     }
 

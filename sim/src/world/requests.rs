@@ -9,7 +9,7 @@ use cancelsim_models::protocol::Handle;
 use super::accounts::Cost;
 use super::cancel::CancelState;
 use super::playback::{Chunks, Owner};
-use crate::workload::Arrival;
+use crate::workload::{Arrival, STOP_OVERRUN_MAX, TOKENS_MAX};
 
 /// A slab index: the handle a replica echoes in every output and release.
 pub(crate) type Tag = u32;
@@ -50,6 +50,11 @@ pub(crate) struct Req {
     pub arrival_ns: u64,
     pub prompt: u32,
     pub output: u32,
+    /// The output ends at a stop string: the frontend's abort reaches the engine this long
+    /// after the last token comes out.
+    pub stop_detect_ns: Option<u64>,
+    /// That abort was sent: the engine's observation of it is no one's cancel.
+    pub stop_abort: bool,
     pub replica: u32,
     pub owner: u64,
     pub generation: u32,
@@ -70,6 +75,8 @@ impl Req {
             arrival_ns: now_ns,
             prompt: a.prompt_tokens,
             output: a.output_tokens,
+            stop_detect_ns: None,
+            stop_abort: false,
             replica: 0,
             owner,
             generation,
@@ -98,6 +105,15 @@ impl Req {
     }
 
     /// All its output tokens are out.
+    /// Output tokens the engine is asked for: past a stop string it does not know the end, and
+    /// would run to the request's `max_tokens`.
+    pub fn engine_output(&self) -> u32 {
+        match self.stop_detect_ns {
+            Some(_) => self.output.saturating_add(STOP_OVERRUN_MAX).min(TOKENS_MAX),
+            None => self.output,
+        }
+    }
+
     pub fn output_done(&self) -> bool {
         self.life.tokens == self.output
     }

@@ -211,6 +211,16 @@ pub(crate) fn summary(mut b: Books, extras: &mut Extras) -> Summary {
         littles_law: littles_law(a, b.end_ns),
         handoff: b.handoff,
         recovery: b.recovery,
+        stop_strings: b
+            .scenario
+            .workload
+            .stop_strings
+            .as_ref()
+            .map(|_| StopStats {
+                requests: a.stop_requests,
+                overrun_tokens: a.tokens_overrun,
+                aborts_observed: a.stop_aborts_observed,
+            }),
         events: b.events,
         virtual_time_s: b.end_ns as f64 / NS_PER_S as f64,
         workload_hash: b.workload_hash.clone(),
