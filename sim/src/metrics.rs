@@ -165,8 +165,9 @@ impl LatencyStats {
     }
 }
 
-/// Little's law, measured two ways: L as the time average of the number in the system, and
-/// λ·W from the arrival rate and the mean time in system.
+/// Little's law, measured two ways: L as the time average of the requests in the world's slab
+/// (integrated event by event by the run loop), and λ·W from the books' arrival count and each
+/// request's time in system (taken when it left).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LittlesLaw {
     pub lambda_per_s: f64,
@@ -177,8 +178,7 @@ pub struct LittlesLaw {
 }
 
 /// Dispositions with their denominators. `completed + cancelled + expired + rejected =
-/// scheduled`; `cleanup_pending` counts the cancelled or expired requests whose backend never
-/// observed a cancel (the work ran on, and nobody confirmed it stopped).
+/// scheduled`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RequestCounts {
     /// Arrived.

@@ -218,19 +218,27 @@ impl<E: Traced> Kernel<E> {
     /// `Ok(None)` means no event but weak ones is pending: the run is over.
     #[inline]
     pub fn next_event(&mut self) -> Result<Option<E>, LimitError> {
-        if self.queue.strong_len() == 0 {
-            return Ok(None);
-        }
-        self.next_weak_event()
+        self.next_event_or(|| false)
     }
 
-    /// Pop the next event even if only weak ones are pending (the caller knows the run must go
-    /// on: work waits for something a weak event brings). `Ok(None)`: the queue is empty.
+    /// `next_event`, except that when only weak events are left, `go_on` decides whether the
+    /// run goes on through them (work waits for something a weak event brings). `Ok(None)`: the
+    /// run is over. One call site of the heap's pop, so that it is inlined into the run loop
+    /// (with two, it was not, for 7 % more instructions in a storm).
     #[inline]
-    pub fn next_weak_event(&mut self) -> Result<Option<E>, LimitError> {
+    pub fn next_event_or(&mut self, go_on: impl FnOnce() -> bool) -> Result<Option<E>, LimitError> {
+        if self.queue.strong_len() == 0 && !go_on() {
+            return Ok(None);
+        }
         let Some((key, event)) = self.queue.pop() else {
             return Ok(None);
         };
+        self.advance(key, event).map(Some)
+    }
+
+    /// The clock moves to a popped event, within the limits, and the run hash records it.
+    #[inline(always)]
+    fn advance(&mut self, key: Key, event: E) -> Result<E, LimitError> {
         debug_assert!(
             key.time_ns >= self.now_ns,
             "queue returned an event from the past"
@@ -251,7 +259,7 @@ impl<E: Traced> Kernel<E> {
         self.events_dispatched += 1;
         self.hasher
             .record(key.time_ns, key.seq(), event.kind_code(), event.entity());
-        Ok(Some(event))
+        Ok(event)
     }
 
     /// The run hash so far.

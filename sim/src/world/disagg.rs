@@ -15,9 +15,10 @@ use cancelsim_models::cleanup::{Notice, Returned};
 use cancelsim_models::protocol::{Abort, BlastRadius, NewRequest, Observed, Scope};
 use cancelsim_models::transfer::End;
 
+use super::accounts::Accounts;
 use super::error::{Step, Stop};
 use super::event::Event;
-use super::handoff::{Flight, Phase};
+use super::handoff::{Flight, Handoff, Phase};
 use super::requests::Tag;
 use super::World;
 use crate::coverage::Mark;
@@ -387,13 +388,6 @@ impl World<'_> {
         self.try_finalize(f.tag)
     }
 
-    /// Whether the run must go on through weak events: requests are still in the system and
-    /// cleanup owners hold blocks a lease may return (work may be waiting for them).
-    pub(super) fn waits_on_leases(&self) -> bool {
-        self.accounts.little.in_system > 0
-            && self.handoff.as_ref().is_some_and(|h| h.holds_leases())
-    }
-
     /// Cancelling `request`'s transfer on the wire may wedge its sender, `prefill`: alive, but
     /// making no progress until a hang detector, if any, kills it.
     fn maybe_wedge(&mut self, prefill: u32, request: u64) -> Step {
@@ -453,4 +447,12 @@ impl World<'_> {
         stats.decode.admission_stalls = self.cluster.stage_totals(false).stalls_pinned;
         Some(stats)
     }
+}
+
+/// Whether the run must go on through weak events: requests are still in the system and
+/// cleanup owners hold blocks a lease may return (work may be waiting for them). Asked only when
+/// nothing but weak events is left.
+#[cold]
+pub(super) fn waits_on_leases(accounts: &Accounts, handoff: Option<&Handoff>) -> bool {
+    accounts.little.in_system > 0 && handoff.is_some_and(|h| h.holds_leases())
 }

@@ -124,10 +124,13 @@ impl Req {
 pub(crate) struct Requests {
     slab: Vec<Req>,
     free: Vec<Tag>,
+    /// Live entries, counted by the slab itself (Little's law integrates it).
+    live: u64,
 }
 
 impl Requests {
     pub fn insert(&mut self, req: Req) -> Tag {
+        self.live += 1;
         match self.free.pop() {
             Some(t) => {
                 self.slab[t as usize] = req;
@@ -152,6 +155,11 @@ impl Requests {
         debug_assert!(self.slab[tag as usize].live);
         self.slab[tag as usize].live = false;
         self.free.push(tag);
+        self.live -= 1;
+    }
+
+    pub fn live_count(&self) -> u64 {
+        self.live
     }
 
     /// Ids of requests still live (at most `n`), for a conservation report.

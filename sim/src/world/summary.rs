@@ -29,6 +29,8 @@ pub(crate) struct Books<'a> {
     pub end_ns: u64,
     pub handoff: Option<HandoffStats>,
     pub recovery: Option<Recovery>,
+    /// The slab's occupancy integrated over the run (request-ns).
+    pub occupancy_area_ns: u128,
     pub workload_hash: String,
     pub run_hash: String,
 }
@@ -124,10 +126,14 @@ fn sibling_survival(sib: Option<&Siblings>) -> (SiblingSurvival, LatencyDeltaMs)
     (survival, delta)
 }
 
-fn littles_law(a: &Accounts, end_ns: u64) -> LittlesLaw {
+/// L from the slab's occupancy, integrated by the run loop event by event; λ and W from the
+/// books (arrivals counted, each request's time in system when it left). Two separate
+/// bookkeepings: a request the books lose or count twice, or one that stays in the slab,
+/// opens a gap.
+fn littles_law(a: &Accounts, end_ns: u64, occupancy_area_ns: u128) -> LittlesLaw {
     let l = &a.little;
-    let lambda_per_s = ratio(l.sojourns as f64, end_ns as f64 / NS_PER_S as f64);
-    let mean_in_system = ratio(l.area_ns as f64, end_ns as f64);
+    let lambda_per_s = ratio(a.counts.scheduled as f64, end_ns as f64 / NS_PER_S as f64);
+    let mean_in_system = ratio(occupancy_area_ns as f64, end_ns as f64);
     let mean_e2e_s = l.sojourn_sum_ns as f64 / l.sojourns.max(1) as f64 / NS_PER_S as f64;
     let lw = lambda_per_s * mean_e2e_s;
     LittlesLaw {
@@ -208,7 +214,7 @@ pub(crate) fn summary(mut b: Books, extras: &mut Extras) -> Summary {
         cancel_rpc: b.rpc.clone(),
         targets: a.targets.clone(),
         coverage: a.coverage.clone().into_map(),
-        littles_law: littles_law(a, b.end_ns),
+        littles_law: littles_law(a, b.end_ns, b.occupancy_area_ns),
         handoff: b.handoff,
         recovery: b.recovery,
         stop_strings: b
