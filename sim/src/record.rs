@@ -180,6 +180,9 @@ pub struct Extras {
     pub sibling_ttft_ms: Vec<(f64, f64)>,
     /// Per evidence level, (latency ms, cumulative fraction) points of the cleanup-latency CDF.
     pub cleanup_cdf_ms: BTreeMap<String, Vec<(f64, f64)>>,
+    /// With a storm in time: (arrival second, mean admission latency ms) per bin with
+    /// admissions, in order, for the recovery plot.
+    pub admission_bins_ms: Vec<(f64, f64)>,
     /// What the trace kept, when a trace was recorded.
     pub trace: Option<TraceLog>,
     /// The request sink, handed back so the next run can continue writing to it.

@@ -127,6 +127,8 @@ enum Chart {
     SiblingTtft,
     /// A prefill/decode graph's only: the blocks pinned on each stage over time.
     HandoffPinned,
+    /// A storm in time's only: admission latency by arrival second, against the threshold.
+    Recovery,
 }
 
 /// What the plots are drawn from.
@@ -148,6 +150,7 @@ impl Charts<'_> {
             Chart::KvRetained => self.kv_retained(&area)?,
             Chart::SiblingTtft => self.sibling_ttft(&area)?,
             Chart::HandoffPinned => self.handoff_pinned(&area)?,
+            Chart::Recovery => self.recovery(&area)?,
         }
         area.present()?;
         Ok(())
@@ -162,6 +165,10 @@ pub fn draw_all(dir: &Path, report: &Report, extras: &[Extras]) -> Result<Vec<Pa
     let mut written = Vec::new();
     let handoff = report.counterfactual.handoff.is_some();
     let extra = handoff.then_some(("handoff_pinned", Chart::HandoffPinned));
+    let storm = report.counterfactual.recovery.is_some();
+    let extra = extra
+        .into_iter()
+        .chain(storm.then_some(("recovery", Chart::Recovery)));
     for (name, chart) in CHARTS.into_iter().chain(extra) {
         let p = dir.join(format!("{name}.png"));
         let area = BitMapBackend::new(&p, SIZE).into_drawing_area();
@@ -403,6 +410,62 @@ impl Charts<'_> {
         for (caption, pick, panel) in panels {
             pinned_panel(panel, caption, &runs, pick)?;
         }
+        Ok(())
+    }
+
+    /// Admission latency by arrival second, one line per run, on a log scale; the storm's window
+    /// shaded and the degraded threshold drawn, so the time to recover can be read off.
+    fn recovery<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
+    where
+        DB::ErrorType: 'static,
+    {
+        let cf = &self.report.counterfactual;
+        let r = cf.recovery.expect("drawn only with a storm in time");
+        let runs = std::iter::once(cf).chain(&self.report.policies);
+        let series: Vec<(&str, &[(f64, f64)])> = runs
+            .zip(self.extras)
+            .map(|(s, e)| (s.policy.as_str(), e.admission_bins_ms.as_slice()))
+            .collect();
+        let points = series.iter().flat_map(|(_, b)| b.iter());
+        let tmax = points
+            .clone()
+            .map(|p| p.0 + 1.0)
+            .fold(r.storm_to_s, f64::max);
+        let ymax = points.map(|p| p.1).fold(r.threshold_ms, f64::max).max(0.01) * 2.0;
+        let ymin = (r.level_ms / 10.0).max(1e-3);
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                "Admission latency by arrival second (storm shaded)",
+                ("sans-serif", 24),
+            )
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..tmax, (ymin..ymax).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("arrival time (s)")
+            .y_desc("mean admission latency (ms, log)")
+            .draw()?;
+        let shade = RGBColor(230, 230, 230).filled();
+        let window = [(r.storm_from_s, ymin), (r.storm_to_s, ymax)];
+        chart.draw_series(std::iter::once(Rectangle::new(window, shade)))?;
+        let threshold = [(0.0, r.threshold_ms), (tmax, r.threshold_ms)];
+        chart
+            .draw_series(LineSeries::new(threshold, BLACK.stroke_width(1)))?
+            .label(format!("degraded above {:.1} ms", r.threshold_ms))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(1)));
+        for (i, (name, bins)) in series.iter().enumerate() {
+            let c = palette(i);
+            let line = bins.iter().map(|&(t, ms)| (t + 0.5, ms.max(ymin)));
+            chart
+                .draw_series(LineSeries::new(line, c.stroke_width(2)))?
+                .label(name.replace('_', " "))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
+                });
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
 

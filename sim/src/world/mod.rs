@@ -384,6 +384,7 @@ impl<'s> World<'s> {
         };
         let mut extras = self.recorder.finish();
         extras.sibling_ttft_ms = pairs;
+        extras.admission_bins_ms = self.recover.bins_ms();
         let books = summary::Books {
             scenario: self.scenario,
             seed: self.seed,

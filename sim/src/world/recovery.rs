@@ -58,6 +58,15 @@ impl Recover {
         slot.1 += 1;
     }
 
+    /// (arrival second, mean admission latency ms) of every bin, before the storm and after,
+    /// in order: what the recovery plot draws.
+    pub fn bins_ms(&self) -> Vec<(f64, f64)> {
+        let mean = |&(sum, n): &(u128, u64)| sum as f64 / n as f64 / 1e6;
+        let all = self.before.iter().chain(&self.bins);
+        all.map(|(&b, v)| ((b * BIN_NS) as f64 / 1e9, mean(v)))
+            .collect()
+    }
+
     pub fn summary(&self) -> Option<Recovery> {
         let (from_ns, to_ns) = self.window_ns?;
         let mean = |&(sum, n): &(u128, u64)| sum as f64 / n as f64;

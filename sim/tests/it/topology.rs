@@ -165,6 +165,11 @@ fn a_prefill_decode_graph_runs_and_is_drawn() {
     let run_dir = runs[0].as_ref().unwrap().path();
     let dot = std::fs::read_to_string(run_dir.join("graph.dot")).unwrap();
     assert!(dot.contains("prefill\\nPrefill x2"), "{dot}");
+    assert!(run_dir.join("plots/handoff_pinned.png").exists());
+    assert!(
+        !run_dir.join("plots/recovery.png").exists(),
+        "no storm in time, no plot"
+    );
     let summary = std::fs::read_to_string(run_dir.join("summary.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&summary).unwrap();
     let h = &v["counterfactual"]["handoff"];
@@ -367,4 +372,32 @@ fn a_failed_transfer_is_recomputed_on_the_decode_side() {
         "the prompts were computed twice"
     );
     assert!(cf.ttft_ms.p50 > base.counterfactual.ttft_ms.p50);
+}
+
+/// A storm in time draws the recovery plot (PNG and SVG) from the bins the summary's time to
+/// recover reads; a run without one draws none (the test above).
+#[test]
+fn a_storm_in_time_draws_its_recovery() {
+    let dir = scratch("recovery");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/library/storm-during-kv-transfer.ron"
+    );
+    let out = cancelsim(&["run", path, "--out", "out"], &dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: Vec<_> = std::fs::read_dir(dir.join("out/storm-during-kv-transfer"))
+        .unwrap()
+        .collect();
+    let run_dir = runs[0].as_ref().unwrap().path();
+    let png = std::fs::read(run_dir.join("plots/recovery.png")).unwrap();
+    assert!(
+        png.len() > 10_000 && png.starts_with(b"\x89PNG"),
+        "{} bytes",
+        png.len()
+    );
+    assert!(run_dir.join("plots/recovery.svg").exists());
 }
