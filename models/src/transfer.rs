@@ -62,6 +62,18 @@ pub struct TransferStats {
 }
 
 /// Transfers in flight on one link, at most.
+impl TransferStats {
+    /// Sum another link's counters into these.
+    pub fn add(&mut self, s: &TransferStats) {
+        self.started += s.started;
+        self.done += s.done;
+        self.failed += s.failed;
+        self.cancelled += s.cancelled;
+        self.bytes += s.bytes;
+        self.wait_ns += s.wait_ns;
+    }
+}
+
 pub const IN_FLIGHT_MAX: usize = 1 << 20;
 
 /// The transfers of one link.

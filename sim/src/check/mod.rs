@@ -8,6 +8,7 @@
 //! `shrink` reduces a failing one to a minimal scenario that still fails.
 
 pub mod fuzz;
+mod sense;
 mod shrink;
 mod swarm;
 

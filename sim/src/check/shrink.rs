@@ -64,7 +64,9 @@ impl Shrinker<'_> {
         let (Some(_), Some(c)) = (requests(&self.best), self.best.cancellation.clone()) else {
             return false;
         };
-        let stages: Vec<Stage> = std::iter::once(c.stage).chain(Stage::LIFECYCLE).collect();
+        let stages: Vec<Stage> = std::iter::once(c.stage)
+            .chain(Stage::LIFECYCLE.iter().copied())
+            .collect();
         // The variant's delay, and none: an intent in the very tick a stage is reached is the
         // sharpest race (a chunk made in that tick is still waiting for the writer).
         let delays = [c.delay_ms.clone(), Dist::Constant(0.0)];

@@ -334,9 +334,7 @@ impl Charts<'_> {
                 chart
                     .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(3)))?
                     .label(format!("{} ({} unknown)", level.replace('_', " "), unknown))
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
-                    });
+                    .legend(swatch(c, 3));
             }
         }
         legend(&mut chart, SeriesLabelPosition::LowerRight)?;
@@ -374,9 +372,7 @@ impl Charts<'_> {
                     c.stroke_width(1),
                 ))?
                 .label(name.replace('_', " "))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
-                });
+                .legend(swatch(c, 3));
         }
         legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
@@ -454,16 +450,14 @@ impl Charts<'_> {
         chart
             .draw_series(LineSeries::new(threshold, BLACK.stroke_width(1)))?
             .label(format!("degraded above {:.1} ms", r.threshold_ms))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(1)));
+            .legend(swatch(BLACK, 1));
         for (i, (name, bins)) in series.iter().enumerate() {
             let c = palette(i);
             let line = bins.iter().map(|&(t, ms)| (t + 0.5, ms.max(ymin)));
             chart
                 .draw_series(LineSeries::new(line, c.stroke_width(2)))?
                 .label(name.replace('_', " "))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
-                });
+                .legend(swatch(c, 3));
         }
         legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
@@ -541,8 +535,13 @@ where
         chart
             .draw_series(LineSeries::new(steps, c.stroke_width(2)))?
             .label(name.replace('_', " "))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+            .legend(swatch(c, 3));
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
+}
+
+/// A legend's swatch: a short line in the series' colour.
+fn swatch(c: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(width))
 }

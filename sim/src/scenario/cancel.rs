@@ -79,14 +79,7 @@ impl Stage {
     }
 
     /// The six lifecycle stages of the contract's protocol, in order; `Random` picks among them.
-    pub const LIFECYCLE: [Stage; 6] = [
-        Stage::BeforeAdmission,
-        Stage::Queued,
-        Stage::Prefill,
-        Stage::Decode,
-        Stage::AfterFinalOutput,
-        Stage::AfterCompletion,
-    ];
+    pub const LIFECYCLE: &[Stage] = Stage::LIFECYCLE_DISAGGREGATED.split_at(6).0;
 }
 
 /// What the adapter does with a cancel intent. Local invalidation is immediate under every

@@ -36,21 +36,13 @@ pub(crate) struct Cost {
     pub kv_block_ns: u128,
 }
 
-/// Little's law, measured as the time average of the number in the system and as λ·W.
+/// The books' side of Little's law: requests in the system, and their times in it as they
+/// left (λ·W); L is measured apart, from the slab (`World::occupancy`).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Little {
     pub in_system: u64,
-    pub area_ns: u128,
     pub sojourn_sum_ns: u128,
     pub sojourns: u64,
-    last_change_ns: u64,
-}
-
-impl Little {
-    pub fn integrate(&mut self, now_ns: u64) {
-        self.area_ns += (now_ns - self.last_change_ns) as u128 * self.in_system as u128;
-        self.last_change_ns = now_ns;
-    }
 }
 
 /// GPU time by where it went, in ns (reduced in dispatch order).
@@ -134,8 +126,7 @@ impl Accounts {
     }
 
     /// A request enters the system.
-    pub fn arrived(&mut self, now_ns: u64) {
-        self.little.integrate(now_ns);
+    pub fn arrived(&mut self) {
         self.little.in_system += 1;
     }
 
@@ -207,7 +198,6 @@ impl Accounts {
         self.outcomes.update(&q.chunks.digest.to_le_bytes());
         self.outcomes.update(&q.life.tokens.to_le_bytes());
         self.outcomes.update(&q.chunks.admitted.to_le_bytes());
-        self.little.integrate(now_ns);
         self.little.in_system -= 1;
         self.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
         self.little.sojourns += 1;

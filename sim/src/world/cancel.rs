@@ -99,7 +99,7 @@ impl<'s> CancelClient<'s> {
             in_flight: 0,
             lifecycle: match scenario.prefill_decode() {
                 Some(_) => &Stage::LIFECYCLE_DISAGGREGATED,
-                None => &Stage::LIFECYCLE,
+                None => Stage::LIFECYCLE,
             },
         }
     }

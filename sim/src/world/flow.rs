@@ -187,7 +187,7 @@ impl World<'_> {
             self.conversations.joined(c, a.id, tag);
         }
         self.accounts.stop_requests += self.requests[tag].stop_detect_ns.is_some() as u64;
-        self.accounts.arrived(now_ns);
+        self.accounts.arrived();
         if self.owners.start(a.id, generation as u64).is_err() {
             return Err(Stop::broken(vec![a.id], "a request identity was reused"));
         }

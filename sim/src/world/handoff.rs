@@ -201,19 +201,8 @@ impl Handoff {
             side.retained_blocks_peak = side.retained_blocks_peak.max(peak);
             back.push((r, blocks));
         }
-        let t = self
-            .wires
-            .iter()
-            .fold(TransferStats::default(), |mut t, w| {
-                let s = w.stats();
-                t.started += s.started;
-                t.done += s.done;
-                t.cancelled += s.cancelled;
-                t.failed += s.failed;
-                t.bytes += s.bytes;
-                t.wait_ns += s.wait_ns;
-                t
-            });
+        let mut t = TransferStats::default();
+        self.wires.iter().for_each(|w| t.add(&w.stats()));
         self.stats.transfers_started = t.started;
         self.stats.transfers_done = t.done;
         self.stats.transfers_cancelled = t.cancelled;

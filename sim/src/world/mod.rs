@@ -363,7 +363,6 @@ impl<'s> World<'s> {
     /// The run is over: conservation, then the summary.
     fn finish(mut self) -> Result<(Summary, Extras), Stop> {
         let end_ns = self.kernel.now_ns();
-        self.accounts.little.integrate(end_ns);
         self.occupancy.advance(end_ns, self.requests.live_count());
         self.conserved()?;
         let handoff = self.handoff_finish(end_ns);
