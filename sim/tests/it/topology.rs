@@ -54,6 +54,15 @@ fn run(name: &str, text: &str) -> (Option<i32>, String, PathBuf) {
     )
 }
 
+/// The one run directory `--out out` holds for `scenario`.
+fn only_run(dir: &Path, scenario: &str) -> PathBuf {
+    let runs: Vec<_> = std::fs::read_dir(dir.join("out").join(scenario))
+        .unwrap()
+        .collect();
+    assert_eq!(runs.len(), 1, "one run of {scenario}");
+    runs[0].as_ref().unwrap().path()
+}
+
 fn refused(name: &str, text: &str, want: &[&str]) {
     let (code, err, dir) = run(name, text);
     assert_eq!(code, Some(2), "{name}: {err}");
@@ -68,8 +77,7 @@ fn refused(name: &str, text: &str, want: &[&str]) {
 fn a_colocated_graph_runs_like_the_default_and_is_drawn() {
     let (code, err, dir) = run("colocated", &scenario(2, COLOCATED));
     assert_eq!(code, Some(0), "{err}");
-    let runs: Vec<_> = std::fs::read_dir(dir.join("out/topo")).unwrap().collect();
-    let run_dir = runs[0].as_ref().unwrap().path();
+    let run_dir = only_run(&dir, "topo");
     let dot = std::fs::read_to_string(run_dir.join("graph.dot")).unwrap();
     assert!(
         dot.contains("gpus\\nColocated x2") && dot.contains("local"),
@@ -78,8 +86,7 @@ fn a_colocated_graph_runs_like_the_default_and_is_drawn() {
     // Without a topology the same scenario runs as the implied colocated graph.
     let (code, err, dir) = run("implied", &scenario(2, "None"));
     assert_eq!(code, Some(0), "{err}");
-    let runs: Vec<_> = std::fs::read_dir(dir.join("out/topo")).unwrap().collect();
-    let dot = std::fs::read_to_string(runs[0].as_ref().unwrap().path().join("graph.dot")).unwrap();
+    let dot = std::fs::read_to_string(only_run(&dir, "topo").join("graph.dot")).unwrap();
     assert!(dot.contains("serve\\nColocated x2"), "{dot}");
 }
 
@@ -161,8 +168,7 @@ fn invalid_graphs_get_one_line_naming_the_field() {
 fn a_prefill_decode_graph_runs_and_is_drawn() {
     let (code, err, dir) = run("1p1d", &scenario(3, ONE_P_ONE_D));
     assert_eq!(code, Some(0), "{err}");
-    let runs: Vec<_> = std::fs::read_dir(dir.join("out/topo")).unwrap().collect();
-    let run_dir = runs[0].as_ref().unwrap().path();
+    let run_dir = only_run(&dir, "topo");
     let dot = std::fs::read_to_string(run_dir.join("graph.dot")).unwrap();
     assert!(dot.contains("prefill\\nPrefill x2"), "{dot}");
     assert!(run_dir.join("plots/handoff_pinned.png").exists());
@@ -389,10 +395,7 @@ fn a_storm_in_time_draws_its_recovery() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let runs: Vec<_> = std::fs::read_dir(dir.join("out/storm-during-kv-transfer"))
-        .unwrap()
-        .collect();
-    let run_dir = runs[0].as_ref().unwrap().path();
+    let run_dir = only_run(&dir, "storm-during-kv-transfer");
     let png = std::fs::read(run_dir.join("plots/recovery.png")).unwrap();
     assert!(
         png.len() > 10_000 && png.starts_with(b"\x89PNG"),
