@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use crate::gpu::{StepCost, StepShape};
+use crate::gpu::{StepModel, StepShape};
 use crate::kv::KvPool;
 use crate::protocol::{
     fits, Abort, CheckpointReport, Dispatch, Gauges, NewRequest, Observed, Outbox, Outcome,
@@ -25,7 +25,7 @@ pub struct BatcherConfig {
     pub max_queue_delay_ns: u64,
     pub block_tokens: u32,
     pub kv_blocks: u64,
-    pub cost: StepCost,
+    pub cost: StepModel,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -141,7 +141,7 @@ impl Scheduler for Batcher {
                     done_out: 0,
                     marked_ns,
                 });
-                shape.prefill_tokens += q.req.prompt_tokens as u64;
+                shape.add_prefill(0, q.req.prompt_tokens as u64);
             }
             assert!(
                 !self.batch.is_empty(),
@@ -152,9 +152,8 @@ impl Scheduler for Batcher {
         } else {
             // A decode step over every member, finished ones as padding.
             for m in &self.batch {
-                shape.decode_seqs += 1;
-                shape.kv_tokens_read +=
-                    (m.req.prompt_tokens + m.done_out.min(m.req.output_tokens)) as u64;
+                shape
+                    .add_decode((m.req.prompt_tokens + m.done_out.min(m.req.output_tokens)) as u64);
             }
         }
         let duration_ns = self.cfg.cost.step_ns(shape);

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod gpu;
 pub mod kv;
 pub mod ownership;
+pub mod prefix;
 pub mod protocol;
 pub mod replica;
 pub mod topology;

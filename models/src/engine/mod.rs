@@ -3,8 +3,11 @@
 //! - A waiting queue and a running set bounded by `max_num_seqs`.
 //! - A token budget per step (`max_num_batched_tokens`), with optional chunked prefill.
 //! - A paged KV allocator: a request is admitted only when the blocks for its first chunk are
-//!   free; a running request that cannot grow preempts the newest running request, which is
-//!   recomputed later (preemption by recompute).
+//!   free, leaving the watermark free while others run; a running request that cannot grow
+//!   preempts the newest running request (vLLM's victim order), which is recomputed later
+//!   (preemption by recompute).
+//! - Without chunked prefill, vLLM v0's rule: new prompts run in prefill-only steps, and the
+//!   running requests decode in steps of their own.
 //! - An in-flight window `W`: up to `W` dispatched steps whose outputs are not yet processed.
 //!   A dispatched step runs with exactly the requests it was dispatched with. The scheduler
 //!   advances progress optimistically at dispatch, and learns that a request hit its end of
@@ -19,6 +22,7 @@
 #[macro_use]
 mod books;
 mod abort;
+mod compose;
 mod seq;
 mod waiting;
 
@@ -28,7 +32,7 @@ use std::collections::hash_map::Entry as MapEntry;
 
 use rustc_hash::FxHashMap;
 
-use crate::gpu::{StepCost, StepShape};
+use crate::gpu::{StepModel, StepShape};
 use crate::kv::KvPool;
 use crate::protocol::{
     fits, Abort, Checkpoint, CheckpointReport, Dispatch, Gauges, NewRequest, Outbox, Outcome,
@@ -36,6 +40,7 @@ use crate::protocol::{
 };
 
 use books::{free_blocks, release_fenced, Books};
+use compose::Compose;
 use seq::{BoundedIds, Entry, Phase, Seq, Slots, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
 use waiting::Waiting;
@@ -47,10 +52,12 @@ pub struct EngineConfig {
     pub chunked_prefill: bool,
     pub block_tokens: u32,
     pub kv_blocks: u64,
+    /// Blocks an admission leaves free while other requests run (vLLM's watermark).
+    pub watermark_blocks: u64,
     /// In-flight window W: 1 for a synchronous loop, 2 for async scheduling, or the pipeline
     /// depth.
     pub window: u32,
-    pub cost: StepCost,
+    pub cost: StepModel,
     /// Where pending aborts are observed.
     pub checkpoint: Checkpoint,
     /// How an aborted request's blocks go back to the pool.
@@ -99,15 +106,10 @@ pub struct Engine {
     pinned_blocks: u64,
     /// Tags of requests dispatched for the first time, drained by `take_started`.
     started: Vec<u32>,
-}
-
-/// The step being composed.
-struct Compose {
-    entries: Vec<Entry>,
-    shape: StepShape,
-    budget: u32,
-    /// A request was preempted for room in this step.
-    preempted: bool,
+    /// Without chunked prefill: the last step of running requests preempted one, and none has
+    /// run since without. New prompts wait until one does, or the preempted request would be
+    /// admitted again at once, and preempted again, for ever.
+    preempted_last: bool,
 }
 
 impl Engine {
@@ -139,184 +141,12 @@ impl Engine {
             marked_blocks: 0,
             pinned_blocks: 0,
             started: Vec::new(),
+            preempted_last: false,
         }
     }
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
-    }
-
-    /// Running requests first, oldest first: a prefill chunk or one decode token each.
-    fn compose_running(&mut self, now_ns: u64, c: &mut Compose) {
-        let mut i = 0;
-        while i < self.running.len() && c.budget > 0 {
-            let slot = self.running[i];
-            let seq = &self.seqs[slot as usize];
-            let prefill = seq.ctx < seq.need;
-            if !prefill && seq.length_capped && seq.sched_out >= seq.output {
-                i += 1; // its last token is in flight, and the scheduler knows it is the last
-                continue;
-            }
-            let tokens = if prefill {
-                let rem = seq.need - seq.ctx;
-                if self.cfg.chunked_prefill {
-                    rem.min(c.budget)
-                } else if rem <= c.budget {
-                    rem
-                } else {
-                    i += 1;
-                    continue;
-                }
-            } else {
-                1
-            };
-            let grow = self.kv.blocks_for((seq.ctx + tokens) as u64) - seq.blocks;
-            if !self.make_room(i, grow, now_ns, c) {
-                break;
-            }
-            self.place(slot, now_ns, grow, prefill, tokens, c);
-            c.budget -= tokens;
-            i += 1;
-        }
-    }
-
-    /// Allocate `grow` blocks for the running request at index `i`, preempting the newest running
-    /// requests (those after it) until they fit. Never the requester itself: with steps in
-    /// flight a preempted request's blocks come back only when they end, so preempting the
-    /// requester too would free nothing now and throw its in-flight work away, again and again.
-    /// False if the requester must wait: for blocks already on their way back, or because no
-    /// newer request is left to preempt (an older one will finish, or preempt it).
-    fn make_room(&mut self, i: usize, grow: u64, now_ns: u64, c: &mut Compose) -> bool {
-        loop {
-            if self.kv.try_alloc(grow) {
-                return true;
-            }
-            if self.kv.free_blocks() + self.fenced_pending() >= grow {
-                return false;
-            }
-            if self.running.len() <= i + 1 {
-                return false;
-            }
-            let victim = *self.running.last().expect("a newer running request");
-            self.preempt(victim, now_ns);
-            c.preempted = true;
-        }
-    }
-
-    /// Then waiting requests, in order, while nothing was preempted this step (vLLM's rule),
-    /// unless the step would otherwise be empty.
-    fn admit_waiting(&mut self, now_ns: u64, c: &mut Compose) {
-        while (!c.preempted || c.entries.is_empty())
-            && c.budget > 0
-            && (self.running.len() as u32) < self.cfg.max_num_seqs
-        {
-            let Some(slot) = self.waiting.front(&self.seqs) else {
-                break;
-            };
-            let seq = &self.seqs[slot as usize];
-            debug_assert_eq!(seq.ctx, 0);
-            // A prompt whose KV arrived from a prefill stage starts with a decode token.
-            let kv_ready = seq.kv_ready && seq.incarnation == 0;
-            let rem = if kv_ready { 1 } else { seq.need };
-            let tokens = if self.cfg.chunked_prefill {
-                rem.min(c.budget)
-            } else if rem <= c.budget {
-                rem
-            } else {
-                break;
-            };
-            let held = if kv_ready { seq.need } else { 0 };
-            let blocks = self.kv.blocks_for((held + tokens) as u64);
-            if !self.kv.try_alloc(blocks) {
-                if self.marked_blocks > 0 {
-                    self.stats.admission_stalls += 1;
-                }
-                if self.pinned_blocks > 0 {
-                    self.stats.stalls_pinned += 1;
-                }
-                break; // admission only when the blocks are there
-            }
-            if seq.incarnation == 0 {
-                self.started.push(seq.tag);
-            }
-            self.waiting.pop_front();
-            self.running.push(slot);
-            self.seqs[slot as usize].phase = Phase::Running;
-            self.seqs[slot as usize].ctx = held;
-            self.place(slot, now_ns, blocks, !kv_ready, tokens, c);
-            c.budget -= tokens;
-        }
-    }
-
-    /// Put the composed step in flight: it ends when the GPU is free plus its duration.
-    fn launch(&mut self, now_ns: u64, c: Compose) -> Dispatch {
-        for e in &c.entries {
-            self.seqs[e.slot as usize].inflight += 1;
-        }
-        let duration_ns = self.cfg.cost.step_ns(c.shape);
-        let start_ns = now_ns.max(self.gpu_free_ns);
-        let end_ns = start_ns + duration_ns;
-        self.gpu_free_ns = end_ns;
-        let step = self.step_next;
-        self.step_next += 1;
-        self.stats.steps += 1;
-        self.stats.busy_ns += duration_ns;
-        self.stats.prefill_tokens += c.shape.prefill_tokens;
-        self.inflight.push_back(Step {
-            id: step,
-            end_ns,
-            duration_ns,
-            entries: c.entries,
-        });
-        Dispatch {
-            step,
-            start_ns,
-            end_ns,
-        }
-    }
-
-    /// Put `tokens` of a request into the step being composed, with `blocks` newly allocated
-    /// for them: the one path for running and newly admitted requests alike.
-    fn place(
-        &mut self,
-        slot: u32,
-        now_ns: u64,
-        blocks: u64,
-        prefill: bool,
-        tokens: u32,
-        c: &mut Compose,
-    ) {
-        self.on_alloc(slot, blocks);
-        let seq = &mut self.seqs[slot as usize];
-        seq.touch(now_ns);
-        seq.blocks += blocks;
-        let sample = seq.advance(tokens);
-        if prefill {
-            c.shape.prefill_tokens += tokens as u64;
-        } else {
-            c.shape.decode_seqs += 1;
-            c.shape.kv_tokens_read += seq.ctx as u64;
-        }
-        c.entries.push(Entry {
-            slot,
-            incarnation: seq.incarnation,
-            tokens,
-            sample,
-        });
-    }
-
-    fn preempt(&mut self, slot: u32, now_ns: u64) {
-        let last = self.running.pop();
-        debug_assert_eq!(last, Some(slot));
-        let seq = &mut self.seqs[slot as usize];
-        seq.touch(now_ns);
-        seq.fenced_blocks += seq.blocks;
-        self.fenced_total += seq.blocks;
-        seq.blocks = 0;
-        release_fenced(books!(self), seq);
-        seq.restart();
-        self.waiting.push_front(slot, &self.seqs);
-        self.stats.preemptions += 1;
     }
 
     /// One request's share of a processed step: its outcome, and its fenced blocks back to the
@@ -439,8 +269,20 @@ impl Scheduler for Engine {
             budget: self.cfg.max_num_batched_tokens,
             preempted: false,
         };
-        self.compose_running(now_ns, &mut c);
-        self.admit_waiting(now_ns, &mut c);
+        if self.cfg.chunked_prefill {
+            self.compose_running(now_ns, &mut c);
+            self.admit_waiting(now_ns, &mut c);
+        } else {
+            // vLLM v0 without chunked prefill: a step of new prompts whenever one can start,
+            // else a step of the running requests' decodes. The two never share a step.
+            if !self.preempted_last || self.running.is_empty() {
+                self.admit_waiting(now_ns, &mut c);
+            }
+            if c.entries.is_empty() {
+                self.compose_running(now_ns, &mut c);
+                self.preempted_last = c.preempted;
+            }
+        }
         out.started.append(&mut self.started);
         if c.entries.is_empty() {
             self.spare_entries.push(c.entries);

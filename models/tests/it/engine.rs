@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use cancelsim_models::batcher::{Batcher, BatcherConfig};
 use cancelsim_models::engine::{Engine, EngineConfig};
-use cancelsim_models::gpu::StepCost;
+use cancelsim_models::gpu::{StepCost, StepModel};
 use cancelsim_models::protocol::{
     Abort, BlastRadius, Checkpoint, Dispatch, Handle, NewRequest, Outbox, Outcome, Rejection,
     ReleaseMode, Scheduler, Scope, UnknownAbort,
@@ -13,13 +13,13 @@ use cancelsim_models::protocol::{
 
 pub(crate) const MS: u64 = 1_000_000;
 
-fn flat(c0_ns: u64) -> StepCost {
-    StepCost {
+fn flat(c0_ns: u64) -> StepModel {
+    StepModel::Linear(StepCost {
         c0_ns,
         prefill_tokens_per_s: 0,
         per_seq_ns: 0,
         per_kv_token_ps: 0,
-    }
+    })
 }
 
 pub(crate) fn cfg(window: u32) -> EngineConfig {
@@ -29,6 +29,7 @@ pub(crate) fn cfg(window: u32) -> EngineConfig {
         chunked_prefill: true,
         block_tokens: 16,
         kv_blocks: 1000,
+        watermark_blocks: 0,
         window,
         cost: flat(10 * MS),
         checkpoint: Checkpoint::EveryPasses(1),

@@ -2,6 +2,7 @@
 //! a prompt whose KV arrived from a prefill stage, and blocks pinned outside the engine.
 
 use cancelsim_models::engine::Engine;
+use cancelsim_models::gpu::StepModel;
 use cancelsim_models::protocol::{Abort, NewRequest, Outbox, Scheduler, Scope};
 
 use super::engine::{abort, cfg, drive, drive_aborts, req, MS};
@@ -50,7 +51,9 @@ fn a_prompt_whose_kv_arrived_starts_with_a_decode_step() {
     // its KV already here (sent by a prefill stage) the first step is a decode: tokens at 10,
     // 20 and 30 ms, no prefill token computed, and the prompt's blocks taken at admission.
     let mut c = cfg(1);
-    c.cost.per_kv_token_ps = 1_000_000; // 1 µs per KV token read: the decode cost shows ctx
+    if let StepModel::Linear(cost) = &mut c.cost {
+        cost.per_kv_token_ps = 1_000_000; // 1 µs per KV token read: the decode cost shows ctx
+    }
     let mut e = Engine::new(c);
     let mut r = req(1, 150, 3);
     r.kv_ready = true;
@@ -87,4 +90,74 @@ fn pinned_blocks_count_against_the_pool_and_stall_admission() {
         "admitted once the pin is back"
     );
     assert_eq!(e.kv().in_use(), 4);
+}
+
+#[test]
+fn without_chunked_prefill_new_prompts_run_in_steps_of_their_own() {
+    // A runs from 0; B arrives at 15 ms, while A's second step is in flight. vLLM v0 gives B's
+    // prompt a prefill-only step (20–30 ms), so A's third token slips from 30 to 40 ms. Chunked
+    // prefill mixes them: A's tokens keep their 10 ms rhythm.
+    let arrivals = [(0, req(1, 4, 5)), (15 * MS, req(2, 4, 3))];
+    let run = |chunked: bool| {
+        let mut c = cfg(1);
+        c.chunked_prefill = chunked;
+        drive(&mut Engine::new(c), &arrivals)
+    };
+    let v0 = run(false);
+    let ms = |v: &[u64]| v.iter().map(|t| t / MS).collect::<Vec<_>>();
+    assert_eq!(ms(&v0[&1].tokens_ns), [10, 20, 40, 50, 60]);
+    assert_eq!(ms(&v0[&2].tokens_ns), [30, 40, 50]);
+    let mixed = run(true);
+    assert_eq!(ms(&mixed[&1].tokens_ns), [10, 20, 30, 40, 50]);
+    assert_eq!(ms(&mixed[&2].tokens_ns), [30, 40, 50]);
+}
+
+#[test]
+fn the_watermark_keeps_room_for_running_requests_but_never_blocks_a_lone_one() {
+    // 100 blocks of 16 tokens, watermark 10. A holds 50 blocks (800 tokens) and grows to 52.
+    // B needs 41 blocks: 49 are free once A has its first decode block, which fits B but not B
+    // plus the watermark, so B waits for A. Without the watermark B starts at once.
+    let arrivals = [(0, req(1, 800, 20)), (5 * MS, req(2, 656, 2))];
+    let run = |watermark: u64| {
+        let mut c = cfg(1);
+        c.max_num_batched_tokens = 4096;
+        c.kv_blocks = 100;
+        c.watermark_blocks = watermark;
+        drive(&mut Engine::new(c), &arrivals)
+    };
+    let held = run(10);
+    let a_last = *held[&1].tokens_ns.last().unwrap();
+    assert!(held[&2].tokens_ns[0] > a_last, "B waited for A");
+    let free = run(0);
+    assert_eq!(
+        free[&2].tokens_ns[0],
+        20 * MS,
+        "B admitted at the next step"
+    );
+    // Alone, a request may take 95 of the 100 blocks despite the watermark.
+    let mut c = cfg(1);
+    c.max_num_batched_tokens = 4096;
+    c.kv_blocks = 100;
+    c.watermark_blocks = 10;
+    let lone = drive(&mut Engine::new(c), &[(0, req(3, 1500, 2))]);
+    assert_eq!(lone[&3].tokens_ns.len(), 2);
+}
+
+#[test]
+fn without_chunked_prefill_a_preempted_prompt_waits_for_the_decodes_to_move() {
+    // 6 blocks of 16 tokens, W = 2, no watermark; two 16-token prompts that grow to 76 tokens.
+    // The older one's growth preempts the newer, whose blocks come back when its step in flight
+    // ends. Admitting the newer again in the next step (prefill-only, there is room by then)
+    // takes back the blocks the older one needs, and the two take turns for ever (the fuzzer
+    // found this). The older one decodes first instead, and both finish.
+    let mut c = cfg(2);
+    c.chunked_prefill = false;
+    c.max_num_batched_tokens = 4096;
+    c.kv_blocks = 6;
+    let t = drive(
+        &mut Engine::new(c),
+        &[(0, req(1, 16, 60)), (0, req(2, 16, 60))],
+    );
+    assert_eq!(t[&1].tokens_ns.len(), 60);
+    assert_eq!(t[&2].tokens_ns.len(), 60);
 }

@@ -244,6 +244,7 @@ fn source(d: &mut Draw, requests: u64, big: bool) -> Source {
             first_row: d.int(0, 5_000),
             rows: Some(requests),
             sample_fraction: d.real(1e-3, 1.0),
+            max_total_tokens: d.chance(0.3).then(|| d.int(2, 8192) as u32),
         },
     }
 }
@@ -251,11 +252,7 @@ fn source(d: &mut Draw, requests: u64, big: bool) -> Source {
 fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
     let big = tier == Tier::Big;
     let profile = if d.chance(0.7) {
-        let names = [
-            "llama-3.1-8b-h100",
-            "llama-3.1-70b-tp4-h100",
-            "llama-2-7b-a100",
-        ];
+        let names = cancelsim_models::gpu::PROFILES.map(|p| p.name);
         ProfileRef::Named(d.pick(&names).to_string())
     } else {
         ProfileRef::Custom {
@@ -291,6 +288,10 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
             block_tokens,
             kv_blocks,
             window: d.int(1, 4) as u32,
+            watermark: {
+                let any = d.real(0.0, 0.3);
+                d.pick(&[0.0, WATERMARK, WATERMARK, any])
+            },
         }
     } else {
         Scheduler::Dynamic {
@@ -300,10 +301,19 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
             kv_blocks,
         }
     };
+    // The 0.1 linear constants, where the profile has them.
+    let linear = match &profile {
+        ProfileRef::Named(n) => {
+            cancelsim_models::gpu::profile(n).is_some_and(|p| p.linear_v1.is_some())
+        }
+        ProfileRef::Custom { .. } => false,
+    };
+    let step_model = (linear && d.chance(0.25)).then_some(StepForm::Linear);
     Cluster {
         replicas: d.int(1, if big { 16 } else { 4 }) as u32,
         router: d.pick(&[Router::RoundRobin, Router::LeastLoaded]),
         profile,
+        step_model,
         scheduler,
         // Colocated; `disaggregate` may draw a prefill/decode graph at the end.
         topology: None,

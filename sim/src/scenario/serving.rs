@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use cancelsim_models::gpu::{self, Profile, StepCost};
+use cancelsim_models::gpu::{self, Profile, StepCost, StepModel};
 
 use crate::dist::{ms_to_ns, Dist};
 
@@ -112,6 +112,10 @@ pub enum Source {
         /// Keep each row with this probability (an independent draw per row).
         #[serde(default = "one_f64")]
         sample_fraction: f64,
+        /// Cut a row whose prompt and output pass this many tokens, as vidur's trace replay
+        /// does: the output to at most this less one, then the prompt to the rest.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_total_tokens: Option<u32>,
     },
 }
 
@@ -141,6 +145,10 @@ pub struct Cluster {
     #[serde(default)]
     pub router: Router,
     pub profile: ProfileRef,
+    /// The step-time model of a named profile: `Roofline` (the default) or the `Linear`
+    /// constants of cancelsim 0.1. A `Custom` profile is always linear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_model: Option<StepForm>,
     pub scheduler: Scheduler,
     /// The stage graph; none: the colocated one-node case (router, these replicas, playback).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,10 +163,19 @@ pub enum Router {
     LeastLoaded,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepForm {
+    /// Compute against memory traffic, with prefill attention quadratic in its context.
+    Roofline,
+    /// `c0 + prefill / rate + seqs · c_seq + kv_read · c_kv`, with the 0.1 constants.
+    Linear,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub enum ProfileRef {
-    /// One of `llama-3.1-8b-h100`, `llama-3.1-70b-tp4-h100`, `llama-2-7b-a100`.
+    /// One of `llama-3.1-8b-h100`, `llama-3.1-8b-a100`, `llama-3.1-70b-tp4-h100`,
+    /// `llama-2-7b-a100`, `llama-2-7b-h100`.
     Named(String),
     /// Your own step costs (see ARCHITECTURE.md for the formula).
     Custom {
@@ -204,15 +221,18 @@ impl ProfileRef {
         }
     }
 
-    /// The step costs, KV capacity (16-token blocks) and named profile (if any) of one replica.
-    /// The profile is validated: a named one exists.
-    pub fn costs(&self) -> (StepCost, u64, Option<Profile>) {
+    /// The step model, KV capacity (16-token blocks) and named profile (if any) of one replica.
+    /// The profile is validated: a named one exists and has the form asked for.
+    pub fn costs(&self, form: Option<StepForm>) -> (StepModel, u64, Option<Profile>) {
         let Some(c) = self.custom() else {
             let ProfileRef::Named(name) = self else {
                 unreachable!("not custom, so named")
             };
             let p = gpu::profile(name).expect("validated profile name");
-            return (p.cost, p.kv_blocks_16, Some(p));
+            let model = p
+                .model(form == Some(StepForm::Linear))
+                .expect("validated step model");
+            return (model, p.kv_blocks_16, Some(p));
         };
         let cost = StepCost {
             c0_ns: ms_to_ns(c.c0_ms),
@@ -220,7 +240,7 @@ impl ProfileRef {
             per_seq_ns: (c.per_seq_us * 1e3).round() as u64,
             per_kv_token_ps: (c.per_kv_token_ns * 1e3).round() as u64,
         };
-        (cost, c.kv_blocks_16, None)
+        (StepModel::Linear(cost), c.kv_blocks_16, None)
     }
 }
 
@@ -243,6 +263,11 @@ pub enum Scheduler {
         /// In-flight window W.
         #[serde(default = "one")]
         window: u32,
+        /// Share of the KV pool an admission leaves free while other requests run (vLLM's
+        /// `watermark`, 0.01): room for the running requests to grow, so new prompts do not
+        /// force preemptions.
+        #[serde(default = "watermark", skip_serializing_if = "is_watermark")]
+        watermark: f64,
     },
     /// Triton-like dynamic batching: each batch is one shared execution.
     Dynamic {
@@ -253,6 +278,17 @@ pub enum Scheduler {
         #[serde(default)]
         kv_blocks: Option<u64>,
     },
+}
+
+/// vLLM's default admission watermark.
+pub const WATERMARK: f64 = 0.01;
+
+fn watermark() -> f64 {
+    WATERMARK
+}
+
+fn is_watermark(x: &f64) -> bool {
+    *x == WATERMARK
 }
 
 fn yes() -> bool {

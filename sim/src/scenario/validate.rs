@@ -2,8 +2,8 @@
 //! problem as the field's path and a message; nothing here panics on user input.
 
 use super::{
-    CheckpointConfig, IdentityMode, Policy, ProfileRef, Scenario, Scheduler, Source, SwarmRanges,
-    Workload, REPLICAS_MAX, REQUESTS_MAX,
+    CheckpointConfig, IdentityMode, Policy, ProfileRef, Scenario, Scheduler, Source, StepForm,
+    SwarmRanges, Workload, REPLICAS_MAX, REQUESTS_MAX,
 };
 use crate::coverage::Mark;
 use crate::dist::Dist;
@@ -132,6 +132,7 @@ impl Scenario {
             return err("cluster.replicas", m);
         }
         validate_profile(&c.profile)?;
+        validate_step_model(&c.profile, c.step_model)?;
         validate_scheduler(&c.scheduler)?;
         self.validate_topology()
     }
@@ -240,9 +241,14 @@ fn validate_source(source: &Source) -> Check {
             path,
             speedup,
             sample_fraction,
+            max_total_tokens,
             ..
         } => {
             let f = "workload.source.Trace";
+            if max_total_tokens.is_some_and(|m| m < 2) {
+                let m = "must be at least 2 (one prompt and one output token)".into();
+                return err(&format!("{f}.max_total_tokens"), m);
+            }
             if path.is_empty() {
                 return err(&format!("{f}.path"), "must not be empty".into());
             }
@@ -300,6 +306,26 @@ fn validate_lengths(w: &Workload) -> Check {
     probability("workload.length_capped", w.length_capped)
 }
 
+/// `Linear` needs a named profile with 0.1 constants; `Roofline` needs a named profile (a `Custom`
+/// one is the linear form).
+fn validate_step_model(p: &ProfileRef, form: Option<StepForm>) -> Check {
+    match (p, form) {
+        (ProfileRef::Named(name), Some(StepForm::Linear)) => {
+            let linear = cancelsim_models::gpu::profile(name).and_then(|p| p.linear_v1);
+            if linear.is_none() {
+                let m = format!("profile {name:?} has no linear constants; use Roofline");
+                return err("cluster.step_model", m);
+            }
+            Ok(())
+        }
+        (ProfileRef::Custom { .. }, Some(StepForm::Roofline)) => err(
+            "cluster.step_model",
+            "a Custom profile gives linear step costs; Roofline needs a named profile".into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
 fn validate_profile(p: &ProfileRef) -> Check {
     if let ProfileRef::Named(name) = p {
         if cancelsim_models::gpu::profile(name).is_none() {
@@ -341,9 +367,14 @@ fn validate_scheduler(s: &Scheduler) -> Check {
             block_tokens,
             kv_blocks,
             window,
+            watermark,
             ..
         } => {
             let f = "cluster.scheduler.Continuous";
+            if !(0.0..0.5).contains(watermark) {
+                let m = format!("must be at least 0 and below 0.5 (got {watermark})");
+                return err(&format!("{f}.watermark"), m);
+            }
             let seqs = max_num_seqs.unwrap_or(1) as u64;
             in_range(&format!("{f}.max_num_seqs"), seqs, 1, 1 << 20)?;
             let tokens = max_num_batched_tokens.unwrap_or(1) as u64;

@@ -25,6 +25,7 @@ struct Replay {
     first_row: u64,
     end_row: u64,
     sample_fraction: f64,
+    max_total_tokens: u32,
     /// Data rows read so far, and whether any fell in the window: an empty window is an error,
     /// as `requests: 0` is, not a run of nothing.
     rows_read: u64,
@@ -82,6 +83,7 @@ fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
             first_row,
             rows,
             sample_fraction,
+            max_total_tokens,
         } => {
             let reader = TraceReader::open(&scenario.base_dir.join(path), *format)?;
             let r = Replay {
@@ -90,6 +92,7 @@ fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
                 first_row: *first_row,
                 end_row: rows.map_or(u64::MAX, |r| first_row.saturating_add(r)),
                 sample_fraction: *sample_fraction,
+                max_total_tokens: max_total_tokens.unwrap_or(u32::MAX),
                 rows_read: 0,
                 in_window: false,
                 path: crate::input::shown(&scenario.base_dir.join(path)),
@@ -211,11 +214,15 @@ impl Replay {
                 }
             }
             let clamp = |x: u32| x.clamp(1, TOKENS_MAX);
+            let (prompt, output) = (clamp(row.prompt_tokens), clamp(row.output_tokens));
+            let max = self.max_total_tokens;
+            let output = output.min(max.saturating_sub(1).max(1));
+            let prompt = prompt.min(max.saturating_sub(output).max(1));
             return Ok(Some(Arrival {
                 id: row.row,
                 time_ns: round_ns(row.offset_ns as f64 / self.speedup),
-                prompt_tokens: clamp(row.prompt_tokens),
-                output_tokens: clamp(row.output_tokens),
+                prompt_tokens: prompt,
+                output_tokens: output,
             }));
         }
     }

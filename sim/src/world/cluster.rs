@@ -27,7 +27,7 @@ pub(crate) fn radius(r: Radius) -> BlastRadius {
 
 /// One replica as the scenario configures it.
 fn configured(s: &Scenario) -> Replica {
-    let (cost, kv_blocks_16, profile) = s.cluster.profile.costs();
+    let (cost, kv_blocks_16, profile) = s.cluster.profile.costs(s.cluster.step_model);
     let blocks = |block_tokens: u32, explicit: Option<u64>| {
         explicit.unwrap_or_else(|| (kv_blocks_16 * 16 / block_tokens as u64).max(1))
     };
@@ -40,6 +40,7 @@ fn configured(s: &Scenario) -> Replica {
             block_tokens,
             kv_blocks,
             window,
+            watermark,
         } => replica::continuous(EngineConfig {
             max_num_seqs: max_num_seqs
                 .or(profile.map(|p| p.max_num_seqs))
@@ -50,6 +51,7 @@ fn configured(s: &Scenario) -> Replica {
             chunked_prefill: *chunked_prefill,
             block_tokens: *block_tokens,
             kv_blocks: blocks(*block_tokens, *kv_blocks),
+            watermark_blocks: (blocks(*block_tokens, *kv_blocks) as f64 * watermark) as u64,
             window: *window,
             cost,
             checkpoint: match b.checkpoint {

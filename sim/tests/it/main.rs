@@ -7,6 +7,8 @@ mod defects;
 mod hardening;
 mod model;
 mod outputs;
+mod overload;
 mod replay;
 mod sweep;
 mod topology;
+mod validation;

@@ -166,10 +166,10 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "7aff51972b596a02e3b51bb3ae344ee6165a1b3e94c142534100a9fe641ba705";
+const GOLDEN_DEFAULT: &str = "8df6acf3e58b96fd79974db30be05711828dd219bdc90fd4171e0d19071e3b4c";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "16d365ffa2f65caf3b776b07237f37d399f4c87660cf3447f4431d0e525b6c72";
+    "3cd5576090d7226c20af987bf5b0920db3e286484f87beb07b01208c431a9286";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(

@@ -1,0 +1,201 @@
+//! Composing a step: the running requests first, then admissions, with preemption when a running
+//! request cannot grow; and putting the composed step in flight.
+
+use crate::gpu::StepShape;
+use crate::protocol::Dispatch;
+
+use super::books::{release_fenced, Books};
+use super::seq::{Entry, Phase, Step};
+use super::Engine;
+
+/// The step being composed.
+pub(super) struct Compose {
+    pub(super) entries: Vec<Entry>,
+    pub(super) shape: StepShape,
+    pub(super) budget: u32,
+    /// A request was preempted for room in this step.
+    pub(super) preempted: bool,
+}
+
+impl Engine {
+    /// Running requests first, oldest first: a prefill chunk or one decode token each.
+    pub(super) fn compose_running(&mut self, now_ns: u64, c: &mut Compose) {
+        let mut i = 0;
+        while i < self.running.len() && c.budget > 0 {
+            let slot = self.running[i];
+            let seq = &self.seqs[slot as usize];
+            let prefill = seq.ctx < seq.need;
+            if !prefill && seq.length_capped && seq.sched_out >= seq.output {
+                i += 1; // its last token is in flight, and the scheduler knows it is the last
+                continue;
+            }
+            let tokens = if prefill {
+                let rem = seq.need - seq.ctx;
+                if self.cfg.chunked_prefill {
+                    rem.min(c.budget)
+                } else if rem <= c.budget {
+                    rem
+                } else {
+                    i += 1;
+                    continue;
+                }
+            } else {
+                1
+            };
+            let grow = self.kv.blocks_for((seq.ctx + tokens) as u64) - seq.blocks;
+            if !self.make_room(i, grow, now_ns, c) {
+                break;
+            }
+            self.place(slot, now_ns, grow, prefill, tokens, c);
+            c.budget -= tokens;
+            i += 1;
+        }
+    }
+
+    /// Allocate `grow` blocks for the running request at index `i`, preempting the newest running
+    /// requests (those after it) until they fit. Never the requester itself: with steps in
+    /// flight a preempted request's blocks come back only when they end, so preempting the
+    /// requester too would free nothing now and throw its in-flight work away, again and again.
+    /// False if the requester must wait: for blocks already on their way back, or because no
+    /// newer request is left to preempt (an older one will finish, or preempt it).
+    fn make_room(&mut self, i: usize, grow: u64, now_ns: u64, c: &mut Compose) -> bool {
+        loop {
+            if self.kv.try_alloc(grow) {
+                return true;
+            }
+            if self.kv.free_blocks() + self.fenced_pending() >= grow {
+                return false;
+            }
+            if self.running.len() <= i + 1 {
+                return false;
+            }
+            let victim = *self.running.last().expect("a newer running request");
+            self.preempt(victim, now_ns);
+            c.preempted = true;
+        }
+    }
+
+    /// Then waiting requests, in order, while nothing was preempted this step (vLLM's rule),
+    /// unless the step would otherwise be empty.
+    pub(super) fn admit_waiting(&mut self, now_ns: u64, c: &mut Compose) {
+        while (!c.preempted || c.entries.is_empty())
+            && c.budget > 0
+            && (self.running.len() as u32) < self.cfg.max_num_seqs
+        {
+            let Some(slot) = self.waiting.front(&self.seqs) else {
+                break;
+            };
+            let seq = &self.seqs[slot as usize];
+            debug_assert_eq!(seq.ctx, 0);
+            // A prompt whose KV arrived from a prefill stage starts with a decode token.
+            let kv_ready = seq.kv_ready && seq.incarnation == 0;
+            let rem = if kv_ready { 1 } else { seq.need };
+            let tokens = if self.cfg.chunked_prefill {
+                rem.min(c.budget)
+            } else if rem <= c.budget {
+                rem
+            } else {
+                break;
+            };
+            let held = if kv_ready { seq.need } else { 0 };
+            let blocks = self.kv.blocks_for((held + tokens) as u64);
+            // The watermark keeps room for the running requests to grow; alone, a request may
+            // use the whole pool, so nothing waits for good.
+            let reserve = if self.running.is_empty() {
+                0
+            } else {
+                self.cfg.watermark_blocks
+            };
+            if self.kv.free_blocks() < blocks.saturating_add(reserve) || !self.kv.try_alloc(blocks)
+            {
+                if self.marked_blocks > 0 {
+                    self.stats.admission_stalls += 1;
+                }
+                if self.pinned_blocks > 0 {
+                    self.stats.stalls_pinned += 1;
+                }
+                break; // admission only when the blocks are there
+            }
+            if seq.incarnation == 0 {
+                self.started.push(seq.tag);
+            }
+            self.waiting.pop_front();
+            self.running.push(slot);
+            self.seqs[slot as usize].phase = Phase::Running;
+            self.seqs[slot as usize].ctx = held;
+            self.place(slot, now_ns, blocks, !kv_ready, tokens, c);
+            c.budget -= tokens;
+        }
+    }
+
+    /// Put the composed step in flight: it ends when the GPU is free plus its duration.
+    pub(super) fn launch(&mut self, now_ns: u64, c: Compose) -> Dispatch {
+        for e in &c.entries {
+            self.seqs[e.slot as usize].inflight += 1;
+        }
+        let duration_ns = self.cfg.cost.step_ns(c.shape);
+        let start_ns = now_ns.max(self.gpu_free_ns);
+        let end_ns = start_ns + duration_ns;
+        self.gpu_free_ns = end_ns;
+        let step = self.step_next;
+        self.step_next += 1;
+        self.stats.steps += 1;
+        self.stats.busy_ns += duration_ns;
+        self.stats.prefill_tokens += c.shape.prefill_tokens;
+        self.inflight.push_back(Step {
+            id: step,
+            end_ns,
+            duration_ns,
+            entries: c.entries,
+        });
+        Dispatch {
+            step,
+            start_ns,
+            end_ns,
+        }
+    }
+
+    /// Put `tokens` of a request into the step being composed, with `blocks` newly allocated
+    /// for them: the one path for running and newly admitted requests alike.
+    fn place(
+        &mut self,
+        slot: u32,
+        now_ns: u64,
+        blocks: u64,
+        prefill: bool,
+        tokens: u32,
+        c: &mut Compose,
+    ) {
+        self.on_alloc(slot, blocks);
+        let seq = &mut self.seqs[slot as usize];
+        seq.touch(now_ns);
+        seq.blocks += blocks;
+        let sample = seq.advance(tokens);
+        if prefill {
+            c.shape
+                .add_prefill((seq.ctx - tokens) as u64, tokens as u64);
+        } else {
+            c.shape.add_decode(seq.ctx as u64);
+        }
+        c.entries.push(Entry {
+            slot,
+            incarnation: seq.incarnation,
+            tokens,
+            sample,
+        });
+    }
+
+    fn preempt(&mut self, slot: u32, now_ns: u64) {
+        let last = self.running.pop();
+        debug_assert_eq!(last, Some(slot));
+        let seq = &mut self.seqs[slot as usize];
+        seq.touch(now_ns);
+        seq.fenced_blocks += seq.blocks;
+        self.fenced_total += seq.blocks;
+        seq.blocks = 0;
+        release_fenced(books!(self), seq);
+        seq.restart();
+        self.waiting.push_front(slot, &self.seqs);
+        self.stats.preemptions += 1;
+    }
+}

@@ -1,0 +1,194 @@
+//! The roofline against published step times, point by point: the fit table of
+//! `docs/validation.md`, which a test keeps equal to [`fit_table`].
+//!
+//! Two kinds of point:
+//!
+//! - **Blocks**: vidur's profiled GEMM and norm times for the transformer blocks alone
+//!   (`microsoft/vidur` at 7d47513, `data/profiling/compute/<gpu>/meta-llama/<model>/mlp.csv`:
+//!   the medians of `attn_pre_proj`, `attn_rope`, `attn_post_proj`, both layer norms,
+//!   `mlp_up_proj`, `mlp_act`, `mlp_down_proj` and `add`, summed per layer as vidur's
+//!   `ExecutionTime` does, times the layers; the mean of the file's repeated rows). The model
+//!   side is the roofline of the blocks alone: no head, no attention kernel, no KV traffic.
+//! - **Step**: an engine's measured time per output token, against the whole step.
+//!
+//! A point is *fitted* when the target (within 15 %) applies. Points from another runtime or
+//! precision are shown with their error and the reason they are not fitted.
+
+use super::profiles::{
+    LLAMA2_7B_A100, LLAMA2_7B_H100, LLAMA31_70B_TP4_H100, LLAMA31_8B_A100, LLAMA31_8B_H100,
+};
+use super::{Profile, Roofline, StepShape};
+
+#[derive(Clone, Copy, Debug)]
+pub enum Scope {
+    Blocks,
+    Step,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Point {
+    pub profile: Profile,
+    pub scope: Scope,
+    pub what: &'static str,
+    pub shape: StepShape,
+    /// Published value, in microseconds.
+    pub published_us: u64,
+    pub source: &'static str,
+    /// Why the point is not held to the target; `None`: it is.
+    pub not_fitted: Option<&'static str>,
+}
+
+/// The fit target: every fitted point within this relative error.
+pub const TARGET_PCT: f64 = 15.0;
+
+const fn tokens(n: u64) -> StepShape {
+    StepShape {
+        prefill_tokens: n,
+        decode_seqs: 0,
+        kv_tokens_read: 0,
+        prefill_pairs: 0,
+        prefill_ctx_tokens: 0,
+    }
+}
+
+const fn decode(b: u64, ctx: u64) -> StepShape {
+    StepShape {
+        prefill_tokens: 0,
+        decode_seqs: b,
+        kv_tokens_read: b * ctx,
+        prefill_pairs: 0,
+        prefill_ctx_tokens: 0,
+    }
+}
+
+const VIDUR: &str = "vidur mlp.csv";
+const YOBITEL: &str = "vLLM 0.21, fp16, ITL at concurrency c (yobitelcomm bench)";
+
+const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point {
+    Point {
+        profile,
+        scope: Scope::Blocks,
+        what,
+        shape: tokens(n),
+        published_us: us,
+        source: VIDUR,
+        not_fitted: None,
+    }
+}
+
+/// The points, in the order of the table.
+pub const POINTS: &[Point] = &[
+    blocks(LLAMA2_7B_A100, "1 token", 1, 9_280),
+    blocks(LLAMA2_7B_A100, "16 tokens", 16, 9_184),
+    blocks(LLAMA2_7B_A100, "64 tokens", 64, 9_696),
+    blocks(LLAMA2_7B_A100, "128 tokens", 128, 12_240),
+    blocks(LLAMA2_7B_A100, "256 tokens", 256, 17_808),
+    blocks(LLAMA2_7B_A100, "2,048 tokens", 2048, 133_464),
+    blocks(LLAMA2_7B_A100, "4,096 tokens", 4096, 259_920),
+    blocks(LLAMA2_7B_H100, "1 token", 1, 5_600),
+    blocks(LLAMA2_7B_H100, "16 tokens", 16, 5_792),
+    blocks(LLAMA2_7B_H100, "64 tokens", 64, 5_856),
+    blocks(LLAMA2_7B_H100, "128 tokens", 128, 6_368),
+    blocks(LLAMA2_7B_H100, "256 tokens", 256, 9_152),
+    blocks(LLAMA2_7B_H100, "2,048 tokens", 2048, 40_424),
+    blocks(LLAMA2_7B_H100, "4,096 tokens", 4096, 83_208),
+    blocks(LLAMA31_8B_A100, "1 token", 1, 9_696),
+    blocks(LLAMA31_8B_A100, "16 tokens", 16, 10_128),
+    blocks(LLAMA31_8B_A100, "64 tokens", 64, 11_232),
+    blocks(LLAMA31_8B_A100, "128 tokens", 128, 13_184),
+    blocks(LLAMA31_8B_A100, "256 tokens", 256, 19_488),
+    blocks(LLAMA31_8B_A100, "2,048 tokens", 2048, 143_680),
+    blocks(LLAMA31_8B_A100, "8,192 tokens", 8192, 543_888),
+    blocks(LLAMA31_70B_TP4_H100, "1 token", 1, 14_320),
+    blocks(LLAMA31_70B_TP4_H100, "16 tokens", 16, 14_520),
+    blocks(LLAMA31_70B_TP4_H100, "64 tokens", 64, 15_280),
+    blocks(LLAMA31_70B_TP4_H100, "256 tokens", 256, 19_200),
+    blocks(LLAMA31_70B_TP4_H100, "2,048 tokens", 2048, 112_060),
+    Point {
+        profile: LLAMA31_8B_H100,
+        scope: Scope::Step,
+        what: "decode c=1, context 512",
+        shape: decode(1, 512),
+        published_us: 6_480,
+        source: YOBITEL,
+        not_fitted: None,
+    },
+    Point {
+        profile: LLAMA31_8B_H100,
+        scope: Scope::Step,
+        what: "decode c=4, context 512",
+        shape: decode(4, 512),
+        published_us: 6_590,
+        source: YOBITEL,
+        not_fitted: None,
+    },
+    Point {
+        profile: LLAMA31_8B_H100,
+        scope: Scope::Step,
+        what: "decode c=100, context 512",
+        shape: decode(100, 512),
+        published_us: 7_570,
+        source: "NIM 1.8.0 ITL at c=100 (NIM benchmarking page)",
+        not_fitted: Some("NIM runs TensorRT-LLM, likely fp8 (8 GB of weights)"),
+    },
+    Point {
+        profile: LLAMA31_70B_TP4_H100,
+        scope: Scope::Step,
+        what: "decode c=1, context 512",
+        shape: decode(1, 512),
+        published_us: 13_210,
+        source: "NIM 1.3.0 ITL at c=1 (NIM benchmarking page)",
+        not_fitted: Some("NIM runs TensorRT-LLM at a precision the page does not state"),
+    },
+];
+
+impl Point {
+    /// The model's value for this point, in microseconds.
+    pub fn model_us(&self) -> f64 {
+        let ns = match self.scope {
+            Scope::Step => self.profile.roofline.step_ns(self.shape),
+            Scope::Blocks => blocks_only(&self.profile).step_ns(self.shape),
+        };
+        ns as f64 / 1e3
+    }
+
+    /// Model against published, in percent.
+    pub fn error_pct(&self) -> f64 {
+        (self.model_us() / self.published_us as f64 - 1.0) * 100.0
+    }
+}
+
+/// The profile's roofline for the blocks alone: no head weights, no KV traffic, no overhead.
+fn blocks_only(p: &Profile) -> Roofline {
+    let mut shape = p.shape;
+    shape.head_params = 0;
+    shape.kv_elem_bytes = 0;
+    Roofline::derive(shape, p.gpu, p.tp, 0)
+}
+
+/// The table as `docs/validation.md` shows it (Markdown).
+pub fn fit_table() -> String {
+    let mut s = String::from(
+        "| profile | scope | point | published ms | model ms | error | source |\n\
+         |---|---|---|---:|---:|---:|---|\n",
+    );
+    for p in POINTS {
+        let scope = match p.scope {
+            Scope::Blocks => "blocks",
+            Scope::Step => "step",
+        };
+        let source = match p.not_fitted {
+            None => p.source.to_string(),
+            Some(why) => format!("{}; not fitted: {why}", p.source),
+        };
+        s += &format!(
+            "| {} | {scope} | {} | {:.2} | {:.2} | {:+.1} % | {source} |\n",
+            p.profile.name,
+            p.what,
+            p.published_us as f64 / 1e3,
+            p.model_us() / 1e3,
+            p.error_pct(),
+        );
+    }
+    s
+}

@@ -1,0 +1,108 @@
+//! The GPU step-time models and the named hardware/model profiles.
+//!
+//! A step (one forward pass over a mixed prefill/decode batch) is costed from its [`StepShape`]
+//! by one of two models:
+//!
+//! - [`Roofline`] (the default): compute and memory traffic from physical constants (FLOPs and
+//!   bytes per token, peak FLOP/s and HBM bandwidth at a fitted utilisation), joined as a smooth
+//!   roofline, with attention quadratic in a prefill chunk's context. See `roofline.rs`.
+//! - [`StepCost`], the linear form of cancelsim 0.1 (BLIS-like α/β):
+//!   `c0 + prefill_tokens / prefill_rate + decode_seqs · c_seq + kv_tokens_read · c_kv`. A
+//!   `Custom` profile is this form, and `step_model: Linear` selects the 0.1 constants of the
+//!   named profiles, so older scenarios keep their meaning.
+//!
+//! All times are integer nanoseconds and the arithmetic is integer, so it is portable.
+
+pub mod fit;
+mod profiles;
+mod roofline;
+#[cfg(test)]
+mod tests;
+
+pub use profiles::{
+    profile, Precision, Profile, LLAMA2_7B_A100, LLAMA2_7B_H100, LLAMA31_70B_TP4_H100,
+    LLAMA31_8B_A100, LLAMA31_8B_H100, PROFILES,
+};
+pub use roofline::{Gpu, ModelShape, Roofline, A100_80GB, H100_SXM, MBU_PCT, MFU_PCT};
+
+/// The linear step costs of cancelsim 0.1, in nanoseconds (or tokens per second for prefill).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepCost {
+    pub c0_ns: u64,
+    /// Prompt tokens per second. 0 means prefill costs nothing beyond `c0` (for queueing tests).
+    pub prefill_tokens_per_s: u64,
+    pub per_seq_ns: u64,
+    /// Picoseconds per KV token read (sub-nanosecond for small models).
+    pub per_kv_token_ps: u64,
+}
+
+/// What a step contains, for costing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepShape {
+    pub prefill_tokens: u64,
+    pub decode_seqs: u64,
+    /// The context lengths of the decode sequences, summed: the KV they read.
+    pub kv_tokens_read: u64,
+    /// Attention (query, key) pairs of the prefill chunks: a chunk of `n` tokens after `p`
+    /// cached ones has `n·p + n(n+1)/2`. The linear model ignores it.
+    pub prefill_pairs: u64,
+    /// Earlier context the prefill chunks read (the `p` above, summed). The linear model ignores
+    /// it.
+    pub prefill_ctx_tokens: u64,
+}
+
+impl StepShape {
+    /// Add a prefill chunk of `tokens` tokens after `ctx` cached ones.
+    #[inline]
+    pub fn add_prefill(&mut self, ctx: u64, tokens: u64) {
+        self.prefill_tokens += tokens;
+        self.prefill_ctx_tokens += ctx;
+        self.prefill_pairs += tokens * ctx + tokens * (tokens + 1) / 2;
+    }
+
+    /// Add a decode sequence whose context is `ctx` tokens.
+    #[inline]
+    pub fn add_decode(&mut self, ctx: u64) {
+        self.decode_seqs += 1;
+        self.kv_tokens_read += ctx;
+    }
+}
+
+impl StepCost {
+    pub fn step_ns(&self, shape: StepShape) -> u64 {
+        let prefill_ns = if self.prefill_tokens_per_s == 0 {
+            0
+        } else {
+            (shape.prefill_tokens as u128 * 1_000_000_000)
+                .div_ceil(self.prefill_tokens_per_s as u128) as u64
+        };
+        let kv_ns = (shape.kv_tokens_read as u128 * self.per_kv_token_ps as u128 / 1000) as u64;
+        self.c0_ns
+            .saturating_add(prefill_ns)
+            .saturating_add(shape.decode_seqs.saturating_mul(self.per_seq_ns))
+            .saturating_add(kv_ns)
+    }
+}
+
+/// The step-time model a replica runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepModel {
+    Linear(StepCost),
+    Roofline(Roofline),
+}
+
+impl StepModel {
+    #[inline]
+    pub fn step_ns(&self, shape: StepShape) -> u64 {
+        match self {
+            StepModel::Linear(c) => c.step_ns(shape),
+            StepModel::Roofline(r) => r.step_ns(shape),
+        }
+    }
+}
+
+impl From<StepCost> for StepModel {
+    fn from(c: StepCost) -> Self {
+        StepModel::Linear(c)
+    }
+}

@@ -1,0 +1,143 @@
+//! The roofline step model: a step is bound by the larger of its compute and its memory traffic,
+//! not their sum, and a prefill chunk pays attention over its own context (quadratic in the
+//! prompt).
+//!
+//! ```text
+//! compute_ns = (tokens · linear_flops + pairs · pair_flops) / achieved_flops
+//! memory_ns  = (weight_bytes + kv_tokens_moved · kv_bytes) / achieved_bytes
+//! t_step     = overhead_ns + decode_seqs · per_seq_ns + √(compute_ns² + memory_ns²)
+//! ```
+//!
+//! - `tokens` are the step's prefill tokens plus one per decode sequence;
+//! - `pairs` are the (query, key) pairs attention computes: a decode token attends to its
+//!   context, and a chunk of `n` prompt tokens after `p` cached ones to `n·p + n(n+1)/2`;
+//! - `kv_tokens_moved` are the KV tokens read (every decode context, every chunk's earlier
+//!   context) plus the KV tokens the step writes (one per token).
+//!
+//! The √(c² + m²) join is a smooth roofline: it equals the bound far from the knee, where one
+//! term dominates, and rounds the corner where the two meet. vidur's measured GEMM times show
+//! that corner (Llama-2-7B on an A100: 12.4 ms at 128 tokens, where compute alone is 8.3 ms and
+//! the weight read 9.4 ms; the join gives 12.5 ms, a hard max 9.4 ms, the sum 17.7 ms).
+//! Everything is integer nanoseconds and an integer square root, so it is portable.
+
+/// A dense decoder's shape, as the runtime executes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelShape {
+    /// Parameters of the transformer blocks (attention projections and MLP), all layers.
+    pub block_params: u64,
+    /// Parameters of the output head (vocabulary × model width), read once per step.
+    pub head_params: u64,
+    pub layers: u64,
+    /// Model width (query heads × head size).
+    pub d_model: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    /// Bytes of one weight: 2 for bf16, 1 for fp8.
+    pub weight_bytes: u64,
+    /// Bytes of one KV-cache element.
+    pub kv_elem_bytes: u64,
+}
+
+impl ModelShape {
+    /// KV bytes of one token, all layers: K and V, each kv_heads × head_dim.
+    pub const fn kv_bytes_per_token(&self) -> u64 {
+        self.layers * self.kv_heads * self.head_dim * 2 * self.kv_elem_bytes
+    }
+}
+
+/// One GPU's datasheet figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gpu {
+    pub name: &'static str,
+    /// Dense tensor-core peak at the profile's precision, FLOP/s.
+    pub peak_flops: u64,
+    /// HBM bandwidth, bytes/s.
+    pub hbm_bytes_per_s: u64,
+    pub memory_bytes: u64,
+}
+
+/// NVIDIA A100 SXM 80 GB: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e (A100 datasheet).
+pub const A100_80GB: Gpu = Gpu {
+    name: "A100-SXM-80GB",
+    peak_flops: 312_000_000_000_000,
+    hbm_bytes_per_s: 2_039_000_000_000,
+    memory_bytes: 80_000_000_000,
+};
+
+/// NVIDIA H100 SXM 80 GB: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3 (H100 datasheet).
+pub const H100_SXM: Gpu = Gpu {
+    name: "H100-SXM-80GB",
+    peak_flops: 989_400_000_000_000,
+    hbm_bytes_per_s: 3_350_000_000_000,
+    memory_bytes: 80_000_000_000,
+};
+
+/// The roofline's constants for one replica, per GPU of its tensor-parallel group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Roofline {
+    /// FLOPs of one token through the blocks (2 × block parameters / TP).
+    pub linear_flops: u64,
+    /// FLOPs of one attention (query, key) pair, all layers (4 × layers × d_model / TP).
+    pub pair_flops: u64,
+    /// Weight bytes read once per step (blocks and head / TP).
+    pub weight_bytes: u64,
+    /// KV bytes of one token (/ TP).
+    pub kv_bytes: u64,
+    /// Peak × model-FLOPs utilisation.
+    pub achieved_flops: u64,
+    /// HBM bandwidth × memory-bandwidth utilisation.
+    pub achieved_bytes_per_s: u64,
+    /// Fixed cost of a step beyond the roofline: launch, and all-reduce latency under TP.
+    pub overhead_ns: u64,
+    /// Cost of each decode sequence beyond the roofline (sampling).
+    pub per_seq_ns: u64,
+}
+
+/// Model-FLOPs and memory-bandwidth utilisation, in percent, fitted to vidur's profiled GEMM
+/// times (`microsoft/vidur` `data/profiling/compute/{a100,h100}/meta-llama/Llama-2-7b-hf/mlp.csv`):
+/// the blocks of Llama-2-7B at 4,096 tokens run at 64.5 % (A100) and 63.8 % (H100) of peak, and
+/// at one token read their weights at 69.0 % (A100) and 68.7 % (H100) of HBM bandwidth.
+pub const MFU_PCT: u64 = 64;
+pub const MBU_PCT: u64 = 69;
+
+impl Roofline {
+    /// The constants of `model` on `tp` GPUs of kind `gpu`, at the utilisations above.
+    pub const fn derive(model: ModelShape, gpu: Gpu, tp: u64, overhead_ns: u64) -> Roofline {
+        Roofline {
+            linear_flops: 2 * model.block_params / tp,
+            pair_flops: 4 * model.layers * model.d_model / tp,
+            weight_bytes: (model.block_params + model.head_params) * model.weight_bytes / tp,
+            kv_bytes: model.kv_bytes_per_token() / tp,
+            achieved_flops: gpu.peak_flops / 100 * MFU_PCT,
+            achieved_bytes_per_s: gpu.hbm_bytes_per_s / 100 * MBU_PCT,
+            overhead_ns,
+            per_seq_ns: 0,
+        }
+    }
+
+    /// The compute and memory times of a step, in ns, before they are joined.
+    pub fn terms_ns(&self, s: super::StepShape) -> (u64, u64) {
+        let tokens = (s.prefill_tokens + s.decode_seqs) as u128;
+        let pairs = (s.prefill_pairs + s.kv_tokens_read) as u128;
+        let flops = tokens * self.linear_flops as u128 + pairs * self.pair_flops as u128;
+        let moved = (s.kv_tokens_read + s.prefill_ctx_tokens) as u128 + tokens;
+        let bytes = self.weight_bytes as u128 + moved * self.kv_bytes as u128;
+        let ns = |num: u128, per_s: u64| (num * 1_000_000_000).div_ceil(per_s as u128);
+        let compute_ns = ns(flops, self.achieved_flops);
+        let memory_ns = ns(bytes, self.achieved_bytes_per_s);
+        (
+            u64::try_from(compute_ns).unwrap_or(u64::MAX),
+            u64::try_from(memory_ns).unwrap_or(u64::MAX),
+        )
+    }
+
+    pub fn step_ns(&self, s: super::StepShape) -> u64 {
+        let (c, m) = self.terms_ns(s);
+        let square = |x: u64| (x as u128).saturating_mul(x as u128);
+        let joined = square(c).saturating_add(square(m)).isqrt();
+        let joined = u64::try_from(joined).unwrap_or(u64::MAX);
+        self.overhead_ns
+            .saturating_add(s.decode_seqs.saturating_mul(self.per_seq_ns))
+            .saturating_add(joined)
+    }
+}

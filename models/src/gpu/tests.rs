@@ -1,0 +1,210 @@
+use super::fit::{fit_table, Scope, POINTS, TARGET_PCT};
+use super::*;
+
+#[test]
+fn kv_bytes_agree_with_the_kv_read_cost_and_the_block_size() {
+    // The per-token KV read cost was derived from the same bytes at η·BW (0.7 × HBM): read
+    // back, the two constants must agree. TP4 reads its 80 KiB shard per GPU in parallel.
+    for (p, bw_bytes_per_s, shards) in [
+        (LLAMA31_8B_H100, 3.35e12, 1.0),
+        (LLAMA31_70B_TP4_H100, 3.35e12, 4.0),
+        (LLAMA2_7B_A100, 2.0e12, 1.0),
+    ] {
+        let ps = p.kv_bytes_per_token as f64 / shards / (0.7 * bw_bytes_per_s) * 1e12;
+        let rel = (ps - p.linear_v1.unwrap().per_kv_token_ps as f64).abs() / ps;
+        assert!(
+            rel < 0.01,
+            "{}: {ps:.0} ps against {}",
+            p.name,
+            p.linear_v1.unwrap().per_kv_token_ps
+        );
+    }
+    // 16-token blocks: the block sizes the capacities were computed with.
+    assert_eq!(LLAMA31_70B_TP4_H100.kv_bytes(16), 5 << 20);
+    assert_eq!(LLAMA2_7B_A100.kv_bytes(16), 8 << 20);
+    assert_eq!(LLAMA31_8B_H100.kv_bytes(2048), 256 << 20);
+}
+
+/// A decode-only step of `b` sequences at a mean context of `ctx` tokens, in ms.
+fn decode_ms(p: &Profile, b: u64, ctx: u64) -> f64 {
+    p.linear_v1.unwrap().step_ns(StepShape {
+        decode_seqs: b,
+        kv_tokens_read: b * ctx,
+        ..StepShape::default()
+    }) as f64
+        / 1e6
+}
+
+fn within(name: &str, b: u64, ms: f64, (lo, hi): (f64, f64)) {
+    assert!(
+        (lo..=hi).contains(&ms),
+        "{name} at batch {b}: {ms:.2} ms outside the reported range {lo}–{hi} ms"
+    );
+}
+
+// Ranges from shared/research/runtime-cancellation.md §9.1, at a 512-token mean context
+// (the short-prompt benchmarks behind those figures).
+
+#[test]
+fn llama31_8b_h100_linear_v1_matches_reported_step_times() {
+    let p = &LLAMA31_8B_H100;
+    // "7–8B on H100 4.5–7 ms (B ≤ 32), 7–15 ms (B 64–256)"
+    within(p.name, 1, decode_ms(p, 1, 512), (4.5, 7.0));
+    within(p.name, 32, decode_ms(p, 32, 512), (4.5, 7.0));
+    within(p.name, 128, decode_ms(p, 128, 512), (7.0, 15.0));
+}
+
+#[test]
+fn llama31_70b_tp4_h100_linear_v1_matches_reported_step_times() {
+    let p = &LLAMA31_70B_TP4_H100;
+    // "70B on 4–8×H100 13–20 ms (B ≤ 25), 23–35 ms (B 100–200)"; NIM 17.42 ms at c=50.
+    within(p.name, 1, decode_ms(p, 1, 512), (13.0, 20.0));
+    within(p.name, 32, decode_ms(p, 32, 512), (13.0, 20.0));
+    within(p.name, 128, decode_ms(p, 128, 512), (23.0, 35.0));
+}
+
+#[test]
+fn llama2_7b_a100_linear_v1_matches_reported_step_times() {
+    let p = &LLAMA2_7B_A100;
+    // "on A100 10–14 ms (B ≤ 8), rising ~linearly with B·context". For B = 32 and 128 the
+    // note gives its parametric formula rather than a measurement, so the ranges are that
+    // formula's bounds: η in 0.6–0.8, c0 in 0.5–2 ms, BW 2.0 TB/s (A100-80GB), weights
+    // 13.5 GB, KV 512 KiB per token, and c_tok in 0–50 µs.
+    within(p.name, 1, decode_ms(p, 1, 512), (10.0, 14.0));
+    let bound = |b: f64| {
+        let bytes = 13.5e9 + b * 512.0 * 524_288.0;
+        let lo = 0.5 + bytes / (0.8 * 2.0e12) * 1e3;
+        let hi = 2.0 + bytes / (0.6 * 2.0e12) * 1e3 + b * 0.05;
+        (lo, hi)
+    };
+    within(p.name, 32, decode_ms(p, 32, 512), bound(32.0));
+    within(p.name, 128, decode_ms(p, 128, 512), bound(128.0));
+}
+
+#[test]
+fn linear_v1_prefill_term_matches_prefill_rates() {
+    // A 5,000-token prefill on the 70B profile: §9.2 reports TTFT 407 ms for 70B fp8 TP2,
+    // i.e. about 12k tok/s; at 14k tok/s the prefill term is 357 ms.
+    let p = &LLAMA31_70B_TP4_H100;
+    let ms = p.linear_v1.unwrap().step_ns(StepShape {
+        prefill_tokens: 5000,
+        ..StepShape::default()
+    }) as f64
+        / 1e6;
+    assert!((350.0..=430.0).contains(&ms), "{ms}");
+}
+
+#[test]
+fn profiles_are_found_by_name() {
+    for p in PROFILES {
+        assert_eq!(profile(p.name), Some(p));
+    }
+    assert_eq!(profile("gpt-5-on-a-toaster"), None);
+}
+
+/// 8B on one H100, with `ctx` cached tokens before a chunk of `n`.
+fn prefill_ns(n: u64, ctx: u64) -> u64 {
+    let mut s = StepShape::default();
+    s.add_prefill(ctx, n);
+    LLAMA31_8B_H100.roofline.step_ns(s)
+}
+
+#[test]
+fn the_roofline_join_lies_between_the_bound_and_the_sum() {
+    for p in PROFILES {
+        for shape in [
+            StepShape {
+                decode_seqs: 1,
+                kv_tokens_read: 100,
+                ..StepShape::default()
+            },
+            StepShape {
+                decode_seqs: 256,
+                kv_tokens_read: 256 * 4000,
+                ..StepShape::default()
+            },
+            StepShape {
+                prefill_tokens: 8192,
+                prefill_pairs: 8192 * 8193 / 2,
+                ..StepShape::default()
+            },
+        ] {
+            let (c, m) = p.roofline.terms_ns(shape);
+            let t = p.roofline.step_ns(shape) - p.roofline.overhead_ns;
+            assert!(c.max(m) <= t && t <= c + m, "{}: {c} {m} {t}", p.name);
+        }
+    }
+}
+
+#[test]
+fn prefill_attention_is_quadratic_in_the_context() {
+    // Compute-bound: doubling a long prompt more than doubles its time, by the pairs' share.
+    let (t16k, t32k) = (prefill_ns(16_384, 0), prefill_ns(32_768, 0));
+    assert!(t32k > 2 * t16k + t16k / 10, "{t16k} {t32k}");
+    // The closed form for 32k tokens: blocks 2 x 6.98e9 FLOPs per token, attention
+    // 4 x 32 x 4096 FLOPs per pair over 32,768 x 32,769 / 2 pairs, at 64 % of 989.4 TFLOP/s.
+    let flops = 32_768.0 * 2.0 * 6_979_321_856.0 + 4.0 * 32.0 * 4096.0 * 32_768.0 * 32_769.0 / 2.0;
+    let expect_ms = flops / (989.4e12 * 0.64) * 1e3;
+    let ms = t32k as f64 / 1e6;
+    assert!(
+        (ms / expect_ms - 1.0).abs() < 0.01,
+        "{ms} against {expect_ms}"
+    );
+    // Attention adds about half again to the blocks' cost at 32k tokens.
+    let blocks_ms = 32_768.0 * 2.0 * 6_979_321_856.0 / (989.4e12 * 0.64) * 1e3;
+    assert!(ms > 1.4 * blocks_ms, "{ms} against {blocks_ms}");
+    // A later chunk of the same prompt attends to everything before it.
+    assert!(prefill_ns(2048, 30_720) > prefill_ns(2048, 0));
+}
+
+#[test]
+fn decode_is_bound_by_the_weight_read_at_batch_one() {
+    // 15.0 GB of weights (blocks and head, bf16) at 69 % of 3.35 TB/s.
+    let bytes = (6_979_321_856.0 + 525_336_576.0) * 2.0;
+    let expect_ms = bytes / (3.35e12 * 0.69) * 1e3;
+    let ms = LLAMA31_8B_H100.roofline.step_ns(StepShape {
+        decode_seqs: 1,
+        ..StepShape::default()
+    }) as f64
+        / 1e6;
+    assert!(
+        (ms / expect_ms - 1.0).abs() < 0.01,
+        "{ms} against {expect_ms}"
+    );
+}
+
+/// Fitted points known to miss the target, as `docs/validation.md` reports them: Llama-2-7B on an
+/// H100 at 256 tokens (-16.2 %), at the GPU's ridge point, where vidur's GEMMs take nearly the
+/// sum of compute and weight read while the 70B shards on the same GPU follow the join.
+const KNOWN_MISSES: usize = 1;
+
+#[test]
+fn the_fitted_points_meet_the_target_but_the_known_misses() {
+    let mut fitted = 0;
+    let mut misses = Vec::new();
+    for p in POINTS {
+        assert!(p.published_us > 0);
+        if p.not_fitted.is_none() {
+            fitted += 1;
+            let e = p.error_pct();
+            assert!(e.abs() <= 20.0, "{} {}: {e:+.1} %", p.profile.name, p.what);
+            if e.abs() > TARGET_PCT {
+                misses.push(format!("{} {}: {e:+.1} %", p.profile.name, p.what));
+            }
+        }
+    }
+    assert_eq!(misses.len(), KNOWN_MISSES, "{misses:?}");
+    assert!(fitted >= 20, "only {fitted} fitted points");
+    // Every profile has at least one point of each scope it can be checked at.
+    for prof in PROFILES {
+        assert!(
+            POINTS.iter().any(|p| p.profile.name == prof.name),
+            "{}",
+            prof.name
+        );
+    }
+    assert!(POINTS
+        .iter()
+        .any(|p| matches!(p.scope, Scope::Step) && p.not_fitted.is_none()));
+    assert_eq!(fit_table().lines().count(), POINTS.len() + 2);
+}

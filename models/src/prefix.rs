@@ -1,0 +1,199 @@
+//! Prefix caching (vLLM V1's automatic prefix caching), over the count-based KV pool.
+//!
+//! A full block of computed tokens is known by a content hash. While a request holds it, the
+//! block is referenced; when no request does, it stays in the pool's free blocks with its
+//! content, evictable, oldest first. A request admitted later finds the longest run of its
+//! leading blocks still cached and skips computing them: a preempted request's recompute finds
+//! its own blocks, and requests that share a prompt prefix (a trace's block hashes) find each
+//! other's.
+//!
+//! The pool stays the one count of physical blocks: a cached block with no reference is free
+//! there, and taking it back (a hit) allocates it again. Allocation takes blocks with no content
+//! first and evicts cached ones only when those run out, oldest first.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use crate::kv::KvPool;
+
+/// The content key of block `index` of a request: its own tokens (`own`), or, while the block
+/// lies inside a shared prefix, the shared prefix's block id. Shared ids are chained (an id
+/// stands for all the tokens before it), as Mooncake's `hash_ids` are, one per `shared_tokens`
+/// tokens.
+pub fn block_key(
+    own: u64,
+    shared: &[u64],
+    shared_tokens: u64,
+    block_tokens: u64,
+    index: u64,
+) -> u64 {
+    let end = (index + 1) * block_tokens;
+    let j = (end - 1) / shared_tokens.max(1);
+    match shared.get(j as usize) {
+        Some(&id) => mix(mix(0x5348_4152, id), index),
+        None => mix(mix(0x4f57_4e00, own), index),
+    }
+}
+
+/// SplitMix64's finaliser over a combination: a fixed, portable hash.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Cached {
+    refs: u32,
+    /// Its place in the eviction order while `refs` is 0.
+    stamp: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    /// Prompt tokens looked up at admission, and those found cached.
+    pub query_tokens: u64,
+    pub hit_tokens: u64,
+    pub evictions: u64,
+}
+
+#[derive(Default)]
+pub struct PrefixCache {
+    blocks: FxHashMap<u64, Cached>,
+    /// Cached blocks no request holds, oldest first: free in the pool, evictable.
+    lru: BTreeMap<u64, u64>,
+    stamp_next: u64,
+    pub stats: PrefixStats,
+}
+
+impl PrefixCache {
+    /// Cached blocks free in the pool.
+    pub fn evictable(&self) -> u64 {
+        self.lru.len() as u64
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        self.blocks.contains_key(&key)
+    }
+
+    /// Whether taking `key` back needs a free block (no request holds it now).
+    pub fn is_free(&self, key: u64) -> bool {
+        self.blocks.get(&key).is_some_and(|c| c.refs == 0)
+    }
+
+    /// Take `n` blocks from the pool for new content: blocks without content first, then the
+    /// oldest cached ones. False, and nothing taken, if the pool has fewer than `n` free.
+    pub fn alloc(&mut self, kv: &mut KvPool, n: u64) -> bool {
+        if kv.free_blocks() < n {
+            return false;
+        }
+        let clean = kv.free_blocks() - self.evictable();
+        for _ in clean..n {
+            let (_, key) = self.lru.pop_first().expect("an evictable block");
+            self.blocks.remove(&key);
+            self.stats.evictions += 1;
+        }
+        let ok = kv.try_alloc(n);
+        debug_assert!(ok);
+        ok
+    }
+
+    /// Reference the cached block `key` for a request (a hit). Its block leaves the free pool
+    /// if no one held it.
+    pub fn hit(&mut self, kv: &mut KvPool, key: u64) {
+        let c = self.blocks.get_mut(&key).expect("a cached block");
+        if c.refs == 0 {
+            self.lru.remove(&c.stamp);
+            let ok = kv.try_alloc(1);
+            assert!(ok, "an evictable block is free in the pool");
+        }
+        c.refs += 1;
+    }
+
+    /// A request computed block `key` in a block it holds: cache it, referenced once. False if
+    /// that content is cached already (the request's block then stays its own).
+    pub fn register(&mut self, key: u64) -> bool {
+        if self.blocks.contains_key(&key) {
+            return false;
+        }
+        self.blocks.insert(key, Cached { refs: 1, stamp: 0 });
+        true
+    }
+
+    /// A request lets go of cached block `key`: with no holder left, the block goes back to the
+    /// free pool, content kept, youngest in the eviction order.
+    pub fn release(&mut self, kv: &mut KvPool, key: u64) {
+        let c = self.blocks.get_mut(&key).expect("a cached block held");
+        assert!(c.refs > 0, "releasing a cached block nobody holds");
+        c.refs -= 1;
+        if c.refs == 0 {
+            c.stamp = self.stamp_next;
+            self.stamp_next += 1;
+            self.lru.insert(c.stamp, key);
+            kv.free(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_blocks_stay_cached_until_clean_blocks_run_out_then_oldest_go_first() {
+        let mut kv = KvPool::new(4, 16);
+        let mut c = PrefixCache::default();
+        assert!(c.alloc(&mut kv, 2));
+        assert!(c.register(10) && c.register(11));
+        assert!(!c.register(10), "content cached once");
+        c.release(&mut kv, 10);
+        c.release(&mut kv, 11);
+        assert_eq!((kv.free_blocks(), c.evictable()), (4, 2));
+        // Two clean blocks are taken before any cached one.
+        assert!(c.alloc(&mut kv, 2));
+        assert!(c.contains(10) && c.contains(11));
+        // The next takes the oldest cached block (10).
+        assert!(c.alloc(&mut kv, 1));
+        assert!(!c.contains(10) && c.contains(11));
+        assert_eq!(c.stats.evictions, 1);
+        // A hit on 11 takes its block back from the free pool.
+        assert!(c.is_free(11));
+        c.hit(&mut kv, 11);
+        assert_eq!((kv.free_blocks(), c.evictable()), (0, 0));
+        assert!(!c.alloc(&mut kv, 1));
+        // A second holder shares it without a new block.
+        c.hit(&mut kv, 11);
+        c.release(&mut kv, 11);
+        assert_eq!(kv.free_blocks(), 0);
+        c.release(&mut kv, 11);
+        assert_eq!((kv.free_blocks(), c.evictable()), (1, 1));
+        assert_eq!(kv.allocated_total(), kv.freed_total() + kv.in_use());
+    }
+
+    #[test]
+    fn shared_ids_key_the_blocks_inside_the_shared_prefix_only() {
+        // 512-token shared blocks [7, 8]; 16-token blocks 0..32 lie in the first, 32..64 in the
+        // second, and block 64 on is the request's own.
+        let k = |own, shared: &[u64], i| block_key(own, shared, 512, 16, i);
+        assert_eq!(
+            k(1, &[7, 8], 3),
+            k(2, &[7, 9], 3),
+            "same first shared block"
+        );
+        assert_ne!(k(1, &[7, 8], 40), k(2, &[7, 9], 40), "different second");
+        assert_ne!(
+            k(1, &[7, 8], 64),
+            k(2, &[7, 8], 64),
+            "own tokens past the prefix"
+        );
+        assert_eq!(k(1, &[], 5), k(1, &[], 5));
+        assert_ne!(k(1, &[], 5), k(1, &[], 6));
+        // A 24-token block that straddles two shared blocks takes the later one's id.
+        assert_eq!(
+            block_key(1, &[7, 8], 512, 24, 21),
+            block_key(2, &[3, 8], 512, 24, 21)
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! `docs/validation.md`: every number on the page that comes from cancelsim is regenerated here
+//! and compared with the page. `CANCELSIM_BLESS=1 cargo test -p cancelsim --test it validation`
+//! rewrites the generated blocks after a deliberate model change.
+
+use std::path::Path;
+
+use cancelsim::metrics::Summary;
+use cancelsim::run;
+use cancelsim::scenario::{Scenario, StepForm};
+use cancelsim_models::gpu::fit::fit_table;
+
+use super::overload::plateaus;
+
+fn counterfactual(source: &str) -> Summary {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+    let scenario = if source.starts_with("Scenario(") {
+        let mut s = Scenario::parse(source, "<inline>").unwrap();
+        s.base_dir = root;
+        s
+    } else {
+        Scenario::load(&root.join(format!("{source}.ron"))).unwrap()
+    };
+    run::counterfactual(&scenario, scenario.seed).unwrap()
+}
+
+fn row(what: &str, truth: f64, sim: f64, unit: &str) -> String {
+    let err = (sim / truth - 1.0) * 100.0;
+    let unit = if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {unit}")
+    };
+    format!("| {what} | {truth:.3}{unit} | {sim:.3}{unit} | {err:+.2} % |\n")
+}
+
+const HEAD: &str = "| quantity | truth | cancelsim | error |\n|---|---:|---:|---:|\n";
+
+/// M/D/1 at rho = 0.8, D = 10 ms: Pollaczek–Khinchine W = D + rho D / (2 (1 - rho)) = 30 ms.
+fn md1() -> String {
+    let s = counterfactual("md1-rho08");
+    let wq = 0.8 * 10.0 / (2.0 * 0.2);
+    let mut t = String::from(HEAD);
+    t += &row("mean time in system", 10.0 + wq, s.e2e_ms.mean, "ms");
+    t += &row(
+        "mean wait (TTFT less one step)",
+        wq,
+        s.ttft_ms.mean - 10.0,
+        "ms",
+    );
+    t += &format!(
+        "\n95 % confidence interval of the mean time in system (batch means): ± {:.3} ms.\n",
+        s.e2e_ms.mean_ci95
+    );
+    t
+}
+
+/// Little's law on the default scenario: the slab's time-average occupancy against λ·W.
+fn little() -> String {
+    let l = counterfactual("default").littles_law;
+    let mut t = String::from(HEAD);
+    t += &row(
+        "L, time-average requests in the system",
+        l.lambda_per_s * l.mean_e2e_s,
+        l.mean_in_system,
+        "",
+    );
+    t
+}
+
+/// One server, 10 ms steps, 10 output tokens: capacity 10 req/s, whatever the overload.
+fn saturation() -> String {
+    let mut t = String::from(HEAD);
+    for rate in [20.0, 100.0] {
+        let s = counterfactual(&format!(
+            "Scenario(name: \"sat\", seed: 3, workload: (source: Poisson(rate_per_s: {rate}, \
+             requests: 3000), prompt_tokens: Constant(1.0), output_tokens: Constant(10.0)), \
+             cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 1000), \
+             scheduler: Continuous(max_num_seqs: 1)))"
+        ));
+        let what = format!("throughput at {rate} req/s offered");
+        t += &row(&what, 10.0, s.throughput_rps, "req/s");
+    }
+    t
+}
+
+fn overload() -> String {
+    let mut t = String::from(
+        "| profile | output median | capacity req/s | 1x | 1.5x | 2x | 3x | preemptions at 3x |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (profile, output) in [("llama-3.1-8b-h100", 130.0), ("llama-2-7b-a100", 400.0)] {
+        let (capacity, seen) = plateaus(profile, output);
+        t += &format!("| {profile} | {output} | {capacity:.2} |");
+        for (_, rps, _) in &seen {
+            t += &format!(" {rps:.2} |");
+        }
+        t += &format!(" {} |\n", seen.last().unwrap().2);
+    }
+    t
+}
+
+/// vidur's figures for this replay (TTFT p50, p99 and E2E p50, ms), beside cancelsim's with the
+/// roofline and with 0.1's linear step model.
+fn vidur() -> String {
+    let roofline = counterfactual("vidur-azure-conv");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/vidur-azure-conv.ron");
+    let mut scenario = Scenario::load(&path).unwrap();
+    scenario.cluster.step_model = Some(StepForm::Linear);
+    let linear = run::counterfactual(&scenario, scenario.seed).unwrap();
+    let mut t = String::from(
+        "| quantity | vidur | cancelsim | difference | cancelsim, linear (0.1) | difference |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+    );
+    let pick = |s: &Summary| [s.ttft_ms.p50, s.ttft_ms.p99, s.e2e_ms.p50];
+    let (ours, old) = (pick(&roofline), pick(&linear));
+    for (i, (what, theirs)) in [("TTFT p50", 86.0), ("TTFT p99", 343.0), ("E2E p50", 1690.0)]
+        .into_iter()
+        .enumerate()
+    {
+        let d = |x: f64| (x / theirs - 1.0) * 100.0;
+        t += &format!(
+            "| {what} | {theirs:.0} ms | {:.1} ms | {:+.1} % | {:.1} ms | {:+.1} % |\n",
+            ours[i],
+            d(ours[i]),
+            old[i],
+            d(old[i])
+        );
+    }
+    t
+}
+
+/// Replace the body between `<!-- begin:NAME -->` and `<!-- end:NAME -->`.
+fn splice(page: &str, name: &str, body: &str) -> String {
+    let (begin, end) = (
+        format!("<!-- begin:{name} -->\n"),
+        format!("<!-- end:{name} -->"),
+    );
+    let b = page
+        .find(&begin)
+        .unwrap_or_else(|| panic!("no {begin:?} in the page"));
+    let e = page[b..]
+        .find(&end)
+        .unwrap_or_else(|| panic!("no {end:?} after {begin:?}"))
+        + b;
+    format!("{}{begin}{body}{}", &page[..b], &page[e..])
+}
+
+#[test]
+fn the_validation_page_matches_the_code() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/validation.md");
+    let page = std::fs::read_to_string(&path).unwrap();
+    let mut fresh = page.clone();
+    for (name, body) in [
+        ("fit", fit_table()),
+        ("md1", md1()),
+        ("little", little()),
+        ("saturation", saturation()),
+        ("overload", overload()),
+        ("vidur", vidur()),
+    ] {
+        fresh = splice(&fresh, name, &body);
+    }
+    if std::env::var_os("CANCELSIM_BLESS").is_some() {
+        std::fs::write(&path, &fresh).unwrap();
+        return;
+    }
+    assert!(
+        page == fresh,
+        "docs/validation.md is out of date: run CANCELSIM_BLESS=1 cargo test -p cancelsim \
+         --test it validation, and say why in the commit"
+    );
+}
