@@ -17,22 +17,27 @@ use rustc_hash::FxHashMap;
 
 use crate::kv::KvPool;
 
-/// The content key of block `index` of a request: its own tokens (`own`), or, while the block
-/// lies inside a shared prefix, the shared prefix's block id. Shared ids are chained (an id
-/// stands for all the tokens before it), as Mooncake's `hash_ids` are, one per `shared_tokens`
-/// tokens.
-pub fn block_key(
-    own: u64,
-    shared: &[u64],
-    shared_tokens: u64,
-    block_tokens: u64,
-    index: u64,
-) -> u64 {
-    let end = (index + 1) * block_tokens;
-    let j = (end - 1) / shared_tokens.max(1);
-    match shared.get(j as usize) {
-        Some(&id) => mix(mix(0x5348_4152, id), index),
-        None => mix(mix(0x4f57_4e00, own), index),
+/// Where a request's content comes from: its own tokens, unique to it (`own`), and a shared
+/// prompt prefix given as chained block ids (an id stands for all the tokens before it, as
+/// Mooncake's `hash_ids` do), one per `shared_tokens` tokens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Content {
+    pub own: u64,
+    pub shared: Box<[u64]>,
+    pub shared_tokens: u64,
+    /// The prompt's length: a block past it holds output tokens, the request's own.
+    pub prompt_tokens: u64,
+}
+
+impl Content {
+    /// The content key of block `index` of `block_tokens` tokens.
+    pub fn key(&self, block_tokens: u64, index: u64) -> u64 {
+        let end = (index + 1) * block_tokens;
+        let j = (end - 1) / self.shared_tokens.max(1);
+        match self.shared.get(j as usize) {
+            Some(&id) if end <= self.prompt_tokens => mix(mix(0x5348_4152, id), index),
+            _ => mix(mix(0x4f57_4e00, self.own), index),
+        }
     }
 }
 
@@ -176,7 +181,13 @@ mod tests {
     fn shared_ids_key_the_blocks_inside_the_shared_prefix_only() {
         // 512-token shared blocks [7, 8]; 16-token blocks 0..32 lie in the first, 32..64 in the
         // second, and block 64 on is the request's own.
-        let k = |own, shared: &[u64], i| block_key(own, shared, 512, 16, i);
+        let content = |own, shared: &[u64], prompt| Content {
+            own,
+            shared: shared.into(),
+            shared_tokens: 512,
+            prompt_tokens: prompt,
+        };
+        let k = |own, shared: &[u64], i| content(own, shared, 4096).key(16, i);
         assert_eq!(
             k(1, &[7, 8], 3),
             k(2, &[7, 9], 3),
@@ -192,8 +203,17 @@ mod tests {
         assert_ne!(k(1, &[], 5), k(1, &[], 6));
         // A 24-token block that straddles two shared blocks takes the later one's id.
         assert_eq!(
-            block_key(1, &[7, 8], 512, 24, 21),
-            block_key(2, &[3, 8], 512, 24, 21)
+            content(1, &[7, 8], 4096).key(24, 21),
+            content(2, &[3, 8], 4096).key(24, 21)
+        );
+        // Past the prompt, a block is the request's own even inside the shared ids' span.
+        assert_ne!(
+            content(1, &[7], 100).key(16, 6),
+            content(2, &[7], 100).key(16, 6)
+        );
+        assert_eq!(
+            content(1, &[7], 100).key(16, 5),
+            content(2, &[7], 100).key(16, 5)
         );
     }
 }

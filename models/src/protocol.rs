@@ -274,6 +274,9 @@ pub struct ReplicaStats {
     /// Admissions refused for want of blocks while blocks were pinned for a handoff.
     pub stalls_pinned: u64,
     pub marked_blocks_peak: u64,
+    /// Prompt tokens looked up in the prefix cache at admission, and those found there.
+    pub prefix_query_tokens: u64,
+    pub prefix_hit_tokens: u64,
 }
 
 impl ReplicaStats {
@@ -295,6 +298,8 @@ impl ReplicaStats {
         self.admission_stalls += s.admission_stalls;
         self.stalls_pinned += s.stalls_pinned;
         self.marked_blocks_peak = self.marked_blocks_peak.max(s.marked_blocks_peak);
+        self.prefix_query_tokens += s.prefix_query_tokens;
+        self.prefix_hit_tokens += s.prefix_hit_tokens;
     }
 }
 
@@ -336,6 +341,10 @@ pub trait Scheduler {
     fn unpin(&mut self, blocks: u64) {
         assert_eq!(blocks, 0, "this scheduler lends no blocks");
     }
+    /// Request `tag`, just enqueued, shares a prompt prefix with others: `ids` are its chained
+    /// block ids, one per `tokens_per_id` tokens (a trace's block hashes). Only a scheduler with
+    /// a prefix cache reads them.
+    fn share_prefix(&mut self, _tag: u32, _ids: &[u64], _tokens_per_id: u64) {}
 }
 
 /// Whether a request can ever fit a pool of `kv`: its prompt plus output in blocks. Returns the

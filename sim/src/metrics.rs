@@ -296,6 +296,11 @@ pub struct Kv {
     pub peak_blocks: u64,
     pub allocated_blocks: u64,
     pub freed_blocks: u64,
+    /// Prompt tokens looked up in the prefix cache at admission (recomputes included), and
+    /// those found cached; the hit rate is their ratio (0 without lookups).
+    pub prefix_query_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    pub prefix_hit_rate: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -135,15 +135,15 @@ impl Engine {
         match self.cfg.release {
             ReleaseMode::Fenced => {
                 self.fenced_total += seq.blocks;
-                seq.fenced_blocks = blocks;
-                seq.blocks = 0;
+                seq.fence();
                 release_fenced(books!(self), seq);
             }
             ReleaseMode::Immediate => {
                 self.fenced_total -= seq.fenced_blocks;
-                seq.blocks = 0;
+                seq.fence();
                 seq.fenced_blocks = 0;
-                free_blocks(&mut self.kv, &mut self.marked_blocks, seq.marked, blocks);
+                let cached = std::mem::take(&mut seq.fenced_cached);
+                free_blocks(&mut books!(self), seq, blocks, &cached);
                 if seq.inflight > 0 && blocks > 0 {
                     // The newest dispatched step is the last that can still write them.
                     self.taint.push(blocks, self.step_next - 1);

@@ -4,12 +4,27 @@
 use super::seq::Seq;
 use super::Engine;
 use crate::kv::KvPool;
+use crate::prefix::PrefixCache;
 
-/// Give `blocks` back to the pool; the retained count follows if the owner is marked.
-pub(super) fn free_blocks(kv: &mut KvPool, marked_blocks: &mut u64, marked: bool, blocks: u64) {
-    kv.free(blocks);
-    if marked {
-        *marked_blocks -= blocks;
+/// Give `blocks` of `seq` back: the leading blocks it holds through the prefix cache (`cached`,
+/// one count per incarnation) go back through the cache, which keeps their content; the rest
+/// go to the pool. The retained count follows if the owner is marked.
+pub(super) fn free_blocks(b: &mut Books, seq: &Seq, blocks: u64, cached: &[u32]) {
+    let mut through_cache = 0;
+    if let Some(cache) = b.cache.as_mut() {
+        for &n in cached {
+            // Tail first, so the tail is evicted first and the prefix survives longest
+            // (vLLM frees a request's blocks in reverse for the same reason).
+            for i in (0..n as u64).rev() {
+                cache.release(b.kv, seq.content.key(b.block_tokens, i));
+            }
+            through_cache += n as u64;
+        }
+    }
+    debug_assert!(through_cache <= blocks);
+    b.kv.free(blocks - through_cache);
+    if seq.marked {
+        *b.marked_blocks -= blocks;
     }
 }
 
@@ -20,6 +35,8 @@ macro_rules! books {
             kv: &mut $e.kv,
             marked_blocks: &mut $e.marked_blocks,
             fenced_total: &mut $e.fenced_total,
+            cache: &mut $e.cache,
+            block_tokens: $e.cfg.block_tokens as u64,
         }
     };
 }
@@ -29,12 +46,15 @@ pub(super) struct Books<'a> {
     pub kv: &'a mut KvPool,
     pub marked_blocks: &'a mut u64,
     pub fenced_total: &'a mut u64,
+    pub cache: &'a mut Option<PrefixCache>,
+    pub block_tokens: u64,
 }
 
 /// A sequence's fenced blocks go back to the pool once no step in flight uses them.
-pub(super) fn release_fenced(b: Books, seq: &mut Seq) {
+pub(super) fn release_fenced(mut b: Books, seq: &mut Seq) {
     if seq.inflight == 0 {
-        free_blocks(b.kv, b.marked_blocks, seq.marked, seq.fenced_blocks);
+        let cached = std::mem::take(&mut seq.fenced_cached);
+        free_blocks(&mut b, seq, seq.fenced_blocks, &cached);
         *b.fenced_total -= seq.fenced_blocks;
         seq.fenced_blocks = 0;
     }
@@ -55,11 +75,20 @@ impl Engine {
     /// a transfer, a decode node's receive buffer). False, and nothing taken, if they are not
     /// free.
     pub fn pin(&mut self, blocks: u64) -> bool {
-        let ok = self.kv.try_alloc(blocks);
+        let ok = self.take_blocks(blocks);
         if ok {
             self.pinned_blocks += blocks;
         }
         ok
+    }
+
+    /// Take `blocks` from the pool for new content (evicting cached blocks no one holds, oldest
+    /// first, once the blocks without content run out), or nothing.
+    pub(super) fn take_blocks(&mut self, blocks: u64) -> bool {
+        match &mut self.cache {
+            Some(cache) => cache.alloc(&mut self.kv, blocks),
+            None => self.kv.try_alloc(blocks),
+        }
     }
 
     /// Give back `blocks` taken by `pin`.

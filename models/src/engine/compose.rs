@@ -8,6 +8,16 @@ use super::books::{release_fenced, Books};
 use super::seq::{Entry, Phase, Step};
 use super::Engine;
 
+/// What admitting a waiting request takes (see `Engine::admission`).
+struct Admission {
+    kv_ready: bool,
+    held: u32,
+    tokens: u32,
+    hit_blocks: u64,
+    taking: u64,
+    new_blocks: u64,
+}
+
 /// The step being composed.
 pub(super) struct Compose {
     pub(super) entries: Vec<Entry>,
@@ -60,7 +70,7 @@ impl Engine {
     /// newer request is left to preempt (an older one will finish, or preempt it).
     fn make_room(&mut self, i: usize, grow: u64, now_ns: u64, c: &mut Compose) -> bool {
         loop {
-            if self.kv.try_alloc(grow) {
+            if self.take_blocks(grow) {
                 return true;
             }
             if self.kv.free_blocks() + self.fenced_pending() >= grow {
@@ -75,6 +85,53 @@ impl Engine {
         }
     }
 
+    /// What admitting the request in `slot` now would take: its tokens this step, the context
+    /// it starts from (its remote KV, or its prefix found cached), the cached blocks it reuses
+    /// and how many of those no one holds (they leave the free pool), and its new blocks.
+    /// `None` if its prompt does not fit the step's budget (without chunked prefill).
+    fn admission(&self, slot: u32, budget: u32) -> Option<Admission> {
+        let seq = &self.seqs[slot as usize];
+        debug_assert_eq!(seq.ctx, 0);
+        // A prompt whose KV arrived from a prefill stage starts with a decode token.
+        let kv_ready = seq.kv_ready && seq.incarnation == 0;
+        let bt = self.cfg.block_tokens as u64;
+        let (mut hit_blocks, mut taking) = (0u64, 0u64);
+        if let (Some(cache), false) = (&self.cache, kv_ready) {
+            // The longest cached run of leading blocks, short of the last prompt token: one
+            // token is always computed, to sample from.
+            while hit_blocks < (seq.need as u64 - 1) / bt {
+                let key = seq.content.key(bt, hit_blocks);
+                if !cache.contains(key) {
+                    break;
+                }
+                taking += cache.is_free(key) as u64;
+                hit_blocks += 1;
+            }
+        }
+        let held = if kv_ready {
+            seq.need
+        } else {
+            (hit_blocks * bt) as u32
+        };
+        let rem = if kv_ready { 1 } else { seq.need - held };
+        let tokens = if self.cfg.chunked_prefill {
+            rem.min(budget)
+        } else if rem <= budget {
+            rem
+        } else {
+            return None;
+        };
+        let new_blocks = self.kv.blocks_for((held + tokens) as u64) - hit_blocks;
+        Some(Admission {
+            kv_ready,
+            held,
+            tokens,
+            hit_blocks,
+            taking,
+            new_blocks,
+        })
+    }
+
     /// Then waiting requests, in order, while nothing was preempted this step (vLLM's rule),
     /// unless the step would otherwise be empty.
     pub(super) fn admit_waiting(&mut self, now_ns: u64, c: &mut Compose) {
@@ -85,20 +142,9 @@ impl Engine {
             let Some(slot) = self.waiting.front(&self.seqs) else {
                 break;
             };
-            let seq = &self.seqs[slot as usize];
-            debug_assert_eq!(seq.ctx, 0);
-            // A prompt whose KV arrived from a prefill stage starts with a decode token.
-            let kv_ready = seq.kv_ready && seq.incarnation == 0;
-            let rem = if kv_ready { 1 } else { seq.need };
-            let tokens = if self.cfg.chunked_prefill {
-                rem.min(c.budget)
-            } else if rem <= c.budget {
-                rem
-            } else {
+            let Some(a) = self.admission(slot, c.budget) else {
                 break;
             };
-            let held = if kv_ready { seq.need } else { 0 };
-            let blocks = self.kv.blocks_for((held + tokens) as u64);
             // The watermark keeps room for the running requests to grow; alone, a request may
             // use the whole pool, so nothing waits for good.
             let reserve = if self.running.is_empty() {
@@ -106,8 +152,7 @@ impl Engine {
             } else {
                 self.cfg.watermark_blocks
             };
-            if self.kv.free_blocks() < blocks.saturating_add(reserve) || !self.kv.try_alloc(blocks)
-            {
+            if self.kv.free_blocks() < a.new_blocks + a.taking + reserve {
                 if self.marked_blocks > 0 {
                     self.stats.admission_stalls += 1;
                 }
@@ -116,15 +161,44 @@ impl Engine {
                 }
                 break; // admission only when the blocks are there
             }
+            self.reuse_cached(slot, now_ns, &a);
+            let taken = self.take_blocks(a.new_blocks);
+            assert!(taken, "the free blocks were counted");
+            let seq = &mut self.seqs[slot as usize];
             if seq.incarnation == 0 {
                 self.started.push(seq.tag);
             }
+            seq.phase = Phase::Running;
+            seq.ctx = a.held;
             self.waiting.pop_front();
             self.running.push(slot);
-            self.seqs[slot as usize].phase = Phase::Running;
-            self.seqs[slot as usize].ctx = held;
-            self.place(slot, now_ns, blocks, !kv_ready, tokens, c);
-            c.budget -= tokens;
+            self.place(slot, now_ns, a.new_blocks, !a.kv_ready, a.tokens, c);
+            c.budget -= a.tokens;
+        }
+    }
+
+    /// The request in `slot` takes the cached blocks its admission found: they are its leading
+    /// blocks, and it skips computing their tokens.
+    fn reuse_cached(&mut self, slot: u32, now_ns: u64, a: &Admission) {
+        let seq = &mut self.seqs[slot as usize];
+        if let Some(cache) = self.cache.as_mut() {
+            if !a.kv_ready {
+                self.stats.prefix_query_tokens += seq.need as u64;
+                self.stats.prefix_hit_tokens += a.held as u64;
+            }
+            for i in 0..a.hit_blocks {
+                cache.hit(
+                    &mut self.kv,
+                    seq.content.key(self.cfg.block_tokens as u64, i),
+                );
+            }
+        }
+        seq.touch(now_ns);
+        seq.blocks += a.hit_blocks;
+        seq.cached = a.hit_blocks as u32;
+        if seq.marked {
+            self.marked_blocks += a.hit_blocks;
+            self.stats.marked_blocks_peak = self.stats.marked_blocks_peak.max(self.marked_blocks);
         }
     }
 
@@ -183,6 +257,25 @@ impl Engine {
             tokens,
             sample,
         });
+        self.register_full_blocks(slot);
+    }
+
+    /// Blocks whose tokens are all scheduled now are cached (vLLM V1 caches at scheduling): a
+    /// request admitted after this step finds them.
+    fn register_full_blocks(&mut self, slot: u32) {
+        let Some(cache) = self.cache.as_mut() else {
+            return;
+        };
+        let bt = self.cfg.block_tokens as u64;
+        let seq = &mut self.seqs[slot as usize];
+        let full = (seq.ctx as u64 / bt).min(seq.blocks);
+        while seq.caching && (seq.cached as u64) < full {
+            if cache.register(seq.content.key(bt, seq.cached as u64)) {
+                seq.cached += 1;
+            } else {
+                seq.caching = false;
+            }
+        }
     }
 
     fn preempt(&mut self, slot: u32, now_ns: u64) {
@@ -190,9 +283,8 @@ impl Engine {
         debug_assert_eq!(last, Some(slot));
         let seq = &mut self.seqs[slot as usize];
         seq.touch(now_ns);
-        seq.fenced_blocks += seq.blocks;
         self.fenced_total += seq.blocks;
-        seq.blocks = 0;
+        seq.fence();
         release_fenced(books!(self), seq);
         seq.restart();
         self.waiting.push_front(slot, &self.seqs);

@@ -34,6 +34,7 @@ use rustc_hash::FxHashMap;
 
 use crate::gpu::{StepModel, StepShape};
 use crate::kv::KvPool;
+use crate::prefix::PrefixCache;
 use crate::protocol::{
     fits, Abort, Checkpoint, CheckpointReport, Dispatch, Gauges, NewRequest, Outbox, Outcome,
     Rejection, ReleaseMode, ReplicaStats, Retired, Scheduler, StepOutput, StepReport, UnknownAbort,
@@ -54,6 +55,9 @@ pub struct EngineConfig {
     pub kv_blocks: u64,
     /// Blocks an admission leaves free while other requests run (vLLM's watermark).
     pub watermark_blocks: u64,
+    /// Automatic prefix caching (vLLM V1's default): full blocks keep their content after
+    /// release, and a request admitted later reuses the cached blocks of its prefix.
+    pub prefix_caching: bool,
     /// In-flight window W: 1 for a synchronous loop, 2 for async scheduling, or the pipeline
     /// depth.
     pub window: u32,
@@ -110,6 +114,8 @@ pub struct Engine {
     /// run since without. New prompts wait until one does, or the preempted request would be
     /// admitted again at once, and preempted again, for ever.
     preempted_last: bool,
+    /// The prefix cache, with `prefix_caching`.
+    cache: Option<PrefixCache>,
 }
 
 impl Engine {
@@ -142,6 +148,7 @@ impl Engine {
             pinned_blocks: 0,
             started: Vec::new(),
             preempted_last: false,
+            cache: cfg.prefix_caching.then(PrefixCache::default),
         }
     }
 
@@ -229,6 +236,8 @@ impl Scheduler for Engine {
         self.accepts(&r).inspect_err(|_| self.stats.rejected += 1)?;
         let mut seq = Seq::new(&r, now_ns);
         seq.serial = self.serial_next;
+        // Its own tokens are unique to this enqueue: a client may reuse an id for new content.
+        seq.content.own = self.serial_next;
         self.serial_next += 1;
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -413,6 +422,17 @@ impl Scheduler for Engine {
         Engine::unpin(self, blocks)
     }
 
+    fn share_prefix(&mut self, tag: u32, ids: &[u64], tokens_per_id: u64) {
+        let Some(&Some(slot)) = self.slot_of_tag.get(tag as usize) else {
+            return;
+        };
+        let seq = &mut self.seqs[slot as usize];
+        if seq.tag == tag && seq.ctx == 0 {
+            seq.content.shared = ids.into();
+            seq.content.shared_tokens = tokens_per_id;
+        }
+    }
+
     fn totals(&self) -> ReplicaStats {
         let s = &self.stats;
         ReplicaStats {
@@ -432,6 +452,8 @@ impl Scheduler for Engine {
             admission_stalls: s.admission_stalls,
             stalls_pinned: s.stalls_pinned,
             marked_blocks_peak: s.marked_blocks_peak,
+            prefix_query_tokens: s.prefix_query_tokens,
+            prefix_hit_tokens: s.prefix_hit_tokens,
         }
     }
 }

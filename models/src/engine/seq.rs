@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashSet;
 
+use crate::prefix::Content;
 use crate::protocol::{Handle, NewRequest, Outcome, Released};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +52,15 @@ pub(super) struct Seq {
     pub(super) blocks_since_ns: u64,
     pub(super) marked: bool,
     pub(super) kv_block_ns_marked: u128,
+    /// What its tokens are, for the prefix cache.
+    pub(super) content: Content,
+    /// Leading blocks of `blocks` held through the prefix cache (hits and registered blocks).
+    pub(super) cached: u32,
+    /// This incarnation may still register its blocks: it stops at the first whose content
+    /// another request cached first.
+    pub(super) caching: bool,
+    /// Leading blocks of `fenced_blocks` held through the cache, one count per incarnation.
+    pub(super) fenced_cached: Vec<u32>,
 }
 
 impl Seq {
@@ -90,7 +100,26 @@ impl Seq {
             blocks_since_ns: now_ns,
             marked: false,
             kv_block_ns_marked: 0,
+            content: Content {
+                prompt_tokens: r.prompt_tokens as u64,
+                ..Content::default()
+            },
+            cached: 0,
+            caching: true,
+            fenced_cached: Vec::new(),
         }
+    }
+
+    /// Its blocks of this incarnation become fenced: back in the pool once no step in flight
+    /// uses them.
+    pub(super) fn fence(&mut self) {
+        self.fenced_blocks += self.blocks;
+        self.blocks = 0;
+        if self.cached > 0 {
+            self.fenced_cached.push(self.cached);
+        }
+        self.cached = 0;
+        self.caching = true;
     }
 
     /// Advance by `tokens` scheduled tokens; returns the output index sampled, or 0.
@@ -134,8 +163,7 @@ impl Seq {
         if last {
             self.phase = Phase::Finished;
             self.touch(now_ns);
-            self.fenced_blocks += self.blocks;
-            self.blocks = 0;
+            self.fence();
         }
         Outcome::Token {
             index: e.sample,
@@ -198,6 +226,9 @@ pub struct EngineStats {
     pub stalls_pinned: u64,
     /// Most blocks held at once by requests with a cancel intent.
     pub marked_blocks_peak: u64,
+    /// Prompt tokens looked up in the prefix cache at admission, and those found there.
+    pub prefix_query_tokens: u64,
+    pub prefix_hit_tokens: u64,
 }
 
 /// Terminated runtime ids remembered at most per engine (the runtime's tombstone retention). A late

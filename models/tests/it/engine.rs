@@ -30,6 +30,7 @@ pub(crate) fn cfg(window: u32) -> EngineConfig {
         block_tokens: 16,
         kv_blocks: 1000,
         watermark_blocks: 0,
+        prefix_caching: false,
         window,
         cost: flat(10 * MS),
         checkpoint: Checkpoint::EveryPasses(1),

@@ -2,7 +2,7 @@
 //! a prompt whose KV arrived from a prefill stage, and blocks pinned outside the engine.
 
 use cancelsim_models::engine::Engine;
-use cancelsim_models::gpu::StepModel;
+use cancelsim_models::gpu::{StepCost, StepModel};
 use cancelsim_models::protocol::{Abort, NewRequest, Outbox, Scheduler, Scope};
 
 use super::engine::{abort, cfg, drive, drive_aborts, req, MS};
@@ -160,4 +160,48 @@ fn without_chunked_prefill_a_preempted_prompt_waits_for_the_decodes_to_move() {
     );
     assert_eq!(t[&1].tokens_ns.len(), 60);
     assert_eq!(t[&2].tokens_ns.len(), 60);
+}
+
+#[test]
+fn a_preempted_request_reuses_its_cached_blocks_and_finishes_sooner() {
+    // 10 blocks of 16 tokens, prefill at 1,000 tokens/s on top of 10 ms steps. Two 64-token
+    // prompts grow to 7 blocks each: the newer is preempted. With prefix caching its recompute
+    // finds its own full blocks still cached and computes only the rest.
+    let run = |caching: bool| {
+        let mut c = cfg(1);
+        c.kv_blocks = 10;
+        c.prefix_caching = caching;
+        c.cost = StepModel::Linear(StepCost {
+            c0_ns: 10 * MS,
+            prefill_tokens_per_s: 1_000,
+            per_seq_ns: 0,
+            per_kv_token_ps: 0,
+        });
+        let mut e = Engine::new(c);
+        let t = drive(&mut e, &[(0, req(1, 64, 40)), (0, req(2, 64, 40))]);
+        (t, e.stats())
+    };
+    let (cold, cold_stats) = run(false);
+    let (warm, warm_stats) = run(true);
+    assert!(cold_stats.preemptions > 0 && warm_stats.preemptions > 0);
+    assert_eq!(cold_stats.prefix_hit_tokens, 0);
+    // Its full blocks, less those the older request's growth evicted (the tail goes first).
+    let hit = warm_stats.prefix_hit_tokens;
+    assert!(hit > 0 && hit % 16 == 0 && hit <= 64, "{warm_stats:?}");
+    // Every admission computes what it looked up less what it found (none was cut short).
+    assert_eq!(
+        warm_stats.prefill_tokens + hit,
+        warm_stats.prefix_query_tokens
+    );
+    assert!(warm_stats.prefill_tokens < cold_stats.prefill_tokens);
+    let last = |t: &std::collections::BTreeMap<u64, super::engine::Trace>| {
+        *t[&2].tokens_ns.last().unwrap()
+    };
+    assert!(
+        last(&warm) < last(&cold),
+        "{} against {}",
+        last(&warm),
+        last(&cold)
+    );
+    assert_eq!(warm[&2].tokens_ns.len(), 40);
 }

@@ -292,6 +292,7 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
                 let any = d.real(0.0, 0.3);
                 d.pick(&[0.0, WATERMARK, WATERMARK, any])
             },
+            prefix_caching: d.chance(0.7),
         }
     } else {
         Scheduler::Dynamic {

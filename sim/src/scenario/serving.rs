@@ -268,6 +268,11 @@ pub enum Scheduler {
         /// force preemptions.
         #[serde(default = "watermark", skip_serializing_if = "is_watermark")]
         watermark: f64,
+        /// Automatic prefix caching, on by default as in vLLM V1: released blocks keep their
+        /// content until evicted, and a later admission reuses its cached prefix (a preempted
+        /// request's own blocks, or a trace's shared block hashes).
+        #[serde(default = "yes", skip_serializing_if = "is_yes")]
+        prefix_caching: bool,
     },
     /// Triton-like dynamic batching: each batch is one shared execution.
     Dynamic {
@@ -293,6 +298,10 @@ fn is_watermark(x: &f64) -> bool {
 
 fn yes() -> bool {
     true
+}
+
+fn is_yes(x: &bool) -> bool {
+    *x
 }
 
 pub(super) fn one() -> u32 {

@@ -124,6 +124,15 @@ impl OpenLoop {
         Ok(Some(open))
     }
 
+    /// The shared-prefix block ids of the arrival `next` returned last (a trace's block hashes);
+    /// empty if it has none.
+    pub fn prefix_ids(&self) -> &[u64] {
+        match &self.process {
+            Process::Trace(r) => r.reader.prefix_ids(),
+            _ => &[],
+        }
+    }
+
     /// The next arrival, or `None` when the source is exhausted.
     pub fn next(&mut self, w: &Workload) -> Result<Option<Arrival>, String> {
         if self.issued >= self.limit {

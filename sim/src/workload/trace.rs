@@ -36,7 +36,12 @@ pub struct TraceReader {
     first_ns: Option<i128>,
     /// The previous row's timestamp: rows must not go back in time.
     last_ns: i128,
+    /// The last row's shared-prefix block ids (Mooncake's `hash_ids`), if it has them.
+    prefix_ids: Vec<u64>,
 }
+
+/// Tokens per block of Mooncake's `hash_ids`.
+pub const MOONCAKE_BLOCK_TOKENS: u64 = 512;
 
 const AZURE_HEADER: [&str; 3] = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"];
 
@@ -63,6 +68,7 @@ impl TraceReader {
             row: 0,
             first_ns: None,
             last_ns: i128::MIN,
+            prefix_ids: Vec::new(),
         };
         if format == TraceFormat::AzureCsv {
             r.azure_header()?;
@@ -123,6 +129,12 @@ impl TraceReader {
         }
     }
 
+    /// The shared-prefix block ids of the row `next_row` returned last (empty if it has none),
+    /// one per `MOONCAKE_BLOCK_TOKENS` tokens.
+    pub fn prefix_ids(&self) -> &[u64] {
+        &self.prefix_ids
+    }
+
     /// The next row, or `None` at the end of the file.
     pub fn next_row(&mut self) -> Result<Option<TraceRow>, String> {
         let parsed = match &self.rows {
@@ -181,12 +193,15 @@ impl TraceReader {
             timestamp: u64,
             input_length: u32,
             output_length: u32,
+            #[serde(default)]
+            hash_ids: Vec<u64>,
         }
         let Some(line) = self.next_line()? else {
             return Ok(None);
         };
         let r: Row = serde_json::from_str(&line).map_err(|e| self.err(&format!("bad row: {e}")))?;
         let t = r.timestamp as i128 * 1_000_000;
+        self.prefix_ids = r.hash_ids;
         Ok(Some((t, r.input_length, r.output_length)))
     }
 }

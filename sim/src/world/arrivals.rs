@@ -31,6 +31,9 @@ pub(crate) fn client_timers(
 pub(crate) struct Arrivals {
     open: Option<OpenLoop>,
     pending: Option<Arrival>,
+    /// The shared-prefix block ids of the pending arrival, then of the one taken last.
+    pending_prefix: Box<[u64]>,
+    taken_prefix: (u64, Box<[u64]>),
     hasher: blake3::Hasher,
 }
 
@@ -39,6 +42,8 @@ impl Arrivals {
         Ok(Arrivals {
             open: OpenLoop::new(s, seed)?,
             pending: None,
+            pending_prefix: Box::default(),
+            taken_prefix: (u64::MAX, Box::default()),
             hasher: blake3::Hasher::new(),
         })
     }
@@ -58,6 +63,7 @@ impl Arrivals {
         let open = self.open.as_mut().expect("open-loop source");
         if let Some(a) = open.next(&s.workload).map_err(Stop::Input)? {
             self.pending = Some(a);
+            self.pending_prefix = open.prefix_ids().into();
             k.schedule_at(a.time_ns, Class::Arrival, Event::Arrival { request: a.id })?;
         }
         Ok(())
@@ -67,7 +73,16 @@ impl Arrivals {
     pub fn take(&mut self, request: u64) -> Arrival {
         let a = self.pending.take().expect("an arrival is pending");
         debug_assert_eq!(a.id, request);
+        self.taken_prefix = (a.id, std::mem::take(&mut self.pending_prefix));
         a
+    }
+
+    /// The shared-prefix block ids of arrival `id` if it is the one taken last; else none.
+    pub fn prefix_of(&self, id: u64) -> &[u64] {
+        match &self.taken_prefix {
+            (taken, ids) if *taken == id => ids,
+            _ => &[],
+        }
     }
 
     /// Fold an arrival into the workload hash: equal across runs that share a workload.
@@ -76,6 +91,13 @@ impl Arrivals {
         self.hasher.update(&a.time_ns.to_le_bytes());
         self.hasher.update(&a.prompt_tokens.to_le_bytes());
         self.hasher.update(&a.output_tokens.to_le_bytes());
+        let ids = match &self.taken_prefix {
+            (taken, ids) if *taken == a.id => &ids[..],
+            _ => &[],
+        };
+        for id in ids {
+            self.hasher.update(&id.to_le_bytes());
+        }
     }
 
     pub fn workload_hash(&self) -> String {

@@ -41,6 +41,7 @@ fn configured(s: &Scenario) -> Replica {
             kv_blocks,
             window,
             watermark,
+            prefix_caching,
         } => replica::continuous(EngineConfig {
             max_num_seqs: max_num_seqs
                 .or(profile.map(|p| p.max_num_seqs))
@@ -52,6 +53,7 @@ fn configured(s: &Scenario) -> Replica {
             block_tokens: *block_tokens,
             kv_blocks: blocks(*block_tokens, *kv_blocks),
             watermark_blocks: (blocks(*block_tokens, *kv_blocks) as f64 * watermark) as u64,
+            prefix_caching: *prefix_caching,
             window: *window,
             cost,
             checkpoint: match b.checkpoint {
@@ -195,6 +197,11 @@ impl Cluster {
 
     pub fn enqueue(&mut self, replica: u32, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
         self.replicas[replica as usize].enqueue(now_ns, r)
+    }
+
+    /// Request `tag`, just enqueued on `replica`, shares a prompt prefix (a trace's block ids).
+    pub fn share_prefix(&mut self, replica: u32, tag: u32, ids: &[u64], tokens_per_id: u64) {
+        self.replicas[replica as usize].share_prefix(tag, ids, tokens_per_id);
     }
 
     /// Ask for a scheduler pass of `replica` at this tick, once.

@@ -8,6 +8,7 @@ mod hardening;
 mod model;
 mod outputs;
 mod overload;
+mod prefix;
 mod replay;
 mod sweep;
 mod topology;
