@@ -96,6 +96,10 @@ pub struct Abort {
     /// The sender's idempotency key (its request's identity): a second delivery of a key the
     /// engine already handled is a duplicate, and changes nothing.
     pub key: u64,
+    /// The ideal cancel's, a baseline rather than a runtime: handled at once whatever the
+    /// checkpoint, the request's blocks back at once and safely (no later step includes it; the
+    /// step already in flight runs on, as a kernel cannot be recalled).
+    pub ideal: bool,
 }
 
 /// A request removed by an abort at a checkpoint.

@@ -5,6 +5,7 @@
 //! `cancelsim-models` crate through one closed `Event` enum; `scenario` loads RON files;
 //! `report` prints and writes results; `replay` runs op logs through the ownership controller.
 
+pub mod capacity;
 pub mod check;
 pub mod coverage;
 pub mod dist;

@@ -461,6 +461,11 @@ pub struct Summary {
     pub e2e_ms: LatencyMs,
     pub throughput_rps: f64,
     pub output_tokens_per_s: f64,
+    /// Time to the last completion.
+    pub makespan_s: f64,
+    /// Against the ideal cancel (policy runs of a report with intents only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_cost: Option<crate::capacity::CapacityCost>,
     pub gpu: Gpu,
     pub kv: Kv,
     pub workload: WorkloadEvents,

@@ -1,9 +1,10 @@
 //! The one entry point of a simulation: the counterfactual, then one run per policy, on one
 //! seed. `main`, `check` and `sweep` all come through `run`.
 
+use crate::capacity::CapacityCost;
 use crate::metrics::Summary;
 use crate::record::{Extras, Recording, RequestSink, TraceSink};
-use crate::scenario::{Scenario, Source};
+use crate::scenario::{Policy, Scenario, Source};
 #[cfg(feature = "broken-variants")]
 use crate::world::Hooks;
 use crate::world::{CfTable, Mode, RunError, World};
@@ -19,7 +20,11 @@ pub struct Report {
     pub commit: String,
     pub counterfactual: Summary,
     pub policies: Vec<Summary>,
-    /// BLAKE3 over the counterfactual's and every policy run's hash, in order.
+    /// The ideal cancel on the same intents: the baseline of each policy's `capacity_cost`. Run
+    /// when the scenario has cancel intents and `cancellation.ideal_baseline` is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ideal: Option<Summary>,
+    /// BLAKE3 over the counterfactual's, every policy run's and the ideal's hash, in order.
     pub run_hash: String,
 }
 
@@ -83,9 +88,27 @@ pub fn run(
         policies.push(summary);
         extras.push(e);
     }
+    let ideal = if intents && ideal_baseline(scenario) {
+        let world = World::new(scenario, seed, Mode::Policy(&Policy::Ideal, &table), None)?;
+        let ideal = world.run()?;
+        for p in &mut policies {
+            p.capacity_cost = Some(CapacityCost::of(p, &ideal));
+        }
+        Some(ideal)
+    } else {
+        None
+    };
     extras[0].sink = opts.sink;
     extras[0].trace_sink = opts.trace;
-    Ok((assemble(scenario, seed, counterfactual, policies), extras))
+    Ok((
+        assemble(scenario, seed, counterfactual, policies, ideal),
+        extras,
+    ))
+}
+
+/// Whether the report runs the ideal cancel as a baseline.
+fn ideal_baseline(s: &Scenario) -> bool {
+    s.cancellation.as_ref().is_none_or(|c| c.ideal_baseline)
 }
 
 /// `run` with nothing recorded: the report alone.
@@ -113,10 +136,11 @@ fn assemble(
     seed: u64,
     counterfactual: Summary,
     policies: Vec<Summary>,
+    ideal: Option<Summary>,
 ) -> Report {
     let mut h = blake3::Hasher::new();
     h.update(counterfactual.run_hash.as_bytes());
-    for p in &policies {
+    for p in policies.iter().chain(&ideal) {
         h.update(p.run_hash.as_bytes());
     }
     Report {
@@ -127,6 +151,7 @@ fn assemble(
         commit: env!("CANCELSIM_COMMIT").to_string(),
         counterfactual,
         policies,
+        ideal,
         run_hash: h.finalize().to_hex().to_string(),
     }
 }

@@ -32,6 +32,27 @@ impl Engine {
         self.passes % k == 0
     }
 
+    /// The ideal cancel's aborts take effect now, whatever the checkpoint: the baseline every
+    /// real policy is measured against.
+    pub(super) fn handle_ideal(
+        &mut self,
+        now_ns: u64,
+        report: &mut CheckpointReport,
+        out: &mut Outbox,
+    ) {
+        let (ideal, rest): (Vec<Abort>, Vec<Abort>) =
+            self.pending_aborts.drain(..).partition(|a| a.ideal);
+        self.pending_aborts = rest;
+        self.ideal_pending = 0;
+        for a in &ideal {
+            self.handle_abort(a, now_ns, report, out);
+        }
+        let seqs = &self.seqs;
+        self.running
+            .retain(|&slot| seqs[slot as usize].phase == Phase::Running);
+        self.waiting.compact(&self.seqs);
+    }
+
     pub(super) fn handle_abort(
         &mut self,
         a: &Abort,
@@ -49,7 +70,7 @@ impl Engine {
         }
         let mut reached = 0u32;
         for slot in self.reached_by(a.scope) {
-            self.abort_seq(slot, now_ns, true, out);
+            self.abort_seq(slot, now_ns, (true, a.ideal), out);
             reached += 1;
         }
         let mut fault = a.fault;
@@ -76,7 +97,7 @@ impl Engine {
                 BlastRadius::Engine => self.live_slots(),
             };
             for slot in victims {
-                self.abort_seq(slot, now_ns, false, out);
+                self.abort_seq(slot, now_ns, (false, false), out);
             }
         }
     }
@@ -116,7 +137,15 @@ impl Engine {
             .collect()
     }
 
-    fn abort_seq(&mut self, slot: u32, now_ns: u64, in_scope: bool, out: &mut Outbox) {
+    /// Remove the request in `slot`: `in_scope` (reached by the abort's scope, not collateral),
+    /// and `ideal` (the ideal cancel: blocks back at once, with no hazard).
+    fn abort_seq(
+        &mut self,
+        slot: u32,
+        now_ns: u64,
+        (in_scope, ideal): (bool, bool),
+        out: &mut Outbox,
+    ) {
         let seq = &mut self.seqs[slot as usize];
         if !matches!(seq.phase, Phase::Running | Phase::Waiting) {
             return; // already removed by an earlier abort of this checkpoint
@@ -132,7 +161,12 @@ impl Engine {
             tag: seq.tag,
             in_scope,
         });
-        match self.cfg.release {
+        let release = if ideal {
+            ReleaseMode::Immediate
+        } else {
+            self.cfg.release
+        };
+        match release {
             ReleaseMode::Fenced => {
                 self.fenced_total += seq.blocks;
                 seq.fence();
@@ -144,7 +178,7 @@ impl Engine {
                 seq.fenced_blocks = 0;
                 let cached = std::mem::take(&mut seq.fenced_cached);
                 free_blocks(&mut books!(self), seq, blocks, &cached);
-                if seq.inflight > 0 && blocks > 0 {
+                if seq.inflight > 0 && blocks > 0 && !ideal {
                     // The newest dispatched step is the last that can still write them.
                     self.taint.push(blocks, self.step_next - 1);
                 }

@@ -116,6 +116,9 @@ pub struct Engine {
     preempted_last: bool,
     /// The prefix cache, with `prefix_caching`.
     cache: Option<PrefixCache>,
+    /// Pending aborts of the ideal cancel (handled at once): counted, so a pass with none
+    /// pending never scans the pending aborts (a backend that rarely checks piles them up).
+    ideal_pending: u32,
 }
 
 impl Engine {
@@ -149,6 +152,7 @@ impl Engine {
             started: Vec::new(),
             preempted_last: false,
             cache: cfg.prefix_caching.then(PrefixCache::default),
+            ideal_pending: 0,
         }
     }
 
@@ -333,6 +337,7 @@ impl Scheduler for Engine {
 
     /// An abort arrives at the engine. It takes effect at the next checkpoint.
     fn abort(&mut self, a: Abort) {
+        self.ideal_pending += a.ideal as u32;
         self.pending_aborts.push(a);
     }
 
@@ -345,6 +350,9 @@ impl Scheduler for Engine {
     /// every k-th such boundary is.
     fn checkpoint(&mut self, now_ns: u64, out: &mut Outbox) -> CheckpointReport {
         let mut report = CheckpointReport::default();
+        if self.ideal_pending > 0 {
+            self.handle_ideal(now_ns, &mut report, out);
+        }
         if !self.is_checkpoint() {
             return report;
         }

@@ -367,6 +367,7 @@ pub(crate) fn abort(scope: Scope) -> Abort {
         scope,
         fault: None,
         key,
+        ideal: false,
     }
 }
 

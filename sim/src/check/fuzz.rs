@@ -404,6 +404,7 @@ fn cancellation(d: &mut Draw) -> Cancellation {
         stage,
         delay_ms: d.dist(50.0, 1.0),
         window_s: None,
+        ideal_baseline: d.chance(0.5),
     }
 }
 
@@ -418,6 +419,7 @@ fn policies(d: &mut Draw) -> Vec<Policy> {
         Policy::PerRequestWithFallback {
             fallback_after_ms: d.real(0.0, 1_000.0),
         },
+        Policy::Ideal,
     ];
     let n = d.int(1, 3) as usize;
     let mut ps: Vec<Policy> = Vec::new();

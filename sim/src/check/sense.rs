@@ -27,7 +27,7 @@ pub fn nonsense(p: &crate::metrics::Summary) -> Vec<String> {
     out
 }
 
-/// Every number finite and non-negative, but the signed sibling deltas; a null (a NaN) only for
+/// Every number finite and non-negative, but the signed differences; a null (a NaN) only for
 /// a mean's interval with too few batches.
 fn walk(v: &serde_json::Value, path: &mut String, out: &mut Vec<String>) {
     use serde_json::Value;
@@ -47,7 +47,11 @@ fn walk(v: &serde_json::Value, path: &mut String, out: &mut Vec<String>) {
         Value::Null if !path.ends_with("mean_ci95") => out.push(format!("{path} is NaN")),
         Value::Number(n) => {
             let x = n.as_f64().unwrap_or(f64::NAN);
-            let signed = path.starts_with("sibling_latency_delta_ms");
+            // Differences between two runs are signed: sibling deltas against the
+            // counterfactual, and the capacity cost against the ideal (a group abort that kills
+            // siblings can spend less GPU time than the ideal, and two runs diverge).
+            let signed =
+                path.starts_with("sibling_latency_delta_ms") || path.starts_with("capacity_cost");
             if !x.is_finite() || (x < 0.0 && !signed) {
                 out.push(format!("{path} = {x}"));
             }

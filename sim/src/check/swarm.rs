@@ -31,6 +31,7 @@ pub fn randomise(base: &Scenario, seed: u64) -> Scenario {
             stage: Stage::Random,
             delay_ms: crate::dist::Dist::Constant(0.0),
             window_s: None,
+            ideal_baseline: true,
         });
         c.fraction = f;
         c.requests.clear();

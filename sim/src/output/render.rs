@@ -1,8 +1,10 @@
-//! The human report on stdout: one column per policy, beside the counterfactual. Its last line
+//! The human report on stdout: one column per policy, beside the counterfactual (and the ideal
+//! cancel, last). Its last line
 //! is always `run_hash=<hex>`.
 
 use std::fmt::Write as _;
 
+use crate::capacity::CapacityCost;
 use crate::metrics::{HandoffStats, Recovery, Summary};
 use crate::run::Report;
 
@@ -140,6 +142,25 @@ const HANDOFF_ROWS: &[(&str, Cell)] = &[
 ];
 
 /// The rows of a storm in time.
+/// Each policy against the ideal cancel (`-` for the counterfactual and the ideal itself).
+const CAPACITY_ROWS: &[(&str, Cell)] = &[
+    ("capacity_cost.gpu_busy_s", |s| cap(s, |c| f3(c.gpu_busy_s))),
+    ("capacity_cost.makespan_s", |s| cap(s, |c| f3(c.makespan_s))),
+    ("capacity_cost.goodput_rps", |s| {
+        cap(s, |c| f3(c.goodput_rps))
+    }),
+    ("capacity_cost.sibling_ttft_p99_ms", |s| {
+        cap(s, |c| f3(c.sibling_ttft_p99_ms))
+    }),
+    ("capacity_cost.sibling_e2e_p99_ms", |s| {
+        cap(s, |c| f3(c.sibling_e2e_p99_ms))
+    }),
+];
+
+fn cap(s: &Summary, f: fn(&CapacityCost) -> String) -> String {
+    s.capacity_cost.as_ref().map_or("-".into(), f)
+}
+
 const RECOVERY_ROWS: &[(&str, Cell)] = &[
     ("recovery.level_ms", |s| rec(s, |r| f3(r.level_ms))),
     ("recovery.worst_bin_ms", |s| rec(s, |r| f3(r.worst_bin_ms))),
@@ -219,7 +240,10 @@ pub fn render(r: &Report) -> String {
         "{} requests over {:.1} s of virtual time; counterfactual: {} completed, {:.2} req/s, {:.0} output tokens/s, GPU utilisation {:.3}",
         cf.requests.scheduled, cf.virtual_time_s, cf.requests.completed, cf.throughput_rps, cf.output_tokens_per_s, cf.gpu.utilisation
     );
-    let cols: Vec<&Summary> = std::iter::once(cf).chain(r.policies.iter()).collect();
+    let cols: Vec<&Summary> = std::iter::once(cf)
+        .chain(r.policies.iter())
+        .chain(r.ideal.iter())
+        .collect();
     let width = cols
         .iter()
         .map(|s| s.policy.len())
@@ -230,6 +254,11 @@ pub fn render(r: &Report) -> String {
     t.row(w, "", &|s| s.policy.clone());
     for (name, cell) in HEAD_ROWS {
         t.row(w, name, cell);
+    }
+    if r.ideal.is_some() {
+        for (name, cell) in CAPACITY_ROWS {
+            t.row(w, name, cell);
+        }
     }
     if cf.handoff.is_some() {
         for (name, cell) in HANDOFF_ROWS {

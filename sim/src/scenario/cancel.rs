@@ -32,6 +32,18 @@ pub struct Cancellation {
     /// then says how long admission took to recover from it (`recovery`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_s: Option<(f64, f64)>,
+    /// Also run the ideal cancel on the same intents, the baseline of each policy's
+    /// `capacity_cost` (one more run per report).
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub ideal_baseline: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(x: &bool) -> bool {
+    *x
 }
 
 /// Where in a request's life its cancel intent fires.
@@ -96,6 +108,11 @@ pub enum Policy {
     /// Per-request cancel, falling back to finish-and-discard when the backend cannot observe
     /// (it never checks) or has not observed within `fallback_after_ms` of the intent.
     PerRequestWithFallback { fallback_after_ms: f64 },
+    /// The ideal cancel, a reference rather than a runtime: each intent reaches the backend at
+    /// once and is applied at once, whatever the adapter, the transport and the checkpoints; the
+    /// request's blocks come back at once and no later step includes it. Every report with
+    /// cancel intents also runs it as a baseline (see `capacity_cost`).
+    Ideal,
 }
 
 impl Policy {
@@ -105,6 +122,7 @@ impl Policy {
             Policy::PerRequest => "per_request".into(),
             Policy::GroupAbort(s) => format!("group_abort_{}", s.label()),
             Policy::PerRequestWithFallback { .. } => "per_request_fallback".into(),
+            Policy::Ideal => "ideal".into(),
         }
     }
 }

@@ -299,7 +299,7 @@ pub(crate) type Column = (
     &'static str,
     fn(&crate::run::Report, &crate::metrics::Summary) -> String,
 );
-pub(crate) const METRICS: [Column; 20] = [
+pub(crate) const METRICS: [Column; 23] = [
     ("run_policy", |_, p| p.policy.clone()),
     ("scenario_hash", |r, _| r.scenario_hash.clone()),
     ("report_run_hash", |r, _| r.run_hash.clone()),
@@ -336,4 +336,16 @@ pub(crate) const METRICS: [Column; 20] = [
     ("ttft_p99_ms", |_, p| p.ttft_ms.p99.to_string()),
     ("e2e_p50_ms", |_, p| p.e2e_ms.p50.to_string()),
     ("e2e_p99_ms", |_, p| p.e2e_ms.p99.to_string()),
+    // Against the ideal cancel; empty without one (no intents, or `ideal_baseline: false`).
+    ("capacity_cost_gpu_busy_s", |_, p| cost(p, |c| c.gpu_busy_s)),
+    ("capacity_cost_makespan_s", |_, p| cost(p, |c| c.makespan_s)),
+    ("capacity_cost_goodput_rps", |_, p| {
+        cost(p, |c| c.goodput_rps)
+    }),
 ];
+
+fn cost(p: &crate::metrics::Summary, f: fn(&crate::capacity::CapacityCost) -> f64) -> String {
+    p.capacity_cost
+        .as_ref()
+        .map_or(String::new(), |c| f(c).to_string())
+}

@@ -184,6 +184,11 @@ impl<'s> CancelClient<'s> {
         }
         let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, id, key::SUBMIT_DELAY);
         let delay = ms_to_ns(self.scenario.adapter.submit_delay_ms.sample(&mut s));
+        let delay = if matches!(policy, Policy::Ideal) {
+            0
+        } else {
+            delay
+        };
         let submit = Event::CancelSubmit {
             request: id,
             tag,
@@ -216,6 +221,7 @@ impl<'s> CancelClient<'s> {
             Some(Policy::GroupAbort(GroupScope::Sequence)) => Scope::Sequence(h.sequence),
             Some(Policy::GroupAbort(GroupScope::Prefix)) => Scope::Prefix(h.runtime_id),
             Some(Policy::GroupAbort(GroupScope::Engine)) => Scope::Engine,
+            Some(Policy::Ideal) => Scope::Request(h.runtime_id),
             _ if self.aborts_batch => Scope::Engine,
             _ => Scope::Request(h.runtime_id),
         }
@@ -236,9 +242,11 @@ impl<'s> CancelClient<'s> {
         self.rpc.attempts += 1;
         let a = &self.scenario.adapter;
         let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, request, attempt as u64 + 1);
-        let lost = s.uniform_open01() < a.loss;
-        let latency = ms_to_ns(a.rpc_latency_ms.sample(&mut s));
-        let dup = s.uniform_open01() < a.duplicate;
+        // The ideal cancel's transport is perfect: nothing lost, nothing late, no duplicate.
+        let ideal = self.policy == Some(&Policy::Ideal);
+        let lost = s.uniform_open01() < a.loss && !ideal;
+        let latency = ms_to_ns(a.rpc_latency_ms.sample(&mut s)) * !ideal as u64;
+        let dup = s.uniform_open01() < a.duplicate && !ideal;
         let dup_latency = ms_to_ns(a.rpc_latency_ms.sample(&mut s));
         if lost {
             self.rpc.lost += 1;
@@ -270,7 +278,9 @@ impl<'s> CancelClient<'s> {
     pub fn abort(&self, request: u64, scope: Scope, attempt: u8) -> Abort {
         let b = &self.scenario.backend;
         let p = b.abort_fault_probability;
+        let ideal = self.policy == Some(&Policy::Ideal);
         let fault = (p > 0.0
+            && !ideal
             && Stream::keyed(self.seed, Purpose::AbortFault, request, attempt as u64 + 1)
                 .uniform_open01()
                 < p)
@@ -279,6 +289,7 @@ impl<'s> CancelClient<'s> {
             scope,
             fault,
             key: request,
+            ideal,
         }
     }
 

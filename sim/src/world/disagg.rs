@@ -271,6 +271,7 @@ impl World<'_> {
                     scope: Scope::Engine,
                     fault: Some(BlastRadius::Engine),
                     key: u64::MAX - request,
+                    ideal: false,
                 };
                 Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
             }
@@ -423,6 +424,7 @@ impl World<'_> {
             scope: Scope::Engine,
             fault: Some(BlastRadius::Engine),
             key: u64::MAX - (1 << 32) - replica as u64,
+            ideal: false,
         };
         Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
     }

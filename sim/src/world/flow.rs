@@ -79,6 +79,7 @@ impl World<'_> {
             scope: Scope::Request(q.handle.runtime_id),
             fault: None,
             key: request | 1 << 63,
+            ideal: false,
         };
         Ok(self.cluster.abort(&mut self.kernel, q.replica, abort)?)
     }

@@ -202,6 +202,8 @@ pub(crate) fn summary(mut b: Books, extras: &mut Extras) -> Summary {
         e2e_ms: a.e2e.summary(),
         throughput_rps: ratio(a.counts.completed as f64, makespan_s),
         output_tokens_per_s: ratio(st.tokens_delivered as f64, makespan_s),
+        makespan_s,
+        capacity_cost: None,
         gpu: gpu(&b),
         kv: Kv {
             block_s: a.kv_block_ns as f64 / NS_PER_S as f64,

@@ -1,6 +1,7 @@
 //! The simulator's integration tests, in one binary (one link instead of seven).
 
 mod cancel;
+mod capacity;
 mod check;
 mod cli;
 mod defects;

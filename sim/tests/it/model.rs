@@ -166,7 +166,7 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "8df6acf3e58b96fd79974db30be05711828dd219bdc90fd4171e0d19071e3b4c";
+const GOLDEN_DEFAULT: &str = "028449fff16f99e1d5e87131e4f12972c2298322af4cf92716e5a62dda867fea";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
     "3cd5576090d7226c20af987bf5b0920db3e286484f87beb07b01208c431a9286";

@@ -9,6 +9,7 @@ use cancelsim::run;
 use cancelsim::scenario::{Scenario, StepForm};
 use cancelsim_models::gpu::fit::fit_table;
 
+use super::capacity::closed_form_report;
 use super::overload::plateaus;
 use super::prefix::{ideal_hits, run_trace};
 
@@ -152,6 +153,20 @@ fn prefix() -> String {
     t
 }
 
+/// The capacity cost on one server, where it has a closed form (see `capacity.rs`).
+fn capacity() -> String {
+    let (r, n) = closed_form_report();
+    let mut t = String::from(HEAD);
+    for (p, per_target_s) in r.policies.iter().zip([0.090, 0.010]) {
+        let c = p.capacity_cost.as_ref().unwrap();
+        let what = format!("{}: GPU busy time beyond the ideal", p.policy);
+        t += &row(&what, n * per_target_s, c.gpu_busy_s, "s");
+        let what = format!("{}: makespan beyond the ideal", p.policy);
+        t += &row(&what, n * per_target_s, c.makespan_s, "s");
+    }
+    t
+}
+
 /// Replace the body between `<!-- begin:NAME -->` and `<!-- end:NAME -->`.
 fn splice(page: &str, name: &str, body: &str) -> String {
     let (begin, end) = (
@@ -181,6 +196,7 @@ fn the_validation_page_matches_the_code() {
         ("overload", overload()),
         ("vidur", vidur()),
         ("prefix", prefix()),
+        ("capacity", capacity()),
     ] {
         fresh = splice(&fresh, name, &body);
     }
