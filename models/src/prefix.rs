@@ -30,6 +30,13 @@ pub struct Content {
 }
 
 impl Content {
+    /// Whether block `index` lies in the shared prefix: another request may ask for it.
+    pub fn is_shared(&self, block_tokens: u64, index: u64) -> bool {
+        let end = (index + 1) * block_tokens;
+        end <= self.prompt_tokens
+            && (end - 1) / self.shared_tokens.max(1) < self.shared.len() as u64
+    }
+
     /// The content key of block `index` of `block_tokens` tokens.
     pub fn key(&self, block_tokens: u64, index: u64) -> u64 {
         let end = (index + 1) * block_tokens;

@@ -257,12 +257,15 @@ impl Engine {
             tokens,
             sample,
         });
-        self.register_full_blocks(slot);
+        self.register_full_blocks(slot, false);
     }
 
-    /// Blocks whose tokens are all scheduled now are cached (vLLM V1 caches at scheduling): a
-    /// request admitted after this step finds them.
-    fn register_full_blocks(&mut self, slot: u32) {
+    /// Blocks of a shared prefix whose tokens are all scheduled now are cached (vLLM V1 caches
+    /// at scheduling): a request admitted after this step finds them. With `own_too`, the
+    /// request's own blocks as well: only its own recompute can ever ask for those, so they are
+    /// cached when it is preempted, and a finished request's own blocks go back without content
+    /// (vLLM keeps them, but nothing can hit them; here they do not crowd the eviction order).
+    fn register_full_blocks(&mut self, slot: u32, own_too: bool) {
         let Some(cache) = self.cache.as_mut() else {
             return;
         };
@@ -270,7 +273,11 @@ impl Engine {
         let seq = &mut self.seqs[slot as usize];
         let full = (seq.ctx as u64 / bt).min(seq.blocks);
         while seq.caching && (seq.cached as u64) < full {
-            if cache.register(seq.content.key(bt, seq.cached as u64)) {
+            let i = seq.cached as u64;
+            if !own_too && !seq.content.is_shared(bt, i) {
+                break;
+            }
+            if cache.register(seq.content.key(bt, i)) {
                 seq.cached += 1;
             } else {
                 seq.caching = false;
@@ -281,6 +288,7 @@ impl Engine {
     fn preempt(&mut self, slot: u32, now_ns: u64) {
         let last = self.running.pop();
         debug_assert_eq!(last, Some(slot));
+        self.register_full_blocks(slot, true);
         let seq = &mut self.seqs[slot as usize];
         seq.touch(now_ns);
         self.fenced_total += seq.blocks;
