@@ -199,9 +199,13 @@ impl Cluster {
         self.replicas[replica as usize].enqueue(now_ns, r)
     }
 
-    /// Request `tag`, just enqueued on `replica`, shares a prompt prefix (a trace's block ids).
-    pub fn share_prefix(&mut self, replica: u32, tag: u32, ids: &[u64], tokens_per_id: u64) {
-        self.replicas[replica as usize].share_prefix(tag, ids, tokens_per_id);
+    /// Request `tag`, just enqueued on `replica`, shares a prompt prefix: `ids` are a trace's
+    /// block hashes, one per `MOONCAKE_BLOCK_TOKENS` tokens (none: nothing shared).
+    pub fn share_prefix(&mut self, replica: u32, tag: u32, ids: &[u64]) {
+        if !ids.is_empty() {
+            let tokens = crate::workload::trace::MOONCAKE_BLOCK_TOKENS;
+            self.replicas[replica as usize].share_prefix(tag, ids, tokens);
+        }
     }
 
     /// Ask for a scheduler pass of `replica` at this tick, once.

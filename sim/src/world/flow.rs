@@ -236,11 +236,8 @@ impl World<'_> {
         if !fits || self.cluster.enqueue(replica, now_ns, new).is_err() {
             return self.reject(tag);
         }
-        let ids = self.arrivals.prefix_of(a.id);
-        if !ids.is_empty() {
-            let tokens = crate::workload::trace::MOONCAKE_BLOCK_TOKENS;
-            self.cluster.share_prefix(replica, tag, ids, tokens);
-        }
+        self.cluster
+            .share_prefix(replica, tag, self.arrivals.prefix_of(a.id));
         let epoch = self.cluster.intent_epoch(replica);
         let life = &mut self.requests[tag].life;
         life.enqueued = true;
