@@ -53,7 +53,6 @@ pub struct Gpu {
     pub peak_flops: u64,
     /// HBM bandwidth, bytes/s.
     pub hbm_bytes_per_s: u64,
-    pub memory_bytes: u64,
 }
 
 /// NVIDIA A100 SXM 80 GB: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e (A100 datasheet).
@@ -61,7 +60,6 @@ pub const A100_80GB: Gpu = Gpu {
     name: "A100-SXM-80GB",
     peak_flops: 312_000_000_000_000,
     hbm_bytes_per_s: 2_039_000_000_000,
-    memory_bytes: 80_000_000_000,
 };
 
 /// NVIDIA H100 SXM 80 GB: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3 (H100 datasheet).
@@ -69,7 +67,6 @@ pub const H100_SXM: Gpu = Gpu {
     name: "H100-SXM-80GB",
     peak_flops: 989_400_000_000_000,
     hbm_bytes_per_s: 3_350_000_000_000,
-    memory_bytes: 80_000_000_000,
 };
 
 /// The roofline's constants for one replica, per GPU of its tensor-parallel group.
