@@ -212,6 +212,7 @@ impl Scheduler for Batcher {
                     tag: m.req.tag,
                     kv_block_ns: m.blocks as u128 * held_ns,
                     kv_block_ns_marked: m.blocks as u128 * marked_ns as u128,
+                    restarts: 0,
                 });
                 out.retired.push(Retired {
                     id: m.req.id,
@@ -255,6 +256,7 @@ impl Scheduler for Batcher {
                         tag: q.req.tag,
                         kv_block_ns: 0,
                         kv_block_ns_marked: 0,
+                        restarts: 0,
                     });
                     out.retired.push(Retired {
                         id: q.req.id,

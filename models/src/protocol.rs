@@ -198,6 +198,8 @@ pub struct Released {
     pub kv_block_ns: u128,
     /// The part of that integral after `mark_intent` (retained after the cancel intent).
     pub kv_block_ns_marked: u128,
+    /// Times it was preempted and recomputed on this replica (vidur's restarts).
+    pub restarts: u32,
 }
 
 /// Why a request was refused at enqueue.

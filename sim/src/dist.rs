@@ -18,6 +18,9 @@ pub enum Dist {
     LogNormal { median: f64, sigma: f64 },
     /// One of `values`, each equally likely (repeat a value to weight it).
     Empirical(Vec<f64>),
+    /// Gamma with this mean and coefficient of variation (shape `1/cv²`); `cv` 0 is constant,
+    /// 1 exponential.
+    Gamma { mean: f64, cv: f64 },
 }
 
 /// A distribution that cannot be sampled: which of its fields, relative to it, and why.
@@ -38,6 +41,9 @@ fn bad(field: &str, message: String) -> Result<(), DistError> {
 /// exponential draw is at most about 37 means, a lognormal one (sigma <= 10, |z| < 9) at most
 /// about 1e39 medians.
 pub const DIST_VALUE_MAX: f64 = 1e15;
+
+/// Largest coefficient of variation of a gamma (shape 0.01): burstier than any trace we know.
+pub const GAMMA_CV_MAX: f64 = 10.0;
 
 impl Dist {
     /// Semantic checks after parsing.
@@ -82,6 +88,14 @@ impl Dist {
                 }
                 Ok(())
             }
+            Dist::Gamma { mean, cv } => {
+                finite_nonneg("Gamma.mean", *mean)?;
+                finite_nonneg("Gamma.cv", *cv)?;
+                if *cv > GAMMA_CV_MAX {
+                    return bad("Gamma.cv", format!("must be <= 10 (got {cv})"));
+                }
+                Ok(())
+            }
             Dist::Empirical(values) => {
                 if values.is_empty() {
                     return bad("Empirical", "needs at least one value".into());
@@ -102,6 +116,7 @@ impl Dist {
             Dist::Uniform { low, high } => low + (high - low) * s.uniform_open01(),
             Dist::LogNormal { median, sigma } => s.lognormal(*median, *sigma),
             Dist::Empirical(values) => values[s.below(values.len() as u64) as usize],
+            Dist::Gamma { mean, cv } => s.gamma(*mean, *cv),
         };
         debug_assert!(x.is_finite() && x >= 0.0, "sampler produced {x}");
         x
@@ -115,6 +130,7 @@ impl Dist {
             Dist::Uniform { low, high } => (low + high) / 2.0,
             Dist::LogNormal { median, sigma } => median * libm::exp(sigma * sigma / 2.0),
             Dist::Empirical(values) => values.iter().sum::<f64>() / values.len() as f64,
+            Dist::Gamma { mean, .. } => *mean,
         }
     }
 }

@@ -60,6 +60,12 @@ enum Command {
     },
     /// Compare two sweeps (or two run directories), paired by seed, with 95 % intervals.
     Compare { a: PathBuf, b: PathBuf },
+    /// List the named hardware profiles: KV capacity from the memory planner, and step times.
+    Profiles {
+        /// Share of each GPU's memory the engine may use, as in scenarios.
+        #[arg(long, default_value_t = 0.9)]
+        gpu_memory_utilization: f64,
+    },
     /// Replay a JSON Lines op log through the ownership controller: one JSON result per line.
     Replay {
         /// The op log, or `-` for standard input.
@@ -98,6 +104,9 @@ fn main() -> ExitCode {
         Some(Command::Merge { sweep, dirs, out }) => cli::sweep::merge(&sweep, &dirs, &out),
         Some(Command::Compare { a, b }) => cli::sweep::compare(&a, &b),
         Some(Command::Check(args)) => cli::check::main(args),
+        Some(Command::Profiles {
+            gpu_memory_utilization,
+        }) => cli::profiles::profiles(gpu_memory_utilization),
     };
     cli::exit(outcome)
 }

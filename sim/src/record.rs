@@ -57,6 +57,11 @@ pub struct RequestRow {
     pub token_steps: u64,
     /// KV blocks held over time, in block-seconds.
     pub kv_block_s: f64,
+    /// From arrival to the first step that included it (vidur's scheduling delay); empty if
+    /// no step ever did.
+    pub scheduling_delay_ms: Option<f64>,
+    /// Times it was preempted and its context recomputed.
+    pub restarts: u32,
 }
 
 /// Where a run streams its per-request rows (a CSV file, say). Rows arrive as requests leave.

@@ -178,6 +178,7 @@ impl Seq {
             tag: self.tag,
             kv_block_ns: self.kv_block_ns,
             kv_block_ns_marked: self.kv_block_ns_marked,
+            restarts: self.incarnation,
         }
     }
 }

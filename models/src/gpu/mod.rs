@@ -14,11 +14,13 @@
 //! All times are integer nanoseconds and the arithmetic is integer, so it is portable.
 
 pub mod fit;
+mod memory;
 mod profiles;
 mod roofline;
 #[cfg(test)]
 mod tests;
 
+pub use memory::{MemoryPlan, DEVICE_BYTES_80GB, UTILIZATION_DEFAULT};
 pub use profiles::{
     profile, Precision, Profile, LLAMA2_7B_A100, LLAMA2_7B_H100, LLAMA31_70B_TP4_H100,
     LLAMA31_8B_A100, LLAMA31_8B_H100, PROFILES,

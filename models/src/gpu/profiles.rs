@@ -32,9 +32,6 @@ pub struct Profile {
     /// The linear constants of cancelsim 0.1, for `step_model: Linear`; profiles added since have
     /// none.
     pub linear_v1: Option<StepCost>,
-    /// KV cache capacity of one replica, in 16-token blocks: 0.9 of device memory, less the
-    /// weights, over the block's bytes.
-    pub kv_blocks_16: u64,
     /// KV cache bytes of one token, all layers and all tensor-parallel shards: what a
     /// prefill-to-decode transfer moves.
     pub kv_bytes_per_token: u64,
@@ -65,6 +62,7 @@ impl Profile {
 const LLAMA31_8B: ModelShape = ModelShape {
     block_params: 6_979_321_856,
     head_params: 525_336_576,
+    embedding_params: 525_336_576,
     layers: 32,
     d_model: 4096,
     kv_heads: 8,
@@ -78,6 +76,7 @@ const LLAMA31_8B: ModelShape = ModelShape {
 const LLAMA2_7B: ModelShape = ModelShape {
     block_params: 6_476_005_376,
     head_params: 131_072_000,
+    embedding_params: 131_072_000,
     layers: 32,
     d_model: 4096,
     kv_heads: 32,
@@ -91,6 +90,7 @@ const LLAMA2_7B: ModelShape = ModelShape {
 const LLAMA31_70B: ModelShape = ModelShape {
     block_params: 68_451_041_280,
     head_params: 1_050_673_152,
+    embedding_params: 1_050_673_152,
     layers: 80,
     d_model: 8192,
     kv_heads: 8,
@@ -109,7 +109,7 @@ const TP4_ALL_REDUCE_NS: u64 = 2_000_000;
 ///   vLLM 0.21 measures 6.48 ms at concurrency 1 (yobitel vLLM benchmark, fp16).
 /// - Linear (0.1): c0 5.2 ms, which sits below the bf16 weight read at full bandwidth (4.5 ms
 ///   at 3.35 TB/s, so 5.2 ms needs 86 % of it): it matches fp8 NIM figures, not bf16.
-/// - Capacity: 72 GB − 16.1 GB of weights ≈ 55 GB ≈ 27k blocks of 2 MiB.
+/// - Capacity (the memory planner): 53.29 GiB of KV cache, 27,284 blocks of 16 tokens at 0.9.
 /// - Batch defaults: vLLM's 1024 seqs and 8192 tokens for ≥ 70 GiB non-A100 GPUs.
 pub const LLAMA31_8B_H100: Profile = Profile {
     name: "llama-3.1-8b-h100",
@@ -124,13 +124,13 @@ pub const LLAMA31_8B_H100: Profile = Profile {
         per_seq_ns: 20_000,
         per_kv_token_ps: 55_900,
     }),
-    kv_blocks_16: 27_000,
     kv_bytes_per_token: LLAMA31_8B.kv_bytes_per_token(),
     max_num_seqs: 1024,
     max_num_batched_tokens: 8192,
 };
 
-/// Llama-3.1-8B, bf16, one A100 SXM 80 GB. Capacity as on the H100 (same memory); vLLM's A100
+/// Llama-3.1-8B, bf16, one A100 SXM 80 GB. Capacity as on the H100 (the same memory, a smaller
+/// activation peak at 2,048 batched tokens: 27,768 blocks); vLLM's A100
 /// defaults, 256 seqs and 2048 tokens.
 pub const LLAMA31_8B_A100: Profile = Profile {
     name: "llama-3.1-8b-a100",
@@ -140,7 +140,6 @@ pub const LLAMA31_8B_A100: Profile = Profile {
     tp: 1,
     roofline: Roofline::derive(LLAMA31_8B, A100_80GB, 1, 0),
     linear_v1: None,
-    kv_blocks_16: 27_000,
     kv_bytes_per_token: LLAMA31_8B.kv_bytes_per_token(),
     max_num_seqs: 256,
     max_num_batched_tokens: 2048,
@@ -152,7 +151,7 @@ pub const LLAMA31_8B_A100: Profile = Profile {
 ///   all-reduce.
 /// - Linear (0.1): c0 14.5 ms, c_seq 60 µs, fitted to NIM 1.3.0 figures (13.21 ms at c=1,
 ///   31.22 ms at c=200) whose precision the page does not state.
-/// - Capacity: 4 × 72 GB − 141 GB leaves 147 GB; at 5 MiB per block about 28k blocks.
+/// - Capacity (the memory planner): 32.34 GiB of KV per GPU, 26,496 blocks of 16 tokens.
 pub const LLAMA31_70B_TP4_H100: Profile = Profile {
     name: "llama-3.1-70b-tp4-h100",
     precision: Precision::Bf16,
@@ -166,7 +165,6 @@ pub const LLAMA31_70B_TP4_H100: Profile = Profile {
         per_seq_ns: 60_000,
         per_kv_token_ps: 34_900,
     }),
-    kv_blocks_16: 28_000,
     kv_bytes_per_token: LLAMA31_70B.kv_bytes_per_token(),
     max_num_seqs: 1024,
     max_num_batched_tokens: 8192,
@@ -177,7 +175,7 @@ pub const LLAMA31_70B_TP4_H100: Profile = Profile {
 /// - Roofline: 13.2 GB of weights at 69 % of 2.04 TB/s, 9.4 ms a step; vidur's profiled blocks
 ///   alone take 9.35 ms at one token.
 /// - Linear (0.1): c0 10.4 ms, 9.5k prefill tokens/s, 374.5 ns per KV token read.
-/// - Capacity: 72 GB − 13.5 GB leaves 58.5 GB; at 8 MiB per block about 7.3k blocks.
+/// - Capacity (the memory planner): 56.64 GiB, 7,250 blocks of 16 tokens (vLLM reported 7,351).
 /// - Batch defaults: vLLM's 256 seqs and 2048 tokens for A100.
 pub const LLAMA2_7B_A100: Profile = Profile {
     name: "llama-2-7b-a100",
@@ -192,7 +190,6 @@ pub const LLAMA2_7B_A100: Profile = Profile {
         per_seq_ns: 30_000,
         per_kv_token_ps: 374_500,
     }),
-    kv_blocks_16: 7_300,
     kv_bytes_per_token: LLAMA2_7B.kv_bytes_per_token(),
     max_num_seqs: 256,
     max_num_batched_tokens: 2048,
@@ -208,7 +205,6 @@ pub const LLAMA2_7B_H100: Profile = Profile {
     tp: 1,
     roofline: Roofline::derive(LLAMA2_7B, H100_SXM, 1, 0),
     linear_v1: None,
-    kv_blocks_16: 7_300,
     kv_bytes_per_token: LLAMA2_7B.kv_bytes_per_token(),
     max_num_seqs: 1024,
     max_num_batched_tokens: 8192,

@@ -27,6 +27,8 @@ pub struct ModelShape {
     pub block_params: u64,
     /// Parameters of the output head (vocabulary × model width), read once per step.
     pub head_params: u64,
+    /// Parameters of the input embedding: held in memory, but a step reads only its rows.
+    pub embedding_params: u64,
     pub layers: u64,
     /// Model width (query heads × head size).
     pub d_model: u64,

@@ -79,6 +79,10 @@ impl Draw {
                     high: low + self.real(0.0, typical),
                 }
             }
+            3 if self.chance(0.5) => Dist::Gamma {
+                mean: self.real(0.0, typical),
+                cv: self.real(0.0, (2.0 * sigma_max).min(10.0)),
+            },
             3 => Dist::LogNormal {
                 median: self.real(0.0, typical),
                 sigma: self.real(0.0, sigma_max),
@@ -159,9 +163,11 @@ fn workload(d: &mut Draw, tier: Tier) -> Workload {
     // Long outputs cost a step each: heavy tails only in small worlds, and then few requests.
     let sigma_max = if big { 1.5 } else { 10.0 };
     let (prompt_tokens, output_tokens) = (d.dist(600.0, sigma_max), d.dist(120.0, sigma_max));
-    let heavy = [&prompt_tokens, &output_tokens]
-        .iter()
-        .any(|x| matches!(x, Dist::LogNormal { sigma, .. } if *sigma > 2.0));
+    let heavy = [&prompt_tokens, &output_tokens].iter().any(|x| match x {
+        Dist::LogNormal { sigma, .. } => *sigma > 2.0,
+        Dist::Gamma { cv, .. } => *cv > 3.0,
+        _ => false,
+    });
     let requests = if heavy { requests.min(8) } else { requests };
     let mut source = source(d, requests, big);
     // Heavy tails in conversations: turns wait for their slowest request, one after another.
@@ -202,6 +208,11 @@ fn source(d: &mut Draw, requests: u64, big: bool) -> Source {
         d.scale(0.01, 10_000.0)
     };
     match d.s.below(if big { 3 } else { 4 }) {
+        0 if d.chance(0.3) => Source::Gamma {
+            rate_per_s: rate,
+            cv: d.real(0.0, 4.0),
+            requests,
+        },
         0 => Source::Poisson {
             rate_per_s: rate,
             requests,
@@ -315,6 +326,12 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
         router: d.pick(&[Router::RoundRobin, Router::LeastLoaded]),
         profile,
         step_model,
+        // From 0.8 every named profile keeps a KV cache at any batched-token budget.
+        gpu_memory_utilization: if d.chance(0.3) {
+            d.real(0.8, 1.0)
+        } else {
+            cancelsim_models::gpu::UTILIZATION_DEFAULT
+        },
         scheduler,
         // Colocated; `disaggregate` may draw a prefill/decode graph at the end.
         topology: None,

@@ -104,7 +104,9 @@ fn graph(s: &mut Scenario, r: &SwarmRanges, g: &mut Stream) {
 /// Requests of the scenario: open-loop count, conversations, or trace rows (None: to the end).
 pub fn requests(s: &Scenario) -> Option<u64> {
     match &s.workload.source {
-        Source::Poisson { requests, .. } | Source::OnOff { requests, .. } => Some(*requests),
+        Source::Poisson { requests, .. }
+        | Source::Gamma { requests, .. }
+        | Source::OnOff { requests, .. } => Some(*requests),
         Source::Conversations { conversations, .. } => Some(*conversations),
         Source::Trace { rows, .. } => *rows,
     }
@@ -112,7 +114,9 @@ pub fn requests(s: &Scenario) -> Option<u64> {
 
 pub fn set_requests(s: &mut Scenario, n: u64) {
     match &mut s.workload.source {
-        Source::Poisson { requests, .. } | Source::OnOff { requests, .. } => *requests = n,
+        Source::Poisson { requests, .. }
+        | Source::Gamma { requests, .. }
+        | Source::OnOff { requests, .. } => *requests = n,
         Source::Conversations { conversations, .. } => *conversations = n,
         Source::Trace { rows, .. } => *rows = Some(n),
     }

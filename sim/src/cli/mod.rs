@@ -13,6 +13,7 @@ macro_rules! say_part {
 }
 
 pub mod check;
+pub mod profiles;
 pub mod replay;
 pub mod run;
 pub mod sweep;

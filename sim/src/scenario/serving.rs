@@ -49,6 +49,14 @@ fn stop_detect_default() -> Dist {
     Dist::Constant(1.0)
 }
 
+fn utilization_default() -> f64 {
+    gpu::UTILIZATION_DEFAULT
+}
+
+fn is_utilization_default(x: &f64) -> bool {
+    *x == gpu::UTILIZATION_DEFAULT
+}
+
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
@@ -72,6 +80,14 @@ fn default_output() -> Dist {
 pub enum Source {
     /// Open-loop Poisson arrivals.
     Poisson { rate_per_s: f64, requests: u64 },
+    /// Open-loop renewal arrivals with gamma gaps (vidur's `gamma` interval generator): mean
+    /// gap `1/rate_per_s`, coefficient of variation `cv`. `cv` 1 is Poisson, below 1 smoother
+    /// (0: evenly spaced), above 1 burstier.
+    Gamma {
+        rate_per_s: f64,
+        cv: f64,
+        requests: u64,
+    },
     /// Open-loop bursty arrivals: a two-state Markov-modulated Poisson process. The source
     /// alternates between an on period (rate `rate_on_per_s`) and an off period
     /// (`rate_off_per_s`, possibly 0), with durations drawn from `on_ms` and `off_ms`.
@@ -150,6 +166,14 @@ pub struct Cluster {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_model: Option<StepForm>,
     pub scheduler: Scheduler,
+    /// Share of each GPU's memory the engine may use (vLLM's `--gpu-memory-utilization`): a named
+    /// profile's KV capacity is what is left of it after the weights, the non-torch memory and
+    /// the activation peak. A `Custom` profile states its capacity instead.
+    #[serde(
+        default = "utilization_default",
+        skip_serializing_if = "is_utilization_default"
+    )]
+    pub gpu_memory_utilization: f64,
     /// The stage graph; none: the colocated one-node case (router, these replicas, playback).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<super::TopologySpec>,
@@ -201,6 +225,14 @@ pub struct CustomCosts {
 }
 
 impl ProfileRef {
+    /// The named profile; `None` for a custom one (or an unknown name, before validation).
+    pub fn named(&self) -> Option<Profile> {
+        match self {
+            ProfileRef::Named(name) => gpu::profile(name),
+            ProfileRef::Custom { .. } => None,
+        }
+    }
+
     /// The fields of a `Custom` profile; `None` for a named one.
     pub fn custom(&self) -> Option<CustomCosts> {
         match *self {
@@ -221,9 +253,16 @@ impl ProfileRef {
         }
     }
 
-    /// The step model, KV capacity (16-token blocks) and named profile (if any) of one replica.
-    /// The profile is validated: a named one exists and has the form asked for.
-    pub fn costs(&self, form: Option<StepForm>) -> (StepModel, u64, Option<Profile>) {
+    /// The step model, KV capacity in tokens and named profile (if any) of one replica. A named
+    /// profile's capacity is its memory plan at `utilization` of device memory, for a profiling
+    /// pass of `batched_tokens` (None: the profile's default). The profile is validated: a named
+    /// one exists and has the form asked for.
+    pub fn costs(
+        &self,
+        form: Option<StepForm>,
+        utilization: f64,
+        batched_tokens: Option<u32>,
+    ) -> (StepModel, u64, Option<Profile>) {
         let Some(c) = self.custom() else {
             let ProfileRef::Named(name) = self else {
                 unreachable!("not custom, so named")
@@ -232,7 +271,9 @@ impl ProfileRef {
             let model = p
                 .model(form == Some(StepForm::Linear))
                 .expect("validated step model");
-            return (model, p.kv_blocks_16, Some(p));
+            let ppm = (utilization * 1e6).round() as u64;
+            let batched = batched_tokens.unwrap_or(p.max_num_batched_tokens) as u64;
+            return (model, p.plan(ppm, batched).kv_tokens, Some(p));
         };
         let cost = StepCost {
             c0_ns: ms_to_ns(c.c0_ms),
@@ -240,7 +281,7 @@ impl ProfileRef {
             per_seq_ns: (c.per_seq_us * 1e3).round() as u64,
             per_kv_token_ps: (c.per_kv_token_ns * 1e3).round() as u64,
         };
-        (StepModel::Linear(cost), c.kv_blocks_16, None)
+        (StepModel::Linear(cost), c.kv_blocks_16 * 16, None)
     }
 }
 

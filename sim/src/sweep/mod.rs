@@ -121,7 +121,9 @@ impl Axis {
             }
             Axis::Rate(v) => {
                 match &mut s.workload.source {
-                    Source::Poisson { rate_per_s, .. } => *rate_per_s = v[i],
+                    Source::Poisson { rate_per_s, .. } | Source::Gamma { rate_per_s, .. } => {
+                        *rate_per_s = v[i]
+                    }
                     Source::OnOff { rate_on_per_s, .. } => *rate_on_per_s = v[i],
                     _ => {}
                 }

@@ -1,4 +1,4 @@
-//! Open-loop arrival processes: Poisson, on/off (a two-state MMPP) and trace replay. Each
+//! Open-loop arrival processes: Poisson, gamma renewals, on/off (a two-state MMPP) and trace replay. Each
 //! produces arrivals in time order, one at a time, from its own keyed stream.
 
 use super::trace::TraceReader;
@@ -35,6 +35,7 @@ struct Replay {
 
 enum Process {
     Poisson { gap_mean_ns: f64 },
+    Gamma { gap_mean_ns: f64, cv: f64 },
     OnOff(OnOff),
     Trace(Replay),
 }
@@ -58,6 +59,20 @@ fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
         } => {
             let gap_mean_ns = NS_PER_S as f64 / rate_per_s;
             (Process::Poisson { gap_mean_ns }, *requests)
+        }
+        Source::Gamma {
+            rate_per_s,
+            cv,
+            requests,
+        } => {
+            let gap_mean_ns = NS_PER_S as f64 / rate_per_s;
+            (
+                Process::Gamma {
+                    gap_mean_ns,
+                    cv: *cv,
+                },
+                *requests,
+            )
         }
         Source::OnOff {
             rate_on_per_s,
@@ -143,6 +158,12 @@ impl OpenLoop {
                 // The first request arrives at 0; then exponential gaps.
                 if self.issued > 0 {
                     self.t_ns += round_ns(self.stream.exponential(*gap_mean_ns));
+                }
+                synthetic(w, self.seed, self.issued, self.t_ns)
+            }
+            Process::Gamma { gap_mean_ns, cv } => {
+                if self.issued > 0 {
+                    self.t_ns += round_ns(self.stream.gamma(*gap_mean_ns, *cv));
                 }
                 synthetic(w, self.seed, self.issued, self.t_ns)
             }

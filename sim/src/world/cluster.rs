@@ -27,9 +27,19 @@ pub(crate) fn radius(r: Radius) -> BlastRadius {
 
 /// One replica as the scenario configures it.
 fn configured(s: &Scenario) -> Replica {
-    let (cost, kv_blocks_16, profile) = s.cluster.profile.costs(s.cluster.step_model);
+    let batched = match &s.cluster.scheduler {
+        Scheduler::Continuous {
+            max_num_batched_tokens,
+            ..
+        } => *max_num_batched_tokens,
+        Scheduler::Dynamic { .. } => None,
+    };
+    let c = &s.cluster;
+    let (cost, kv_tokens, profile) =
+        c.profile
+            .costs(c.step_model, c.gpu_memory_utilization, batched);
     let blocks = |block_tokens: u32, explicit: Option<u64>| {
-        explicit.unwrap_or_else(|| (kv_blocks_16 * 16 / block_tokens as u64).max(1))
+        explicit.unwrap_or_else(|| (kv_tokens / block_tokens as u64).max(1))
     };
     let b = &s.backend;
     match &s.cluster.scheduler {

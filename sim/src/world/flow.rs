@@ -150,6 +150,7 @@ impl World<'_> {
         for &tag in &out.started {
             if !self.requests[tag].life.started {
                 self.requests[tag].life.started = true;
+                self.requests[tag].life.started_ns = now_ns;
                 self.recover.admitted(self.requests[tag].arrival_ns, now_ns);
                 self.accounts.counts.started += 1;
                 self.stage_reached(tag, Stage::Prefill)?;
@@ -397,6 +398,7 @@ impl World<'_> {
         self.accounts.kv_block_ns_retained += rel.kv_block_ns_marked;
         let q = &mut self.requests[rel.tag];
         q.cost.kv_block_ns += rel.kv_block_ns;
+        q.life.restarts += rel.restarts;
         q.life.engine_released = true;
         q.life.released_ns = Some(self.kernel.now_ns());
         self.cancel.backend_acted(&mut q.cancel);

@@ -85,7 +85,7 @@ impl Handoff {
             .map(|r| CleanupOwner::new(cfg.cleanup(r >= p)))
             .collect();
         let kv_bytes_per_token = cfg.kv_bytes_per_token.unwrap_or_else(|| {
-            let (_, _, profile) = s.cluster.profile.costs(s.cluster.step_model);
+            let profile = s.cluster.profile.named();
             profile.map_or(KV_BYTES_PER_TOKEN_CUSTOM, |p| p.kv_bytes_per_token)
         });
         Handoff {

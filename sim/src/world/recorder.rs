@@ -239,5 +239,7 @@ fn row(q: &Req, policy: &str, disposition: &'static str, how: Left) -> RequestRo
         gpu_ms: q.cost.gpu_ns / 1e6,
         token_steps: q.cost.token_steps,
         kv_block_s: q.cost.kv_block_ns as f64 / NS_PER_S as f64,
+        scheduling_delay_ms: l.started.then(|| ms(l.started_ns - q.arrival_ns)),
+        restarts: l.restarts,
     }
 }

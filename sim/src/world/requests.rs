@@ -22,6 +22,10 @@ pub(crate) type TurnRef = (u64, u32);
 pub(crate) struct Life {
     pub enqueued: bool,
     pub started: bool,
+    /// When a replica first put it in a step (its scheduling delay ends).
+    pub started_ns: u64,
+    /// Preemptions with recompute, summed over the replicas it went through.
+    pub restarts: u32,
     /// Its blocks are back in the pool.
     pub engine_released: bool,
     /// It left its replica: no step in flight holds it, so its tag may be reused.

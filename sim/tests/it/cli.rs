@@ -307,3 +307,35 @@ fn an_unsorted_trace_is_an_error_naming_its_line_not_a_panic() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn profiles_lists_the_planned_capacity_and_refuses_a_bad_share() {
+    let dir = scratch("profiles");
+    let out = cancelsim(&["profiles"], &dir);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for p in cancelsim_models::gpu::PROFILES {
+        assert!(text.contains(p.name), "{} missing from:\n{text}", p.name);
+    }
+    // vLLM's own log for Llama-3-8B on an H100 at 0.9: 53.29 GiB of KV cache.
+    assert!(text.contains("53.29"), "{text}");
+    let low = cancelsim(&["profiles", "--gpu-memory-utilization", "0.5"], &dir);
+    assert!(!String::from_utf8(low.stdout).unwrap().contains("53.29"));
+    assert_one_line_error_of(&cancelsim(
+        &["profiles", "--gpu-memory-utilization", "0"],
+        &dir,
+    ));
+    // A scenario whose share leaves no room for the KV cache is refused at load.
+    let text = GOOD.replace("profile:", "gpu_memory_utilization: 0.2,\n        profile:");
+    assert_one_line_error(
+        "no-kv",
+        &text,
+        &["cluster.gpu_memory_utilization", "no memory"],
+    );
+}
+
+fn assert_one_line_error_of(out: &Output) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

@@ -10,6 +10,7 @@ mod model;
 mod outputs;
 mod overload;
 mod prefix;
+mod queueing;
 mod replay;
 mod sweep;
 mod topology;
