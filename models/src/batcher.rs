@@ -19,7 +19,7 @@ use crate::protocol::{
     Rejection, Released, ReplicaStats, Retired, Scheduler, StepOutput, StepReport,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatcherConfig {
     pub max_batch_size: u32,
     pub max_queue_delay_ns: u64,

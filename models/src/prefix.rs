@@ -27,12 +27,49 @@ pub struct Content {
     pub shared_tokens: u64,
     /// The prompt's length: a block past it holds output tokens, the request's own.
     pub prompt_tokens: u64,
+    /// A conversation's token stream that the request continues (its history), if any.
+    pub stream: Option<Box<StreamKey>>,
+}
+
+/// A conversation's tokens as one append-only stream: turn `t`'s prompt is the history (every
+/// earlier turn's prompt and the output its user saw) and a new message. A block is known by the
+/// stream, its index, and the turn that wrote its last token, so a turn finds the blocks earlier
+/// turns computed, and never a block whose tokens an earlier turn had differently (output the
+/// user never saw, cut by a barge-in).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamKey {
+    pub id: u64,
+    /// `bounds[k]`: the history's length when turn `k + 1` started, never decreasing; one per
+    /// earlier turn. Shared by the turn's requests.
+    pub bounds: std::sync::Arc<[u64]>,
+    /// The request carries the stream on past its history (the turn's first request, whose
+    /// output the next turn's history holds); the others' own tokens are their own.
+    pub whole: bool,
+}
+
+impl StreamKey {
+    fn in_stream(&self, end: u64) -> bool {
+        self.whole || end <= self.bounds.last().copied().unwrap_or(0)
+    }
+
+    /// The key of the block of `block_tokens` ending at token `end`, if it lies in the stream.
+    fn key(&self, block_tokens: u64, end: u64) -> Option<u64> {
+        if !self.in_stream(end) {
+            return None;
+        }
+        let turn = self.bounds.partition_point(|&h| h < end) as u64;
+        let index = end / block_tokens - 1;
+        Some(mix(mix(mix(0x5354_524d, self.id), turn), index))
+    }
 }
 
 impl Content {
     /// Whether block `index` lies in the shared prefix: another request may ask for it.
     pub fn is_shared(&self, block_tokens: u64, index: u64) -> bool {
         let end = (index + 1) * block_tokens;
+        if self.stream.as_ref().is_some_and(|s| s.in_stream(end)) {
+            return true;
+        }
         end <= self.prompt_tokens
             && (end - 1) / self.shared_tokens.max(1) < self.shared.len() as u64
     }
@@ -40,6 +77,9 @@ impl Content {
     /// The content key of block `index` of `block_tokens` tokens.
     pub fn key(&self, block_tokens: u64, index: u64) -> u64 {
         let end = (index + 1) * block_tokens;
+        if let Some(key) = self.stream.as_ref().and_then(|s| s.key(block_tokens, end)) {
+            return key;
+        }
         let j = (end - 1) / self.shared_tokens.max(1);
         match self.shared.get(j as usize) {
             Some(&id) if end <= self.prompt_tokens => mix(mix(0x5348_4152, id), index),
@@ -154,6 +194,53 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_turn_finds_the_blocks_of_the_history_and_only_those() {
+        let turn = |bounds: &[u64], whole: bool, own: u64, prompt: u64| Content {
+            own,
+            prompt_tokens: prompt,
+            stream: Some(Box::new(StreamKey {
+                id: 7,
+                bounds: bounds.into(),
+                whole,
+            })),
+            ..Content::default()
+        };
+        // Turn 0: a 40-token prompt and output; the user saw 30 tokens of output, so turn 1's
+        // history is 70 tokens: blocks 0..4 of 16 (end 64) are history, block 4 (64..80) is not.
+        let t0 = turn(&[], true, 1, 40);
+        let t1 = turn(&[70], true, 2, 90);
+        for i in 0..4 {
+            assert_eq!(t0.key(16, i), t1.key(16, i), "history block {i}");
+            assert!(t0.is_shared(16, i) && t1.is_shared(16, i));
+        }
+        assert_ne!(
+            t0.key(16, 4),
+            t1.key(16, 4),
+            "turn 0 had other tokens past 70"
+        );
+        // Turn 1's own message and output are the stream's too, for turn 2 to find.
+        let t2 = turn(&[70, 150], true, 3, 170);
+        for i in 0..9 {
+            assert_eq!(t1.key(16, i), t2.key(16, i), "block {i}");
+        }
+        // A second request of turn 1 shares the history only; past it its tokens are its own.
+        let sibling = turn(&[70], false, 4, 90);
+        assert_eq!(sibling.key(16, 3), t1.key(16, 3));
+        assert_ne!(sibling.key(16, 4), t1.key(16, 4));
+        assert!(sibling.is_shared(16, 3) && !sibling.is_shared(16, 4));
+        // Another conversation with the same lengths shares nothing.
+        let other = Content {
+            stream: Some(Box::new(StreamKey {
+                id: 8,
+                bounds: [70].into(),
+                whole: true,
+            })),
+            ..t1.clone()
+        };
+        assert!((0..6).all(|i| other.key(16, i) != t1.key(16, i)));
+    }
+
+    #[test]
     fn released_blocks_stay_cached_until_clean_blocks_run_out_then_oldest_go_first() {
         let mut kv = KvPool::new(4, 16);
         let mut c = PrefixCache::default();
@@ -193,6 +280,7 @@ mod tests {
             shared: shared.into(),
             shared_tokens: 512,
             prompt_tokens: prompt,
+            stream: None,
         };
         let k = |own, shared: &[u64], i| content(own, shared, 4096).key(16, i);
         assert_eq!(

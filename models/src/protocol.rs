@@ -351,6 +351,9 @@ pub trait Scheduler {
     /// block ids, one per `tokens_per_id` tokens (a trace's block hashes). Only a scheduler with
     /// a prefix cache reads them.
     fn share_prefix(&mut self, _tag: u32, _ids: &[u64], _tokens_per_id: u64) {}
+    /// Request `tag`, just enqueued, continues a conversation's token stream. Only a scheduler
+    /// with a prefix cache reads it.
+    fn share_stream(&mut self, _tag: u32, _key: crate::prefix::StreamKey) {}
 }
 
 /// Whether a request can ever fit a pool of `kv`: its prompt plus output in blocks. Returns the

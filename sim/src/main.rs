@@ -65,6 +65,10 @@ enum Command {
         /// Share of each GPU's memory the engine may use, as in scenarios.
         #[arg(long, default_value_t = 0.9)]
         gpu_memory_utilization: f64,
+        /// Instead, print a step-time table (the `Table` profile's CSV) sampled from this
+        /// profile's roofline: a template to replace with your own measurements.
+        #[arg(long, value_name = "PROFILE")]
+        table: Option<String>,
     },
     /// Replay a JSON Lines op log through the ownership controller: one JSON result per line.
     Replay {
@@ -106,7 +110,11 @@ fn main() -> ExitCode {
         Some(Command::Check(args)) => cli::check::main(args),
         Some(Command::Profiles {
             gpu_memory_utilization,
+            table: None,
         }) => cli::profiles::profiles(gpu_memory_utilization),
+        Some(Command::Profiles {
+            table: Some(name), ..
+        }) => cli::profiles::table(&name),
     };
     cli::exit(outcome)
 }

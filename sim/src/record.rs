@@ -38,6 +38,8 @@ pub struct RequestRow {
     pub sibling: bool,
     pub survived: Option<bool>,
     pub collateral: bool,
+    /// The prompt, a conversation's history included.
+    pub prompt_tokens: u32,
     pub output_tokens: u32,
     pub tokens_generated: u32,
     pub chunks_played: u32,

@@ -46,7 +46,7 @@ use seq::{BoundedIds, Entry, Phase, Seq, Slots, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
 use waiting::Waiting;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
     pub max_num_seqs: u32,
     pub max_num_batched_tokens: u32,
@@ -123,6 +123,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
+        let prefix_caching = cfg.prefix_caching;
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.window > 0);
         Engine {
             kv: KvPool::new(cfg.kv_blocks, cfg.block_tokens),
@@ -151,7 +152,7 @@ impl Engine {
             pinned_blocks: 0,
             started: Vec::new(),
             preempted_last: false,
-            cache: cfg.prefix_caching.then(PrefixCache::default),
+            cache: prefix_caching.then(PrefixCache::default),
             ideal_pending: 0,
         }
     }
@@ -438,6 +439,16 @@ impl Scheduler for Engine {
         if seq.tag == tag && seq.ctx == 0 {
             seq.content.shared = ids.into();
             seq.content.shared_tokens = tokens_per_id;
+        }
+    }
+
+    fn share_stream(&mut self, tag: u32, key: crate::prefix::StreamKey) {
+        let Some(&Some(slot)) = self.slot_of_tag.get(tag as usize) else {
+            return;
+        };
+        let seq = &mut self.seqs[slot as usize];
+        if seq.tag == tag && seq.ctx == 0 {
+            seq.content.stream = Some(Box::new(key));
         }
     }
 

@@ -17,6 +17,7 @@ pub mod fit;
 mod memory;
 mod profiles;
 mod roofline;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -26,6 +27,7 @@ pub use profiles::{
     LLAMA31_8B_A100, LLAMA31_8B_H100, PROFILES,
 };
 pub use roofline::{Gpu, ModelShape, Roofline, A100_80GB, H100_SXM, MBU_PCT, MFU_PCT};
+pub use table::{StepTable, TableError, TABLE_ROWS_MAX};
 
 /// The linear step costs of cancelsim 0.1, in nanoseconds (or tokens per second for prefill).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,10 +89,12 @@ impl StepCost {
 }
 
 /// The step-time model a replica runs with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepModel {
     Linear(StepCost),
     Roofline(Roofline),
+    /// Measured step times, interpolated; shared by the replicas of a run.
+    Table(std::sync::Arc<StepTable>),
 }
 
 impl StepModel {
@@ -99,6 +103,7 @@ impl StepModel {
         match self {
             StepModel::Linear(c) => c.step_ns(shape),
             StepModel::Roofline(r) => r.step_ns(shape),
+            StepModel::Table(t) => t.step_ns(shape),
         }
     }
 }

@@ -294,7 +294,7 @@ fn kv_pressure_with_window_2_conserves_blocks_and_tokens() {
 fn requests_that_can_never_fit_are_rejected() {
     let mut c = cfg(1);
     c.kv_blocks = 4;
-    let mut e = Engine::new(c);
+    let mut e = Engine::new(c.clone());
     assert_eq!(e.enqueue(0, req(1, 60, 10)), Err(Rejection::TooLongForKv));
     c.kv_blocks = 100;
     c.chunked_prefill = false;
@@ -534,7 +534,7 @@ fn a_duplicate_delivery_of_a_handled_abort_is_idempotent() {
     let arrivals: Vec<_> = (1..=4).map(|i| (0, req(i, 4, 20))).collect();
     let mut c = cfg(1);
     c.unknown_abort = UnknownAbort::Fault(BlastRadius::Engine);
-    let mut e = Engine::new(c);
+    let mut e = Engine::new(c.clone());
     let a = abort(Scope::Request(2));
     let t = drive_aborts(&mut e, &arrivals, &[(25 * MS, a), (45 * MS, a)]);
     assert_eq!(t.values().filter(|x| x.observed_ns.is_some()).count(), 1);

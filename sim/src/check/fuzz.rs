@@ -230,6 +230,7 @@ fn source(d: &mut Draw, requests: u64, big: bool) -> Source {
                     probability: d.real(0.0, 1.0),
                     after_ms: d.dist(200.0, 1.0),
                 }),
+                history: d.chance(0.5),
             }
         }
         2 => Source::OnOff {
@@ -318,12 +319,12 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
         ProfileRef::Named(n) => {
             cancelsim_models::gpu::profile(n).is_some_and(|p| p.linear_v1.is_some())
         }
-        ProfileRef::Custom { .. } => false,
+        ProfileRef::Custom { .. } | ProfileRef::Table { .. } => false,
     };
     let step_model = (linear && d.chance(0.25)).then_some(StepForm::Linear);
     Cluster {
         replicas: d.int(1, if big { 16 } else { 4 }) as u32,
-        router: d.pick(&[Router::RoundRobin, Router::LeastLoaded]),
+        router: d.pick(&[Router::RoundRobin, Router::LeastLoaded, Router::Session]),
         profile,
         step_model,
         // From 0.8 every named profile keeps a KV cache at any batched-token budget.

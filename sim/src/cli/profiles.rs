@@ -1,7 +1,7 @@
 //! `cancelsim profiles`: the named hardware profiles, their memory plan and a few step times, so
 //! a planner sees what a name stands for before running it.
 
-use cancelsim_models::gpu::{StepShape, PROFILES};
+use cancelsim_models::gpu::{self, StepShape, PROFILES};
 
 use super::{Fail, Outcome};
 
@@ -61,5 +61,36 @@ pub fn profiles(utilization: f64) -> Outcome {
         "kv: what is left of {utilization} of 79.22 GiB per GPU after weights, runtime and the \
          activation peak (step_256: 256 decodes of 1,024-token context)"
     );
+    Ok(())
+}
+
+/// The grid of the template table: prefill tokens, decode sequences, KV tokens read.
+const PREFILL: [u64; 5] = [0, 128, 512, 2048, 8192];
+const SEQS: [u64; 6] = [0, 1, 16, 64, 256, 1024];
+const KV: [u64; 4] = [0, 16_384, 131_072, 1_048_576];
+
+/// `profiles --table NAME`: the profile's roofline sampled on a grid, as a `Table` CSV.
+pub fn table(name: &str) -> Outcome {
+    let Some(p) = gpu::profile(name) else {
+        let known: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
+        let m = format!("unknown profile {name:?}; known: {}", known.join(", "));
+        return Err(Fail::input(m));
+    };
+    let model = p.model(false).expect("every profile has a roofline");
+    println!("# {name}'s roofline sampled by `cancelsim profiles --table {name}`: a template;");
+    println!("# replace step_ms with times measured on your GPU (see README, Table profiles).");
+    println!("{}", cancelsim::step_table::HEADER);
+    for prefill in PREFILL {
+        for seqs in SEQS {
+            for kv in KV {
+                let mut shape = StepShape::default();
+                shape.add_prefill(0, prefill);
+                shape.decode_seqs = seqs;
+                shape.kv_tokens_read = kv;
+                let ms = model.step_ns(shape) as f64 / 1e6;
+                println!("{prefill},{seqs},{kv},{ms:.4}");
+            }
+        }
+    }
     Ok(())
 }

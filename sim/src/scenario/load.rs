@@ -62,6 +62,33 @@ impl Scenario {
     /// Files the scenario refers to must exist, be readable and lie under the data root.
     fn check_files(&self, text: &str, shown: &str) -> Result<(), LoadError> {
         if let Source::Trace { path, .. } = &self.workload.source {
+            self.check_file(path, "trace", "workload.source.Trace.path", text, shown)?;
+        }
+        if let super::ProfileRef::Table { path, .. } = &self.cluster.profile {
+            self.check_file(
+                path,
+                "step table",
+                "cluster.profile.Table.path",
+                text,
+                shown,
+            )?;
+            // Its content too, before anything is written: the error names its line and column.
+            crate::step_table::load(&self.base_dir.join(path)).map_err(LoadError)?;
+        }
+        Ok(())
+    }
+
+    /// The file at `path` (relative to the scenario) exists, is readable and lies under the
+    /// data root; else an error naming `field` where the text has it.
+    fn check_file(
+        &self,
+        path: &str,
+        what: &str,
+        field: &str,
+        text: &str,
+        shown: &str,
+    ) -> Result<(), LoadError> {
+        {
             let full = self.base_dir.join(path);
             let readable = std::fs::metadata(&full).and_then(|m| {
                 if m.is_file() {
@@ -79,13 +106,12 @@ impl Scenario {
                     )
                 }),
                 Err(e) => Some(format!(
-                    "cannot read trace {}: {}",
+                    "cannot read {what} {}: {}",
                     crate::input::shown(&full),
                     io_reason(e)
                 )),
             };
             if let Some(problem) = problem {
-                let field = "workload.source.Trace.path";
                 let at = locate_field(text, field)
                     .map(|(l, c)| format!(":{l}:{c}"))
                     .unwrap_or_default();

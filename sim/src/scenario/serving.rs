@@ -57,6 +57,10 @@ fn is_utilization_default(x: &f64) -> bool {
     *x == gpu::UTILIZATION_DEFAULT
 }
 
+fn is_false(x: &bool) -> bool {
+    !*x
+}
+
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
@@ -111,6 +115,11 @@ pub enum Source {
         requests_per_turn: u32,
         #[serde(default)]
         barge_in: Option<BargeIn>,
+        /// Each turn's prompt carries the conversation's history: every earlier prompt and the
+        /// output its user saw, then the new message (`prompt_tokens`). Turns then share a prefix
+        /// that the prefix cache finds, where the replica still holds it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        history: bool,
     },
     /// Replay of a real trace. `path` is relative to the scenario file.
     Trace {
@@ -183,8 +192,13 @@ pub struct Cluster {
 pub enum Router {
     #[default]
     RoundRobin,
-    /// Fewest requests waiting, running or draining; ties go to the lowest index.
+    /// Fewest requests waiting, running or draining (least outstanding requests); ties go to
+    /// the lowest index.
     LeastLoaded,
+    /// Session affinity by consistent hashing: a conversation's requests, or a trace's
+    /// requests that share their first prefix block, always go to the same replica; any other
+    /// request goes to the least loaded.
+    Session,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -212,6 +226,9 @@ pub enum ProfileRef {
         per_kv_token_ns: f64,
         kv_blocks_16: u64,
     },
+    /// Step times you measured: a CSV grid of (prefill tokens, decode sequences, KV tokens,
+    /// step ms), interpolated (see README). `path` is relative to the scenario file.
+    Table { path: String, kv_blocks_16: u64 },
 }
 
 /// The fields of a `Custom` profile, as the scenario gives them.
@@ -229,14 +246,14 @@ impl ProfileRef {
     pub fn named(&self) -> Option<Profile> {
         match self {
             ProfileRef::Named(name) => gpu::profile(name),
-            ProfileRef::Custom { .. } => None,
+            ProfileRef::Custom { .. } | ProfileRef::Table { .. } => None,
         }
     }
 
     /// The fields of a `Custom` profile; `None` for a named one.
     pub fn custom(&self) -> Option<CustomCosts> {
         match *self {
-            ProfileRef::Named(_) => None,
+            ProfileRef::Named(_) | ProfileRef::Table { .. } => None,
             ProfileRef::Custom {
                 c0_ms,
                 prefill_tokens_per_s,
@@ -262,7 +279,12 @@ impl ProfileRef {
         form: Option<StepForm>,
         utilization: f64,
         batched_tokens: Option<u32>,
+        table: Option<&std::sync::Arc<gpu::StepTable>>,
     ) -> (StepModel, u64, Option<Profile>) {
+        if let ProfileRef::Table { kv_blocks_16, .. } = self {
+            let t = table.expect("a table profile's table is loaded with the run");
+            return (StepModel::Table(t.clone()), kv_blocks_16 * 16, None);
+        }
         let Some(c) = self.custom() else {
             let ProfileRef::Named(name) = self else {
                 unreachable!("not custom, so named")

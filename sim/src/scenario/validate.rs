@@ -321,6 +321,7 @@ fn validate_conversations(source: &Source) -> Check {
         think_ms,
         requests_per_turn,
         barge_in,
+        history: _,
     } = source
     else {
         return Ok(());
@@ -373,6 +374,10 @@ fn validate_step_model(p: &ProfileRef, form: Option<StepForm>) -> Check {
             "cluster.step_model",
             "a Custom profile gives linear step costs; Roofline needs a named profile".into(),
         ),
+        (ProfileRef::Table { .. }, Some(_)) => err(
+            "cluster.step_model",
+            "a Table profile's step times are the table's; leave step_model out".into(),
+        ),
         _ => Ok(()),
     }
 }
@@ -387,6 +392,15 @@ fn validate_profile(p: &ProfileRef) -> Check {
             let m = format!("unknown profile {name:?}; known: {}", known.join(", "));
             return err("cluster.profile.Named", m);
         }
+    }
+    if let ProfileRef::Table { path, kv_blocks_16 } = p {
+        if path.trim().is_empty() {
+            return err("cluster.profile.Table.path", "must name a CSV file".into());
+        }
+        if *kv_blocks_16 == 0 {
+            return err("cluster.profile.Table.kv_blocks_16", "must be > 0".into());
+        }
+        return Ok(());
     }
     let Some(c) = p.custom() else {
         return Ok(());

@@ -91,6 +91,11 @@ pub fn conversation_request_id(conv: u64, turn: u32, k: u32) -> u64 {
     (1 << 62) | (conv << 24) | ((turn as u64) << 8) | k as u64
 }
 
+/// Which request of its turn `id` is (0 for the first), from a conversation request id.
+pub fn conversation_request_index(id: u64) -> u32 {
+    (id & 0xff) as u32
+}
+
 /// The draws of one turn, from the (conversation, turn) stream.
 pub struct TurnDraws {
     pub barge_in_after_ns: Option<u64>,

@@ -1,8 +1,11 @@
 //! The serving side: replicas behind a router, each with its scheduler pass and batcher timer.
 //! It holds the scratch buffers a replica fills, so a pass allocates nothing.
 
+use std::sync::Arc;
+
 use cancelsim_models::batcher::BatcherConfig;
 use cancelsim_models::engine::EngineConfig;
+use cancelsim_models::gpu::StepTable;
 use cancelsim_models::protocol::{
     Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, NewRequest, Outbox,
     Rejection, ReleaseMode, ReplicaStats, StepReport, UnknownAbort,
@@ -26,7 +29,7 @@ pub(crate) fn radius(r: Radius) -> BlastRadius {
 }
 
 /// One replica as the scenario configures it.
-fn configured(s: &Scenario) -> Replica {
+fn configured(s: &Scenario, table: Option<&Arc<StepTable>>) -> Replica {
     let batched = match &s.cluster.scheduler {
         Scheduler::Continuous {
             max_num_batched_tokens,
@@ -37,7 +40,7 @@ fn configured(s: &Scenario) -> Replica {
     let c = &s.cluster;
     let (cost, kv_tokens, profile) =
         c.profile
-            .costs(c.step_model, c.gpu_memory_utilization, batched);
+            .costs(c.step_model, c.gpu_memory_utilization, batched, table);
     let blocks = |block_tokens: u32, explicit: Option<u64>| {
         explicit.unwrap_or_else(|| (kv_tokens / block_tokens as u64).max(1))
     };
@@ -125,10 +128,11 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    pub fn new(s: &Scenario) -> Cluster {
+    /// `table`: the measured step times of a `Table` profile, loaded with the run.
+    pub fn new(s: &Scenario, table: Option<&Arc<StepTable>>) -> Cluster {
         let n = s.cluster.replicas as usize;
         Cluster {
-            replicas: (0..n).map(|_| configured(s)).collect(),
+            replicas: (0..n).map(|_| configured(s, table)).collect(),
             router: s.cluster.router,
             rr_next: 0,
             prefill_n: s.prefill_decode().map_or(0, |pd| pd.prefill_replicas),
@@ -141,12 +145,16 @@ impl Cluster {
         }
     }
 
-    /// The replica a new request goes to: a colocated one, or a prefill one.
-    pub fn route(&mut self) -> u32 {
+    /// The replica a new request goes to: a colocated one, or a prefill one. `session`: the
+    /// request's affinity key (its conversation, or its trace prefix), if it has one.
+    pub fn route(&mut self, session: Option<u64>) -> u32 {
         let n = match self.prefill_n {
             0 => self.replicas.len() as u32,
             p => p,
         };
+        if let (Router::Session, Some(key)) = (self.router, session) {
+            return rendezvous(key, 0..n);
+        }
         let rr = &mut self.rr_next;
         pick(self.router, &self.replicas, 0..n, rr)
     }
@@ -207,6 +215,16 @@ impl Cluster {
 
     pub fn enqueue(&mut self, replica: u32, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
         self.replicas[replica as usize].enqueue(now_ns, r)
+    }
+
+    /// Request `tag`, just enqueued on `replica`, continues a conversation's token stream.
+    pub fn share_stream(
+        &mut self,
+        replica: u32,
+        tag: u32,
+        key: cancelsim_models::prefix::StreamKey,
+    ) {
+        self.replicas[replica as usize].share_stream(tag, key);
     }
 
     /// Request `tag`, just enqueued on `replica`, shares a prompt prefix: `ids` are a trace's
@@ -366,8 +384,23 @@ fn pick(router: Router, replicas: &[Replica], range: std::ops::Range<u32>, rr: &
             *rr = (*rr + 1) % range.len() as u32;
             r
         }
-        Router::LeastLoaded => range
+        // A request without a session key goes where the load is least.
+        Router::LeastLoaded | Router::Session => range
             .min_by_key(|&r| (replicas[r as usize].load(), r))
             .expect("at least one replica"),
     }
+}
+
+/// Rendezvous (highest random weight) hashing: the replica whose hash with `key` is highest. A
+/// key keeps its replica when replicas are added elsewhere, and keys spread evenly.
+fn rendezvous(key: u64, range: std::ops::Range<u32>) -> u32 {
+    let weight = |r: u32| {
+        let mut z = key ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    range
+        .max_by_key(|&r| (weight(r), r))
+        .expect("at least one replica")
 }

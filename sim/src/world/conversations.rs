@@ -10,7 +10,8 @@ use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::{Class, Kernel, LimitError, NS_PER_S};
 use crate::metrics::WorkloadEvents;
 use crate::scenario::{Source, Workload};
-use crate::workload::{self, Arrival};
+use crate::workload::{self, Arrival, TOKENS_MAX};
+use cancelsim_models::prefix::StreamKey;
 
 /// A conversation in progress.
 struct Conv {
@@ -22,6 +23,14 @@ struct Conv {
     /// Cancel intents of this owner's requests so far: its own requests are then its group, not
     /// siblings (a sibling belongs to another owner).
     intents: u32,
+    /// With history: the history's length at the start of each turn after the first, and the
+    /// same as the current turn's requests share it.
+    bounds: Vec<u64>,
+    shared_bounds: std::sync::Arc<[u64]>,
+    /// The current turn's first request: its prompt (history included), and the output tokens
+    /// its user saw, once known (it ended, or the user barged in).
+    first_prompt: u32,
+    first_seen: Option<u32>,
 }
 
 /// What happened to a conversation when one of its turns ended.
@@ -37,6 +46,8 @@ pub(crate) enum TurnEnd {
 
 pub(crate) struct Conversations {
     seed: u64,
+    /// Turns carry the conversation's history in their prompts.
+    history: bool,
     convs: FxHashMap<u64, Conv>,
     started: u64,
     starts: Stream,
@@ -44,9 +55,10 @@ pub(crate) struct Conversations {
 }
 
 impl Conversations {
-    pub fn new(seed: u64) -> Conversations {
+    pub fn new(seed: u64, w: &Workload) -> Conversations {
         Conversations {
             seed,
+            history: matches!(w.source, Source::Conversations { history: true, .. }),
             convs: FxHashMap::default(),
             started: 0,
             starts: Stream::new(seed, Purpose::Arrival, key::CONVERSATION_STARTS),
@@ -79,6 +91,10 @@ impl Conversations {
                 outstanding: 0,
                 members: Vec::new(),
                 intents: 0,
+                bounds: Vec::new(),
+                shared_bounds: std::sync::Arc::new([]),
+                first_prompt: 0,
+                first_seen: None,
             };
             self.convs.insert(conv, c);
             k.schedule_at(k.now_ns(), Class::Arrival, Event::TurnStart { conv })?;
@@ -112,11 +128,17 @@ impl Conversations {
         let c = self.convs.get_mut(&conv).expect("live conversation");
         c.outstanding = per_turn;
         c.members.clear();
+        c.first_seen = None;
+        if self.history && c.shared_bounds.len() != c.bounds.len() {
+            c.shared_bounds = c.bounds.as_slice().into();
+        }
+        let history = c.bounds.last().copied().unwrap_or(0);
         let now_ns = k.now_ns();
-        let arrivals = (0..per_turn)
+        let arrivals: Vec<Arrival> = (0..per_turn)
             .map(|i| {
                 let id = workload::conversation_request_id(conv, turn, i);
-                let (prompt_tokens, output_tokens) = workload::shape(w, self.seed, id);
+                let (message, output_tokens) = workload::shape(w, self.seed, id);
+                let prompt_tokens = (history + message as u64).min(TOKENS_MAX as u64) as u32;
                 Arrival {
                     id,
                     time_ns: now_ns,
@@ -125,7 +147,29 @@ impl Conversations {
                 }
             })
             .collect();
+        c.first_prompt = arrivals.first().map_or(0, |a| a.prompt_tokens);
         Ok((turn, arrivals))
+    }
+
+    /// The token stream request `id` of `conv`'s current turn continues, if turns carry their
+    /// history: the first request carries it on past the history, the others share only that.
+    pub fn stream_key(&self, conv: u64, id: u64) -> Option<StreamKey> {
+        let c = self.convs.get(&conv).filter(|_| self.history)?;
+        Some(StreamKey {
+            id: conv,
+            bounds: c.shared_bounds.clone(),
+            whole: workload::conversation_request_index(id) == 0,
+        })
+    }
+
+    /// The user of `conv` has seen `tokens` of generation `g`'s first request, all it will see:
+    /// the request ended, or the user barged in. The first word stands.
+    pub fn seen(&mut self, conv: u64, g: u32, tokens: u32) {
+        if let Some(c) = self.convs.get_mut(&conv) {
+            if c.turn == g && c.first_seen.is_none() {
+                c.first_seen = Some(tokens);
+            }
+        }
     }
 
     /// The world admitted request `(id, tag)` of conversation `conv`'s current turn.
@@ -190,7 +234,15 @@ impl Conversations {
         conv: u64,
         delay_ns: u64,
     ) -> Result<TurnEnd, LimitError> {
+        let history = self.history;
         let c = self.convs.get_mut(&conv).expect("live conversation");
+        if history {
+            // The next prompt holds this one and the output its user saw.
+            let seen = c.first_seen.unwrap_or(0) as u64;
+            let last = c.bounds.last().copied().unwrap_or(0);
+            let next = (c.first_prompt as u64 + seen).min(TOKENS_MAX as u64);
+            c.bounds.push(next.max(last));
+        }
         c.turn += 1;
         if c.turn >= c.turns {
             self.convs.remove(&conv);

@@ -8,7 +8,6 @@ use cancelsim_models::ownership::{State, Timestamp};
 use cancelsim_models::protocol::{Abort, NewRequest, Observed, Outcome, Released, Retired, Scope};
 
 use super::cancel::{self, evidence_mark, stage_mark, CancelState};
-use super::conversations::TurnEnd;
 use super::error::{Step, Stop};
 use super::event::{Cause, Event};
 use super::recorder::Left;
@@ -25,35 +24,6 @@ impl World<'_> {
         let a = self.arrivals.take(request);
         self.arrive(a, None)?;
         self.arrivals.pull(&mut self.kernel, self.scenario)
-    }
-
-    pub(super) fn on_turn_start(&mut self, conv: u64) -> Step {
-        let barge_ins = self.cancel.policy().is_some();
-        let w = &self.scenario.workload;
-        let (turn, arrivals) =
-            self.conversations
-                .turn_start(&mut self.kernel, w, conv, barge_ins)?;
-        for a in arrivals {
-            self.arrive(a, Some((conv, turn)))?;
-        }
-        Ok(())
-    }
-
-    /// The user of `conv` interrupts `generation`: the owner's sink is cleared, the generation's
-    /// requests get intents, and the next turn starts at once.
-    pub(super) fn on_barge_in(&mut self, conv: u64, generation: u32) -> Step {
-        let Some(members) = self.conversations.barge_in(conv, generation) else {
-            return Ok(());
-        };
-        self.sink.clear(&mut self.kernel, &mut self.owners, conv)?;
-        for (id, tag) in members {
-            if self.requests.live(id, tag) {
-                self.intent(tag, Cause::Interruption)?;
-            }
-        }
-        let end = self.conversations.next_turn(&mut self.kernel, conv, 0)?;
-        self.turn_ended(conv, end);
-        Ok(())
     }
 
     /// A deadline or a disconnect of a request still in progress.
@@ -166,13 +136,19 @@ impl World<'_> {
     }
 
     /// A request arrives: it starts in the controller, may get a storm plan, and is routed.
-    fn arrive(&mut self, a: Arrival, conv: Option<TurnRef>) -> Step {
+    pub(super) fn arrive(&mut self, a: Arrival, conv: Option<TurnRef>) -> Step {
         let now_ns = self.kernel.now_ns();
         self.arrivals.hash(&a);
         self.accounts.counts.scheduled += 1;
         let (owner, generation) = conv.unwrap_or((a.id, 0));
         let handle = self.cancel.handle(a.id, owner);
-        let replica = self.cluster.route();
+        let session = match conv {
+            Some((c, _)) => Some(c),
+            // A trace's second prefix block: its first is a system prompt that every row of a
+            // Mooncake trace shares (id 0), so it would send them all to one replica.
+            None => self.arrivals.prefix_of(a.id).get(1).copied(),
+        };
+        let replica = self.cluster.route(session);
         let plan = self.cancel.plan(a.id, now_ns);
         if plan.is_some() {
             self.accounts.storm_targets += 1;
@@ -209,7 +185,7 @@ impl World<'_> {
     fn enqueue(&mut self, tag: Tag, a: Arrival) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &self.requests[tag];
-        let (replica, plan) = (q.replica, q.cancel.plan);
+        let (replica, plan, q_conv) = (q.replica, q.cancel.plan, q.conv);
         let new = NewRequest {
             id: a.id,
             tag,
@@ -237,8 +213,17 @@ impl World<'_> {
         if !fits || self.cluster.enqueue(replica, now_ns, new).is_err() {
             return self.reject(tag);
         }
-        self.cluster
-            .share_prefix(replica, tag, self.arrivals.prefix_of(a.id));
+        // Prefixes are shared on colocated replicas only: a prefill replica releases a request's
+        // blocks and pins as many again for its transfer, which blocks still shared with other
+        // requests would not give back.
+        if !self.cluster.disaggregated() {
+            self.cluster
+                .share_prefix(replica, tag, self.arrivals.prefix_of(a.id));
+            let stream = q_conv.and_then(|(c, _)| self.conversations.stream_key(c, a.id));
+            if let Some(key) = stream {
+                self.cluster.share_stream(replica, tag, key);
+            }
+        }
         let epoch = self.cluster.intent_epoch(replica);
         let life = &mut self.requests[tag].life;
         life.enqueued = true;
@@ -492,34 +477,6 @@ impl World<'_> {
             self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
         }
         self.stage_reached(tag, Stage::AfterFinalOutput)
-    }
-
-    /// The request became terminal (completed, cancelled, expired or refused): its turn has one
-    /// request fewer out. Once per request, however it ended.
-    pub(super) fn turn_over(&mut self, tag: Tag) -> Step {
-        let q = &mut self.requests[tag];
-        if std::mem::replace(&mut q.life.turn_over, true) {
-            return Ok(());
-        }
-        let Some((c, g)) = q.conv else {
-            return Ok(());
-        };
-        let w = &self.scenario.workload;
-        let end = self.conversations.request_done(&mut self.kernel, w, c, g)?;
-        self.turn_ended(c, end);
-        Ok(())
-    }
-
-    fn turn_ended(&mut self, conv: u64, end: TurnEnd) {
-        if end == TurnEnd::Over {
-            self.sink.owner_gone(&mut self.owners, conv);
-        }
-    }
-
-    /// Whether the request's own owner (its conversation) has had a cancel intent: then the
-    /// owner's group was hit, and the request is part of that group, not a sibling of it.
-    fn group_hit(&self, q: &Req) -> bool {
-        q.conv.is_some_and(|(c, _)| self.conversations.group_hit(c))
     }
 
     /// Record one evidence level: in the request's own timeline (virtual ns, for latencies) and

@@ -31,6 +31,7 @@ mod recorder;
 mod recovery;
 mod requests;
 mod summary;
+mod turns;
 
 pub use baseline::{CfRecord, CfTable};
 pub use error::RunError;
@@ -152,8 +153,8 @@ impl<'s> World<'s> {
             owners: Owners::new(RETENTION),
             requests: Requests::default(),
             arrivals: Arrivals::new(scenario, seed).map_err(RunError::Input)?,
-            conversations: Conversations::new(seed),
-            cluster: Cluster::new(scenario),
+            conversations: Conversations::new(seed, &scenario.workload),
+            cluster: Cluster::new(scenario, step_table(scenario)?.as_ref()),
             handoff: scenario
                 .prefill_decode()
                 .map(|pd| Handoff::new(scenario, seed, pd)),
@@ -441,5 +442,19 @@ impl<'s> World<'s> {
             return Err(Stop::broken(vec![], "a conversation never ended"));
         }
         Ok(())
+    }
+}
+
+/// The measured step times of a `Table` profile, read for the run (None for other profiles).
+fn step_table(
+    s: &Scenario,
+) -> Result<Option<std::sync::Arc<cancelsim_models::gpu::StepTable>>, RunError> {
+    match &s.cluster.profile {
+        crate::scenario::ProfileRef::Table { path, .. } => {
+            crate::step_table::load(&s.base_dir.join(path))
+                .map(Some)
+                .map_err(RunError::Input)
+        }
+        _ => Ok(None),
     }
 }

@@ -222,6 +222,7 @@ fn row(q: &Req, policy: &str, disposition: &'static str, how: Left) -> RequestRo
         sibling: how.sibling,
         survived: how.survived,
         collateral: q.cancel.collateral,
+        prompt_tokens: q.prompt,
         output_tokens: q.output,
         tokens_generated: l.tokens,
         chunks_played: q.chunks.admitted,

@@ -339,3 +339,28 @@ fn assert_one_line_error_of(out: &Output) {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn a_bad_step_table_is_one_line_naming_its_line_and_column() {
+    let dir = scratch("table");
+    let table = "prefill_tokens,decode_seqs,kv_tokens,step_ms\n0,1,0,5\n8,1,0,oops\n";
+    std::fs::write(dir.join("t.csv"), table).unwrap();
+    let text = GOOD.replace(
+        "profile: Named(\"llama-3.1-8b-h100\"),",
+        "profile: Table(path: \"t.csv\", kv_blocks_16: 100),",
+    );
+    std::fs::write(dir.join("s.ron"), text).unwrap();
+    let out = cancelsim(&["run", "s.ron", "--out", "out"], &dir);
+    assert_one_line_error_of(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("t.csv:3:7: field `step_ms`"), "{err}");
+    assert!(!dir.join("out").exists(), "wrote output for a bad table");
+    // A full grid runs.
+    std::fs::write(dir.join("t.csv"), table.replace("oops", "9")).unwrap();
+    let ok = cancelsim(&["run", "s.ron", "--no-write"], &dir);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}

@@ -49,11 +49,12 @@ pub(crate) fn run_trace(
     replicas: u32,
     kv: &str,
     caching: bool,
+    router: &str,
 ) -> cancelsim::metrics::Summary {
     let ron = format!(
         "Scenario(name: \"mooncake\", seed: 1, workload: (source: Trace(path: \"{TRACE}\", \
          format: MooncakeJsonl, rows: Some({rows}), speedup: {speedup})), \
-         cluster: (replicas: {replicas}, profile: Named(\"llama-3.1-8b-h100\"), \
+         cluster: (replicas: {replicas}, router: {router}, profile: Named(\"llama-3.1-8b-h100\"), \
          scheduler: Continuous(window: 1, {kv} prefix_caching: {caching})))"
     );
     let mut s = Scenario::parse(&ron, "<inline>").unwrap();
@@ -65,20 +66,34 @@ pub(crate) fn run_trace(
 fn mooncake_hit_rate_equals_the_traces_own_with_an_unbounded_cache() {
     // Requests a thousand times further apart than in the trace, so each finishes before the
     // next; blocks enough that nothing is evicted.
-    let s = run_trace(300, 0.001, 1, "kv_blocks: Some(3000000),", true);
+    let s = run_trace(
+        300,
+        0.001,
+        1,
+        "kv_blocks: Some(3000000),",
+        true,
+        "RoundRobin",
+    );
     let (query, hit) = ideal_hits(300);
     assert_eq!(s.kv.prefix_query_tokens, query);
     assert_eq!(s.kv.prefix_hit_tokens, hit);
     assert!(hit > 0 && s.kv.prefix_hit_rate > 0.05, "{:?}", s.kv);
     // Without the cache, no lookups and nothing found.
-    let off = run_trace(300, 0.001, 1, "kv_blocks: Some(3000000),", false);
+    let off = run_trace(
+        300,
+        0.001,
+        1,
+        "kv_blocks: Some(3000000),",
+        false,
+        "RoundRobin",
+    );
     assert_eq!(
         (off.kv.prefix_query_tokens, off.kv.prefix_hit_tokens),
         (0, 0)
     );
     // The same trace at its own speed on one replica: concurrency and evictions can only lose
     // hits.
-    let busy = run_trace(300, 1.0, 1, "", true);
+    let busy = run_trace(300, 1.0, 1, "", true, "RoundRobin");
     assert!(busy.kv.prefix_hit_tokens <= hit + busy.gpu.preemptions * 8192);
 }
 
@@ -111,4 +126,64 @@ fn a_preempted_request_finds_its_own_blocks_and_skips_recomputing_them() {
         (0, 0)
     );
     assert_eq!(on.requests.completed, off.requests.completed);
+}
+
+/// Conversations whose turns carry their history, `replicas` replicas behind `router`.
+fn conversations(replicas: u32, router: &str, history: bool) -> String {
+    format!(
+        "Scenario(name: \"h\", seed: 5, workload: (source: Conversations(conversations: 60, \
+         start_rate_per_s: 2.0, turns: Constant(5.0), think_ms: Constant(2000.0), \
+         history: {history}), prompt_tokens: LogNormal(median: 200.0, sigma: 0.6), \
+         output_tokens: LogNormal(median: 120.0, sigma: 0.6)), cluster: (replicas: {replicas}, \
+         router: {router}, profile: Named(\"llama-3.1-8b-h100\"), scheduler: Continuous()))"
+    )
+}
+
+/// The truth from the rows themselves: turn t's history H is turn t − 1's prompt plus the
+/// output its user saw, and turn t finds every 16-token block of it that turn t − 1 had in its
+/// cache: those ending by H − 1 (the last token sampled is never computed into the cache).
+#[test]
+fn conversation_turns_find_their_history_in_the_cache() {
+    let (s, mut rows) = crate::queueing::rows_of(&conversations(1, "RoundRobin", true));
+    rows.sort_by_key(|r| (r.owner, r.generation));
+    let (mut query, mut hit) = (0u64, 0u64);
+    for pair in rows.windows(2) {
+        let (before, now) = (&pair[0], &pair[1]);
+        if now.owner != before.owner {
+            continue;
+        }
+        let prompt_before = before.prompt_tokens as u64;
+        let history = prompt_before + before.tokens_generated as u64;
+        assert!(
+            now.prompt_tokens as u64 > history,
+            "the prompt holds the history and more"
+        );
+        hit += (history - 1) / 16 * 16;
+    }
+    for r in &rows {
+        query += r.prompt_tokens as u64;
+    }
+    assert_eq!(rows.len(), 300);
+    assert_eq!(s.kv.prefix_query_tokens, query);
+    assert_eq!(s.kv.prefix_hit_tokens, hit);
+    assert!(s.kv.prefix_hit_rate > 0.5, "{:?}", s.kv);
+    // Without history, prompts are the message alone and nothing is shared.
+    let (plain, _) = crate::queueing::rows_of(&conversations(1, "RoundRobin", false));
+    assert_eq!(plain.kv.prefix_hit_tokens, 0);
+    // Over four replicas, session affinity keeps each conversation on one replica and finds it
+    // all; round robin scatters the turns, and a turn finds only the part of its history that
+    // an earlier turn left on its replica (0.46 of it here).
+    let (session, _) = crate::queueing::rows_of(&conversations(4, "Session", true));
+    let (scattered, _) = crate::queueing::rows_of(&conversations(4, "RoundRobin", true));
+    eprintln!(
+        "history: {hit} of {query} prompt tokens cached (rate {:.3}); 4 replicas: session {}, \
+         round robin {}",
+        s.kv.prefix_hit_rate, session.kv.prefix_hit_tokens, scattered.kv.prefix_hit_tokens
+    );
+    assert_eq!(session.kv.prefix_hit_tokens, hit);
+    assert!(
+        scattered.kv.prefix_hit_tokens < hit * 3 / 5,
+        "{} of {hit}",
+        scattered.kv.prefix_hit_tokens
+    );
 }

@@ -18,7 +18,7 @@ impl RequestSink for Rows {
 }
 
 /// The counterfactual's summary and its rows, for the scenario `ron`.
-fn rows_of(ron: &str) -> (cancelsim::metrics::Summary, Vec<RequestRow>) {
+pub(crate) fn rows_of(ron: &str) -> (cancelsim::metrics::Summary, Vec<RequestRow>) {
     let scenario = Scenario::parse(ron, "<inline>").unwrap();
     let rows = Rows::default();
     let opts = RunOptions {
@@ -131,5 +131,83 @@ fn restarts_add_up_to_the_preemptions() {
     // A restarted request waited at least once: its delay is at most its time to first token.
     for r in rows.iter().filter(|r| r.restarts > 0) {
         assert!(r.scheduling_delay_ms.unwrap() <= r.ttft_ms.unwrap());
+    }
+}
+
+/// A step-time table sampled from an affine model is interpolated exactly, so a run on it is
+/// the run on that model, request by request (to the rounding of a step to whole ns).
+#[test]
+fn a_table_sampled_from_the_linear_model_gives_the_linear_models_run() {
+    let (c0_ms, rate, seq_us, kv_ns) = (5.0, 20_000.0, 30.0, 50.0);
+    let mut csv = String::from("prefill_tokens,decode_seqs,kv_tokens,step_ms\n");
+    for p in [0u64, 4096, 16384] {
+        for s in [0u64, 64, 512] {
+            for k in [0u64, 1 << 22] {
+                let ms = c0_ms
+                    + p as f64 / rate * 1e3
+                    + s as f64 * seq_us / 1e3
+                    + k as f64 * kv_ns / 1e6;
+                csv += &format!("{p},{s},{k},{ms}\n");
+            }
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("cancelsim-table-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("linear.csv");
+    std::fs::write(&path, csv).unwrap();
+    let scenario = |profile: &str| {
+        format!(
+            "Scenario(name: \"t\", seed: 9, workload: (source: Poisson(rate_per_s: 8.0, \
+             requests: 400)), cluster: (profile: {profile}, scheduler: Continuous(window: 2)))"
+        )
+    };
+    let custom = format!(
+        "Custom(c0_ms: {c0_ms}, prefill_tokens_per_s: {rate}, per_seq_us: {seq_us}, \
+         per_kv_token_ns: {kv_ns}, kv_blocks_16: 20000)"
+    );
+    let table = format!(
+        "Table(path: {:?}, kv_blocks_16: 20000)",
+        path.display().to_string()
+    );
+    let (a, rows_a) = rows_of(&scenario(&custom));
+    let (b, rows_b) = rows_of(&scenario(&table));
+    assert_eq!(rows_a.len(), rows_b.len());
+    assert!(
+        a.gpu.busy_s > 10.0,
+        "a run that batches: {} GPU-s",
+        a.gpu.busy_s
+    );
+    let worst_ms = rows_a
+        .iter()
+        .zip(&rows_b)
+        .map(|(x, y)| (x.e2e_ms.unwrap() - y.e2e_ms.unwrap()).abs())
+        .fold(0.0, f64::max);
+    assert!(worst_ms < 0.01, "a request's e2e differs by {worst_ms} ms");
+    assert!((a.gpu.busy_s - b.gpu.busy_s).abs() < 1e-3 * a.gpu.busy_s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The shipped template table (the 8B/H100 roofline on a coarse grid) runs, and interpolating
+/// it costs a few percent against the roofline itself.
+#[test]
+fn the_template_table_runs_within_a_few_percent_of_its_roofline() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/table-8b-h100.ron");
+    let table = Scenario::load(&path).unwrap();
+    let mut named = table.clone();
+    named.cluster.profile = cancelsim::scenario::ProfileRef::Named("llama-3.1-8b-h100".into());
+    let (t, n) = (
+        run::counterfactual(&table, 42).unwrap(),
+        run::counterfactual(&named, 42).unwrap(),
+    );
+    for (what, x, y) in [
+        ("ttft p50", t.ttft_ms.p50, n.ttft_ms.p50),
+        ("e2e p50", t.e2e_ms.p50, n.e2e_ms.p50),
+        ("e2e p99", t.e2e_ms.p99, n.e2e_ms.p99),
+    ] {
+        assert!(
+            (x / y - 1.0).abs() < 0.05,
+            "{what}: table {x} ms, roofline {y} ms"
+        );
     }
 }

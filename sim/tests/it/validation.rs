@@ -134,8 +134,16 @@ fn vidur() -> String {
 /// The Mooncake trace's own hit rate (unbounded cache, one request at a time) against the run's.
 fn prefix() -> String {
     let (query, hit) = ideal_hits(300);
-    let s = run_trace(300, 0.001, 1, "kv_blocks: Some(3000000),", true);
-    let busy = run_trace(3000, 1.0, 2, "", true);
+    let s = run_trace(
+        300,
+        0.001,
+        1,
+        "kv_blocks: Some(3000000),",
+        true,
+        "RoundRobin",
+    );
+    let busy = run_trace(3000, 1.0, 2, "", true, "RoundRobin");
+    let session = run_trace(3000, 1.0, 2, "", true, "Session");
     let mut t = String::from(HEAD);
     for (what, truth, sim) in [
         ("prompt tokens looked up", query, s.kv.prefix_query_tokens),
@@ -145,10 +153,15 @@ fn prefix() -> String {
         t += &format!("| {what} | {truth} | {sim} | {err:+.2} % |\n");
     }
     t += &format!(
-        "\nThe first 3,000 rows at the trace's own speed on two 8B/H100 replicas (round robin, \
-         27,000 blocks each): hit rate {:.3} ({} preemptions; the shared prefixes are split \
-         between replicas, and evicted under load).\n",
-        busy.kv.prefix_hit_rate, busy.gpu.preemptions
+        "\nThe first 3,000 rows at the trace's own speed on two 8B/H100 replicas (27,284 blocks \
+         each): hit rate {:.3} with round robin ({} preemptions; the shared prefixes are split \
+         between replicas, and evicted under load), {:.3} with session affinity (a row goes where \
+         its second block hash goes, the first being a system prompt every row shares; {} \
+         preemptions).\n",
+        busy.kv.prefix_hit_rate,
+        busy.gpu.preemptions,
+        session.kv.prefix_hit_rate,
+        session.gpu.preemptions
     );
     t
 }
