@@ -74,6 +74,10 @@ enum Command {
     Replay {
         /// The op log, or `-` for standard input.
         file: PathBuf,
+        /// Every op line carries the result it expects in an `expect` field (a result word,
+        /// `"error"`, or the whole result object); exit 1 at the first line that differs.
+        #[arg(long)]
+        expect: bool,
     },
 }
 
@@ -98,7 +102,7 @@ fn main() -> ExitCode {
             },
         ),
         Some(Command::Run { scenario, opts }) => cli::run::run(scenario, opts),
-        Some(Command::Replay { file }) => cli::replay::replay(&file),
+        Some(Command::Replay { file, expect }) => cli::replay::replay(&file, expect),
         Some(Command::Sweep {
             sweep,
             out,

@@ -266,6 +266,9 @@ pub struct LevelLatencyMs {
     pub max: f64,
     /// Requests with an intent for which this level never happened (unknown, never zero).
     pub unknown: u64,
+    /// Requests whose intent came after they completed, for which this level did not happen:
+    /// there was nothing left to cancel, so it is not missing evidence.
+    pub not_applicable: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -198,7 +198,23 @@ impl Replayer {
 
     /// Process one line and return its output line (without the newline).
     pub fn line(&mut self, line: &str) -> String {
-        let out = match serde_json::from_str::<Value>(line) {
+        self.value(serde_json::from_str::<Value>(line))
+    }
+
+    /// Process one line that may carry the result it expects in an `expect` field: its output
+    /// line, and that field taken out of the op (None if the line has none).
+    pub fn line_expecting(&mut self, line: &str) -> (String, Option<Value>) {
+        match serde_json::from_str::<Value>(line) {
+            Ok(Value::Object(mut obj)) => {
+                let expect = obj.remove("expect");
+                (self.value(Ok(Value::Object(obj))), expect)
+            }
+            other => (self.value(other), None),
+        }
+    }
+
+    fn value(&mut self, parsed: Result<Value, serde_json::Error>) -> String {
+        let out = match parsed {
             Err(e) => Err(format!("malformed JSON: {e}")),
             Ok(Value::Object(obj)) => parse_op(obj).and_then(|op| self.op(op)),
             Ok(_) => Err("an op line must be a JSON object".to_string()),
@@ -344,6 +360,27 @@ pub enum ReplayError {
     Read(io::Error),
     /// The results could not be written (the caller exits 3).
     Write(io::Error),
+    /// With expectations, a line's result was not the one it expected (the caller exits 1).
+    Mismatch {
+        line: u64,
+        op: String,
+        expected: String,
+        got: String,
+    },
+}
+
+/// Whether output line `got` is what `expected` asks for: a result word (`"accepted"`; `"error"`
+/// for any error line), or the whole result object.
+pub fn matches(expected: &Value, got: &str) -> bool {
+    let Ok(got) = serde_json::from_str::<Value>(got) else {
+        return false;
+    };
+    match expected {
+        Value::String(w) if w == "error" => got.get("error").is_some(),
+        Value::String(w) => got.get("result").and_then(Value::as_str) == Some(w.as_str()),
+        Value::Object(_) => &got == expected,
+        _ => false,
+    }
 }
 
 /// Skip the rest of an over-long line without keeping it: memory stays at one buffer.
@@ -369,7 +406,18 @@ fn skip_line<R: BufRead>(input: &mut R) -> io::Result<()> {
 /// Replay every line of `input` to `output`. Returns the number of lines. Op errors are output
 /// lines; only I/O stops it. A line longer than `LINE_BYTES_MAX` is an error line, and at most
 /// that many bytes of it are held.
-pub fn replay<R: BufRead, W: Write>(mut input: R, mut output: W) -> Result<u64, ReplayError> {
+pub fn replay<R: BufRead, W: Write>(input: R, output: W) -> Result<u64, ReplayError> {
+    replay_with(input, output, false)
+}
+
+/// `replay`, and with `expect` every line must carry an `expect` field (see `matches`): the
+/// replay stops at the first line whose result differs, or that expects nothing, after writing
+/// its result.
+pub fn replay_with<R: BufRead, W: Write>(
+    mut input: R,
+    mut output: W,
+    expect: bool,
+) -> Result<u64, ReplayError> {
     let mut r = Replayer::default();
     let mut buf = Vec::new();
     let mut lines = 0u64;
@@ -390,15 +438,58 @@ pub fn replay<R: BufRead, W: Write>(mut input: R, mut output: W) -> Result<u64, 
             let text = buf.strip_suffix(b"\n").unwrap_or(&buf);
             let text = text.strip_suffix(b"\r").unwrap_or(text);
             match std::str::from_utf8(text) {
+                Ok(s) if expect => {
+                    let (out, wanted) = r.line_expecting(s);
+                    write_line(&mut output, &out)?;
+                    if let Err(e) = check_expectation(lines, s, wanted, &out) {
+                        output.flush().map_err(ReplayError::Write)?;
+                        return Err(e);
+                    }
+                    continue;
+                }
                 Ok(s) => r.line(s),
                 Err(_) => "{\"error\":\"malformed JSON: line is not UTF-8\"}".to_string(),
             }
         };
-        output
-            .write_all(out.as_bytes())
-            .and_then(|()| output.write_all(b"\n"))
-            .map_err(ReplayError::Write)?;
+        if expect {
+            // An over-long or non-UTF-8 line carries no expectation that can be read.
+            write_line(&mut output, &out)?;
+            if let Err(e) = check_expectation(lines, "", None, &out) {
+                output.flush().map_err(ReplayError::Write)?;
+                return Err(e);
+            }
+            continue;
+        }
+        write_line(&mut output, &out)?;
     }
     output.flush().map_err(ReplayError::Write)?;
     Ok(lines)
+}
+
+fn write_line<W: Write>(output: &mut W, line: &str) -> Result<(), ReplayError> {
+    output
+        .write_all(line.as_bytes())
+        .and_then(|()| output.write_all(b"\n"))
+        .map_err(ReplayError::Write)
+}
+
+/// Line `line` (its text `op`) gave `got`; it wanted `wanted`.
+fn check_expectation(
+    line: u64,
+    op: &str,
+    wanted: Option<Value>,
+    got: &str,
+) -> Result<(), ReplayError> {
+    let shorten = |s: &str| s.chars().take(200).collect::<String>();
+    let mismatch = |expected: String| ReplayError::Mismatch {
+        line,
+        op: shorten(op),
+        expected,
+        got: got.to_string(),
+    };
+    match wanted {
+        None => Err(mismatch("an `expect` field, and the line has none".into())),
+        Some(w) if matches(&w, got) => Ok(()),
+        Some(w) => Err(mismatch(w.to_string())),
+    }
 }

@@ -324,7 +324,7 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
     let step_model = (linear && d.chance(0.25)).then_some(StepForm::Linear);
     Cluster {
         replicas: d.int(1, if big { 16 } else { 4 }) as u32,
-        router: d.pick(&[Router::RoundRobin, Router::LeastLoaded, Router::Session]),
+        router: router(d),
         profile,
         step_model,
         // From 0.8 every named profile keeps a KV cache at any batched-token budget.
@@ -336,6 +336,17 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
         scheduler,
         // Colocated; `disaggregate` may draw a prefill/decode graph at the end.
         topology: None,
+    }
+}
+
+fn router(d: &mut Draw) -> Router {
+    match d.s.below(4) {
+        0 => Router::LeastLoaded,
+        1 => Router::Session,
+        2 => Router::SharedQueue {
+            max_outstanding: d.int(1, 64) as u32,
+        },
+        _ => Router::RoundRobin,
     }
 }
 

@@ -8,6 +8,7 @@ use cancelsim::check::{self, fuzz, fuzz::Tier};
 use cancelsim::run;
 use cancelsim::scenario::Scenario;
 
+use super::cases::{Cases, Format};
 use super::{Code, Fail, Outcome};
 
 #[derive(clap::Args)]
@@ -43,6 +44,10 @@ pub struct Args {
     /// tier always runs all its seeds.
     #[arg(long, default_value_t = 0.0)]
     pub budget_s: f64,
+    /// How to report: lines for people, or one JUnit XML or JSON document on standard output
+    /// (the lines then go to standard error).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
 }
 
 pub const COMMIT: &str = env!("CANCELSIM_COMMIT");
@@ -144,15 +149,22 @@ fn fail_line(path: &Path, seed: u64, what: &str) -> String {
 type Goldens = BTreeMap<PathBuf, Golden>;
 
 /// The golden file of `dir`, read on first use; its errors are failures, reported once.
-fn golden_of<'g>(goldens: &'g mut Goldens, dir: &Path, update: bool) -> (&'g mut Golden, usize) {
+fn golden_of<'g>(
+    goldens: &'g mut Goldens,
+    dir: &Path,
+    update: bool,
+    cases: &mut Cases,
+) -> (&'g mut Golden, usize) {
     let mut failures = 0;
     let golden = goldens.entry(dir.to_path_buf()).or_insert_with(|| {
         let g = read_golden(&dir.join(GOLDEN));
         if !update {
             for e in &g.errors {
-                say!("FAIL {e}");
+                cases.line(&format!("FAIL {e}"));
             }
             failures = g.errors.len();
+            let name = dir.join(GOLDEN).display().to_string();
+            cases.case("golden", name, 0.0, g.errors.clone());
         }
         g
     });
@@ -177,7 +189,30 @@ fn golden_verdict(g: &Golden, name: &str, seed: u64, run_hash: &str) -> Option<S
 
 /// Check one scenario file as written: judge it, and compare (or record) its golden hash.
 /// Returns its failures.
-fn check_file(file: &Path, scenario: &Scenario, goldens: &mut Goldens, args: &Args) -> usize {
+fn check_file(
+    file: &Path,
+    scenario: &Scenario,
+    goldens: &mut Goldens,
+    args: &Args,
+    cases: &mut Cases,
+) -> usize {
+    let start = Instant::now();
+    let mut found = Vec::new();
+    let failures = judge_file(file, scenario, goldens, args, cases, &mut found);
+    let secs = start.elapsed().as_secs_f64();
+    cases.case("scenario", file.display().to_string(), secs, found);
+    failures
+}
+
+/// `check_file`'s verdicts, each failure's line kept in `found`.
+fn judge_file(
+    file: &Path,
+    scenario: &Scenario,
+    goldens: &mut Goldens,
+    args: &Args,
+    cases: &mut Cases,
+    found: &mut Vec<String>,
+) -> usize {
     let dir = file.parent().unwrap_or(Path::new(".")).to_path_buf();
     let name = file
         .file_name()
@@ -189,32 +224,39 @@ fn check_file(file: &Path, scenario: &Scenario, goldens: &mut Goldens, args: &Ar
         Ok(r) => r,
         Err(fs) => {
             for f in &fs {
-                say!("{}", fail_line(file, seed, f));
+                let line = fail_line(file, seed, f);
+                cases.line(&line);
+                found.push(line);
             }
             return 1;
         }
     };
     let mut failures = 0;
     if !args.no_golden {
-        let (golden, read_failures) = golden_of(goldens, &dir, args.update_golden);
+        let (golden, read_failures) = golden_of(goldens, &dir, args.update_golden, cases);
         failures += read_failures;
         if args.update_golden {
             golden.entries.insert(name, (seed, report.run_hash.clone()));
         } else if let Some(what) = golden_verdict(golden, &name, seed, &report.run_hash) {
-            say!("{}", fail_line(file, seed, &what));
+            let line = fail_line(file, seed, &what);
+            cases.line(&line);
+            found.push(line);
             failures += 1;
         }
     }
     if failures == 0 {
         let short = &report.run_hash[..16];
-        say!("ok   {} seed {seed} run_hash={short}", file.display());
+        cases.line(&format!(
+            "ok   {} seed {seed} run_hash={short}",
+            file.display()
+        ));
     }
     failures
 }
 
 /// Golden lines that name no scenario file in their directory: stale, so they fail (and
 /// `--update-golden` drops them).
-fn stale_goldens(goldens: &mut Goldens, update: bool) -> usize {
+fn stale_goldens(goldens: &mut Goldens, update: bool, cases: &mut Cases) -> usize {
     let mut failures = 0;
     for (dir, g) in goldens.iter_mut() {
         let stale: Vec<String> = g
@@ -227,11 +269,10 @@ fn stale_goldens(goldens: &mut Goldens, update: bool) -> usize {
             if update {
                 g.entries.remove(&name);
             } else {
-                say!(
-                    "FAIL {}: names {name}, which is not in {}",
-                    dir.join(GOLDEN).display(),
-                    dir.display()
-                );
+                let file = dir.join(GOLDEN).display().to_string();
+                let what = format!("{file}: names {name}, which is not in {}", dir.display());
+                cases.line(&format!("FAIL {what}"));
+                cases.case("golden", format!("{file} ({name})"), 0.0, vec![what]);
                 failures += 1;
             }
         }
@@ -241,13 +282,18 @@ fn stale_goldens(goldens: &mut Goldens, update: bool) -> usize {
 
 /// The swarm of one scenario: failing seeds reported, the first few shrunk and written out.
 /// Returns its failures.
-fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
+fn swarm_file(file: &Path, scenario: &Scenario, args: &Args, cases: &mut Cases) -> usize {
+    let start = Instant::now();
     let results = check::swarm(scenario, args.first_seed, args.swarm);
     let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
+    let mut lines = Vec::new();
     for r in &failed {
         let what = format!("swarm: {}", r.failures.join("; "));
-        say!("{}", fail_line(file, r.seed, &what));
+        lines.push(fail_line(file, r.seed, &what));
+        cases.line(lines.last().expect("just pushed"));
     }
+    let name = format!("{} ({} seeds)", file.display(), args.swarm);
+    cases.case("swarm", name, start.elapsed().as_secs_f64(), lines);
     for r in failed.iter().take(SHRINK_MAX) {
         let variant = check::randomise(scenario, r.seed);
         let fails = |s: &Scenario| check::check_one(s, r.seed, false).is_err();
@@ -258,12 +304,12 @@ fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
         let written = std::fs::create_dir_all(&args.out)
             .and_then(|_| std::fs::write(&out, check::to_ron(&small)));
         match written {
-            Ok(()) => say!(
+            Ok(()) => cases.line(&format!(
                 "     shrunk to {} requests: {}",
                 check::requests(&small).map_or("?".into(), |n| n.to_string()),
                 out.display()
-            ),
-            Err(e) => say!("     could not write {}: {e}", out.display()),
+            )),
+            Err(e) => cases.line(&format!("     could not write {}: {e}", out.display())),
         }
     }
     failed.len()
@@ -271,7 +317,7 @@ fn swarm_file(file: &Path, scenario: &Scenario, args: &Args) -> usize {
 
 /// The fuzzer's seeds of one tier: failures reported, the first few shrunk and written out.
 /// Returns (seeds run, failures).
-fn fuzz_tier(tier: Tier, n: u64, args: &Args) -> (u64, usize) {
+fn fuzz_tier(tier: Tier, n: u64, args: &Args, cases: &mut Cases) -> (u64, usize) {
     let start = Instant::now();
     let budget = tier == Tier::Big && args.budget_s > 0.0;
     let until = budget.then(|| start + Duration::from_secs_f64(args.budget_s));
@@ -280,10 +326,15 @@ fn fuzz_tier(tier: Tier, n: u64, args: &Args) -> (u64, usize) {
     let results = fuzz::fuzz_with(runner, tier, (args.first_seed, n), &base, until);
     let name = format!("fuzz-{tier:?}").to_lowercase();
     let failed: Vec<_> = results.iter().filter(|r| !r.failures.is_empty()).collect();
+    let mut lines = Vec::new();
     for r in &failed {
         let what = r.failures.join("; ");
-        say!("FAIL {name} seed {}: {what} | reproduce: cancelsim check --{} 1 --first-seed {} (commit {COMMIT})",
-            r.seed, if tier == Tier::Big { "big" } else { "fuzz" }, r.seed);
+        let flag = if tier == Tier::Big { "big" } else { "fuzz" };
+        lines.push(format!(
+            "FAIL {name} seed {}: {what} | reproduce: cancelsim check --{flag} 1 --first-seed {} (commit {COMMIT})",
+            r.seed, r.seed
+        ));
+        cases.line(lines.last().expect("just pushed"));
     }
     for r in failed.iter().take(SHRINK_MAX) {
         let drawn = fuzz::scenario(r.seed, tier, base.clone());
@@ -293,15 +344,21 @@ fn fuzz_tier(tier: Tier, n: u64, args: &Args) -> (u64, usize) {
         let written = std::fs::create_dir_all(&args.out)
             .and_then(|_| std::fs::write(&out, check::to_ron(&small)));
         match written {
-            Ok(()) => say!("     shrunk to {}", out.display()),
-            Err(e) => say!("     could not write {}: {e}", out.display()),
+            Ok(()) => cases.line(&format!("     shrunk to {}", out.display())),
+            Err(e) => cases.line(&format!("     could not write {}: {e}", out.display())),
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    say!(
+    cases.line(&format!(
         "{name}: {} seeds in {secs:.1} s, {} failed",
         results.len(),
         failed.len()
+    ));
+    cases.case(
+        "fuzz",
+        format!("{name} ({} seeds)", results.len()),
+        secs,
+        lines,
     );
     (results.len() as u64, failed.len())
 }
@@ -338,43 +395,49 @@ pub fn main(args: Args) -> Outcome {
             .build_global();
     }
     let mut failures = 0usize;
+    let mut cases = Cases::new(args.format);
     let mut goldens = Goldens::new();
     let (mut swarm_seeds, mut swarm_s) = (0u64, 0f64);
     for file in &files {
         let scenario = match Scenario::load(file) {
             Ok(s) => s,
             Err(e) => {
-                say!("FAIL {e}");
+                cases.line(&format!("FAIL {e}"));
+                let name = file.display().to_string();
+                cases.case("scenario", name, 0.0, vec![e.to_string()]);
                 failures += 1;
                 continue;
             }
         };
-        failures += check_file(file, &scenario, &mut goldens, &args);
+        failures += check_file(file, &scenario, &mut goldens, &args, &mut cases);
         if args.swarm > 0 && scenario.swarm.is_some() {
             let start = Instant::now();
-            failures += swarm_file(file, &scenario, &args);
+            failures += swarm_file(file, &scenario, &args, &mut cases);
             swarm_s += start.elapsed().as_secs_f64();
             swarm_seeds += args.swarm;
         }
     }
     if args.fuzz > 0 {
-        failures += fuzz_tier(Tier::Small, args.fuzz, &args).1;
+        failures += fuzz_tier(Tier::Small, args.fuzz, &args, &mut cases).1;
     }
     if args.big > 0 {
-        failures += fuzz_tier(Tier::Big, args.big, &args).1;
+        failures += fuzz_tier(Tier::Big, args.big, &args, &mut cases).1;
     }
-    failures += stale_goldens(&mut goldens, args.update_golden);
+    failures += stale_goldens(&mut goldens, args.update_golden, &mut cases);
     if args.update_golden {
         for (dir, g) in &goldens {
             write_golden(&dir.join(GOLDEN), &g.entries).map_err(Fail::io)?;
         }
     }
-    say_part!("check: {} scenarios, {failures} failures", files.len());
+    let mut summary = format!("check: {} scenarios, {failures} failures", files.len());
     if swarm_seeds > 0 {
         let rate = swarm_seeds as f64 / swarm_s.max(1e-9);
-        say_part!("; swarm: {swarm_seeds} seeds in {swarm_s:.1} s ({rate:.0} seeds/s)");
+        summary += &format!("; swarm: {swarm_seeds} seeds in {swarm_s:.1} s ({rate:.0} seeds/s)");
     }
-    say!(" (commit {COMMIT})");
+    cases.line(&format!("{summary} (commit {COMMIT})"));
+    if let Some(doc) = cases.document(COMMIT) {
+        say_part!("{doc}");
+    }
     if failures > 0 {
         return Err(Fail {
             code: Code::Found,

@@ -46,9 +46,23 @@ impl Default for Limits {
 /// A limit was reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LimitError {
-    Events { limit: u64, time_ns: u64 },
-    Time { limit_ns: u64, event_number: u64 },
-    QueueLen { limit: u64, time_ns: u64 },
+    Events {
+        limit: u64,
+        time_ns: u64,
+    },
+    Time {
+        limit_ns: u64,
+        event_number: u64,
+    },
+    QueueLen {
+        limit: u64,
+        time_ns: u64,
+    },
+    /// The router's shared queue held `limits.max_queue_len` requests.
+    RouterQueue {
+        limit: u64,
+        time_ns: u64,
+    },
 }
 
 impl fmt::Display for LimitError {
@@ -67,6 +81,12 @@ impl fmt::Display for LimitError {
             LimitError::QueueLen { limit, time_ns } => write!(
                 f,
                 "event queue reached limits.max_queue_len = {limit} at virtual time {} s",
+                fmt_s(time_ns)
+            ),
+            LimitError::RouterQueue { limit, time_ns } => write!(
+                f,
+                "the router's shared queue reached limits.max_queue_len = {limit} requests at \
+                 virtual time {} s",
                 fmt_s(time_ns)
             ),
         }

@@ -220,6 +220,11 @@ impl Table<'_> {
                     .get(level)
                     .map_or("-".into(), |l| int(l.unknown))
             });
+            self.row(w, &format!("cleanup_ms.{level}.not_applicable"), &|s| {
+                s.cleanup_latency_ms
+                    .get(level)
+                    .map_or("-".into(), |l| int(l.not_applicable))
+            });
         }
     }
 }
@@ -237,7 +242,7 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         w,
-        "{} requests over {:.1} s of virtual time; counterfactual: {} completed, {:.2} req/s, {:.0} output tokens/s, GPU utilisation {:.3}",
+        "{} requests over {:.1} s of virtual time; counterfactual: {} completed, {:.2} req/s, {:.0} output tokens/s, GPU busy fraction {:.3}",
         cf.requests.scheduled, cf.virtual_time_s, cf.requests.completed, cf.throughput_rps, cf.output_tokens_per_s, cf.gpu.utilisation
     );
     let cols: Vec<&Summary> = std::iter::once(cf)

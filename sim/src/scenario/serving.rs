@@ -199,6 +199,11 @@ pub enum Router {
     /// requests that share their first prefix block, always go to the same replica; any other
     /// request goes to the least loaded.
     Session,
+    /// One queue at the router (a gateway's flow control, Triton's scheduler over instances):
+    /// a request waits there, first come first served, until a replica has fewer than
+    /// `max_outstanding` requests, and goes to the least loaded of those. With
+    /// `max_outstanding: 1` and `max_num_seqs: 1`, c replicas are the M/D/c queue.
+    SharedQueue { max_outstanding: u32 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

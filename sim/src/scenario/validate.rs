@@ -2,8 +2,8 @@
 //! problem as the field's path and a message; nothing here panics on user input.
 
 use super::{
-    CheckpointConfig, IdentityMode, Policy, ProfileRef, Scenario, Scheduler, Source, StepForm,
-    SwarmRanges, Workload, REPLICAS_MAX, REQUESTS_MAX,
+    CheckpointConfig, IdentityMode, Policy, ProfileRef, Router, Scenario, Scheduler, Source,
+    StepForm, SwarmRanges, Workload, REPLICAS_MAX, REQUESTS_MAX,
 };
 use crate::coverage::Mark;
 use crate::dist::Dist;
@@ -130,6 +130,12 @@ impl Scenario {
         if c.replicas == 0 || c.replicas > REPLICAS_MAX {
             let m = format!("must be between 1 and {REPLICAS_MAX} (got {})", c.replicas);
             return err("cluster.replicas", m);
+        }
+        if let Router::SharedQueue { max_outstanding } = c.router {
+            if max_outstanding == 0 || max_outstanding > 1 << 20 {
+                let m = format!("must be between 1 and 2^20 (got {max_outstanding})");
+                return err("cluster.router.SharedQueue.max_outstanding", m);
+            }
         }
         validate_profile(&c.profile)?;
         validate_step_model(&c.profile, c.step_model)?;

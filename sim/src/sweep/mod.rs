@@ -301,7 +301,7 @@ pub(crate) type Column = (
     &'static str,
     fn(&crate::run::Report, &crate::metrics::Summary) -> String,
 );
-pub(crate) const METRICS: [Column; 23] = [
+pub(crate) const METRICS: [Column; 35] = [
     ("run_policy", |_, p| p.policy.clone()),
     ("scenario_hash", |r, _| r.scenario_hash.clone()),
     ("report_run_hash", |r, _| r.run_hash.clone()),
@@ -343,6 +343,34 @@ pub(crate) const METRICS: [Column; 23] = [
     ("capacity_cost_makespan_s", |_, p| cost(p, |c| c.makespan_s)),
     ("capacity_cost_goodput_rps", |_, p| {
         cost(p, |c| c.goodput_rps)
+    }),
+    // What a planner plots against load: throughput, delivered tokens, the latency quantiles,
+    // stalls and preemptions, and the counterfactual's values beside them.
+    ("throughput_rps", |_, p| p.throughput_rps.to_string()),
+    ("output_tokens_per_s", |_, p| {
+        p.output_tokens_per_s.to_string()
+    }),
+    ("ttft_p50_ms", |_, p| p.ttft_ms.p50.to_string()),
+    ("tpot_p50_ms", |_, p| p.tpot_ms.p50.to_string()),
+    ("tpot_p99_ms", |_, p| p.tpot_ms.p99.to_string()),
+    ("admission_stalls", |_, p| {
+        p.retained.admission_stalls.to_string()
+    }),
+    ("preemptions", |_, p| p.gpu.preemptions.to_string()),
+    ("cf_throughput_rps", |r, _| {
+        r.counterfactual.throughput_rps.to_string()
+    }),
+    ("cf_ttft_p50_ms", |r, _| {
+        r.counterfactual.ttft_ms.p50.to_string()
+    }),
+    ("cf_ttft_p99_ms", |r, _| {
+        r.counterfactual.ttft_ms.p99.to_string()
+    }),
+    ("cf_e2e_p50_ms", |r, _| {
+        r.counterfactual.e2e_ms.p50.to_string()
+    }),
+    ("cf_e2e_p99_ms", |r, _| {
+        r.counterfactual.e2e_ms.p99.to_string()
     }),
 ];
 

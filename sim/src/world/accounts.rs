@@ -70,6 +70,8 @@ pub(crate) struct Accounts {
     pub late_output_discards: u64,
     pub cleanup: Vec<LatencyStats>,
     pub cleanup_unknown: [u64; 5],
+    /// The same, for requests that had completed: not applicable rather than unknown.
+    pub cleanup_not_applicable: [u64; 5],
     pub deadlines_missed: u64,
     pub disconnects: u64,
     pub storm_targets: u64,
@@ -111,6 +113,7 @@ impl Accounts {
                 .map(|_| LatencyStats::new())
                 .collect(),
             cleanup_unknown: [0; 5],
+            cleanup_not_applicable: [0; 5],
             deadlines_missed: 0,
             disconnects: 0,
             storm_targets: 0,
@@ -242,6 +245,7 @@ impl Accounts {
         }
         for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
             match c.evidence(*level) {
+                None if state == State::Completed => self.cleanup_not_applicable[i] += 1,
                 None => self.cleanup_unknown[i] += 1,
                 // Evidence from before the intent (killed as someone else's collateral first):
                 // the request was already clean when its own intent came.

@@ -1,6 +1,7 @@
 //! The serving side: replicas behind a router, each with its scheduler pass and batcher timer.
 //! It holds the scratch buffers a replica fills, so a pass allocates nothing.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use cancelsim_models::batcher::BatcherConfig;
@@ -15,7 +16,7 @@ use cancelsim_models::replica::{self, Replica};
 use super::error::Scheduled;
 use super::event::Event;
 use crate::dist::ms_to_ns;
-use crate::kernel::{Class, Kernel};
+use crate::kernel::{Class, Kernel, LimitError};
 use crate::scenario::{
     AfterCompletion, CheckpointConfig, IdentityMode, Radius, Release, Router, Scenario, Scheduler,
 };
@@ -125,6 +126,10 @@ pub(crate) struct Cluster {
     intent_epoch: Vec<u64>,
     /// The replicas' outbox, lent to the world while it drains one pass or step.
     outbox: Outbox,
+    /// Requests waiting at a `SharedQueue` router, first come first served, and at most how
+    /// many.
+    held: VecDeque<u32>,
+    held_max: u64,
 }
 
 impl Cluster {
@@ -142,6 +147,81 @@ impl Cluster {
             timer_at: vec![None; n],
             intent_epoch: vec![0; n],
             outbox: Outbox::default(),
+            held: VecDeque::new(),
+            held_max: s.limits.max_queue_len,
+        }
+    }
+
+    /// Whether the router holds requests in a shared queue.
+    pub fn shares_queue(&self) -> bool {
+        matches!(self.router, Router::SharedQueue { .. })
+    }
+
+    /// The replicas a new request may go to: the colocated ones, or the prefill ones.
+    fn entry(&self) -> std::ops::Range<u32> {
+        match self.prefill_n {
+            0 => 0..self.replicas.len() as u32,
+            p => 0..p,
+        }
+    }
+
+    /// The least loaded entry replica below a shared queue's bound, if any (always the least
+    /// loaded for other routers).
+    fn below_bound(&self) -> Option<u32> {
+        let r = self
+            .entry()
+            .min_by_key(|&r| (self.replicas[r as usize].load(), r))?;
+        match self.router {
+            Router::SharedQueue { max_outstanding } => {
+                (self.replicas[r as usize].load() < max_outstanding as u64).then_some(r)
+            }
+            _ => Some(r),
+        }
+    }
+
+    /// Where a new request goes now: a replica, or `None` to wait in the router's shared queue
+    /// (behind the others there).
+    pub fn route_or_hold(
+        &mut self,
+        tag: u32,
+        session: Option<u64>,
+        now_ns: u64,
+    ) -> Result<Option<u32>, LimitError> {
+        if !matches!(self.router, Router::SharedQueue { .. }) {
+            return Ok(Some(self.route(session)));
+        }
+        if self.held.is_empty() {
+            if let Some(r) = self.below_bound() {
+                return Ok(Some(r));
+            }
+        }
+        if self.held.len() as u64 >= self.held_max {
+            let limit = self.held_max;
+            return Err(LimitError::RouterQueue {
+                limit,
+                time_ns: now_ns,
+            });
+        }
+        self.held.push_back(tag);
+        Ok(None)
+    }
+
+    /// The request at the head of the router's shared queue and the replica it may go to now,
+    /// if a replica is below the bound.
+    pub fn next_held(&mut self) -> Option<(u32, u32)> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let r = self.below_bound()?;
+        self.held.pop_front().map(|tag| (tag, r))
+    }
+
+    /// Take `tag` out of the router's shared queue (cancelled while waiting); false if it is
+    /// not there.
+    pub fn unhold(&mut self, tag: u32) -> bool {
+        match self.held.iter().position(|&t| t == tag) {
+            Some(i) => self.held.remove(i).is_some(),
+            None => false,
         }
     }
 
@@ -384,8 +464,9 @@ fn pick(router: Router, replicas: &[Replica], range: std::ops::Range<u32>, rr: &
             *rr = (*rr + 1) % range.len() as u32;
             r
         }
-        // A request without a session key goes where the load is least.
-        Router::LeastLoaded | Router::Session => range
+        // A request without a session key goes where the load is least; a shared queue's
+        // request goes where it may (see `route_or_hold`).
+        Router::LeastLoaded | Router::Session | Router::SharedQueue { .. } => range
             .min_by_key(|&r| (replicas[r as usize].load(), r))
             .expect("at least one replica"),
     }

@@ -148,13 +148,14 @@ impl World<'_> {
             // Mooncake trace shares (id 0), so it would send them all to one replica.
             None => self.arrivals.prefix_of(a.id).get(1).copied(),
         };
-        let replica = self.cluster.route(session);
+        // A shared queue routes once the request is past its arrival (it may wait there).
+        let early = (!self.cluster.shares_queue()).then(|| self.cluster.route(session));
         let plan = self.cancel.plan(a.id, now_ns);
         if plan.is_some() {
             self.accounts.storm_targets += 1;
         }
         let tag = self.requests.insert(Req {
-            replica,
+            replica: early.unwrap_or(0),
             handle,
             conv,
             cancel: CancelState::new(plan),
@@ -178,7 +179,29 @@ impl World<'_> {
             Some((Stage::AfterArrival, delay)) => self.plan_intent(tag, delay)?,
             _ => {}
         }
+        if early.is_none() {
+            match self.cluster.route_or_hold(tag, session, now_ns)? {
+                Some(r) => self.requests[tag].replica = r,
+                None => return Ok(()), // waits in the router's queue
+            }
+        }
         self.enqueue(tag, a)
+    }
+
+    /// Replicas fell below a shared queue's bound: the requests waiting there go, in order.
+    fn dispatch_held(&mut self) -> Step {
+        while let Some((tag, r)) = self.cluster.next_held() {
+            let q = &mut self.requests[tag];
+            q.replica = r;
+            let a = Arrival {
+                id: q.id,
+                time_ns: q.arrival_ns,
+                prompt_tokens: q.prompt,
+                output_tokens: q.output,
+            };
+            self.enqueue(tag, a)?;
+        }
+        Ok(())
     }
 
     /// Into its replica's waiting queue, or refused if it can never fit there.
@@ -299,7 +322,11 @@ impl World<'_> {
         }
         let q = &mut self.requests[tag];
         if !q.life.enqueued {
-            return Ok(()); // never reached a backend
+            // Never reached a backend; if it waits in the router's queue, it leaves it now.
+            if self.cluster.unhold(tag) {
+                return self.try_finalize(tag);
+            }
+            return Ok(());
         }
         let holds = !q.life.engine_released;
         if holds {
@@ -408,7 +435,8 @@ impl World<'_> {
             return Err(Stop::broken(vec![r.id], what));
         }
         self.requests[r.tag].life.engine_retired = true;
-        self.try_finalize(r.tag)
+        self.try_finalize(r.tag)?;
+        self.dispatch_held()
     }
 
     /// Output token `index` of a request: the lifecycle moves on, then the token passes the

@@ -88,6 +88,7 @@ fn cleanup(a: &Accounts, extras: &mut Extras) -> BTreeMap<String, LevelLatencyMs
             p99: l.p99,
             max: l.max,
             unknown,
+            not_applicable: a.cleanup_not_applicable[i],
         };
         out.insert(CLEANUP_LEVELS[i].as_str().to_string(), level);
     }

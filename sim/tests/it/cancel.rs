@@ -322,8 +322,13 @@ fn completion_and_cancel_race_first_terminal_transition_wins() {
     let p = &played.policies[0];
     assert_eq!(p.requests.cancelled, 0);
     assert_eq!(p.requests.completed, 4);
-    // The local invalidation never happened (it was already complete): unknown, not zero.
-    assert_eq!(p.cleanup_latency_ms["local_invalidation"].unknown, 1);
+    // The local invalidation never happened because it was already complete: not applicable,
+    // neither unknown (missing evidence) nor zero.
+    let level = &p.cleanup_latency_ms["local_invalidation"];
+    assert_eq!(
+        (level.unknown, level.not_applicable, level.count),
+        (0, 1, 0)
+    );
 }
 
 #[test]

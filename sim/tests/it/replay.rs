@@ -238,3 +238,79 @@ fn exit_status_is_0_for_processed_logs_and_2_for_unreadable_files() {
         "{\"error\":\"malformed JSON: line is not UTF-8\"}\n{\"result\":\"ok\"}\n"
     );
 }
+
+fn replay_expect(log: &str) -> (Option<i32>, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args(["replay", "--expect", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(log.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (out.status.code(), text(out.stdout), text(out.stderr))
+}
+
+/// The fixture with the reference's own answers as `expect` fields passes; change one answer,
+/// or leave one out, and the replay stops there with exit 1, naming the line and both results.
+#[test]
+fn replay_expect_passes_the_reference_answers_and_stops_at_the_first_difference() {
+    let log = std::fs::read_to_string(repo("scenarios/oplogs/reference.expect.jsonl")).unwrap();
+    let (code, stdout, stderr) = replay_expect(&log);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.lines().count(), log.lines().count());
+    assert!(
+        stderr.contains("40 ops, every result as expected"),
+        "{stderr}"
+    );
+
+    let lines: Vec<&str> = log.lines().collect();
+    let third = lines[2].replace("\"expect\":\"accepted\"", "\"expect\":\"stale\"");
+    assert_ne!(third, lines[2]);
+    let wrong = [lines[0], lines[1], &third, lines[3]].join("\n");
+    let (code, stdout, stderr) = replay_expect(&wrong);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stdout.lines().count(),
+        3,
+        "stops after the mismatching line"
+    );
+    assert!(
+        stderr.contains("-:3: expected \"stale\", got {\"result\":\"accepted\"}"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("\"op\":\"update\""), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+
+    let bare = format!("{}\n{{\"op\":\"barrier_advance\"}}\n", lines[0]);
+    let (code, _, stderr) = replay_expect(&bare);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("-:2: expected an `expect` field"),
+        "{stderr}"
+    );
+
+    // Whole objects and "error" match as documented.
+    let whole = "{\"op\":\"start\",\"request\":\"x\",\"generation\":1,\"expect\":{\"result\":\"started\"}}\n\
+                 {\"op\":\"start\",\"request\":\"x\",\"generation\":1,\"expect\":\"error\"}\n";
+    assert_eq!(replay_expect(whole).0, Some(0));
+}
+
+/// The op log shown in `docs/ci.md` gets exactly the results it says it expects.
+#[test]
+fn the_ci_page_example_replays_as_it_says() {
+    let page = std::fs::read_to_string(repo("docs/ci.md")).unwrap();
+    let start = page.find("```json\n").expect("a json block") + "```json\n".len();
+    let len = page[start..].find("```").unwrap();
+    let log = &page[start..start + len];
+    assert_eq!(log.lines().count(), 5);
+    let (code, _, stderr) = replay_expect(log);
+    assert_eq!(code, Some(0), "{stderr}");
+}

@@ -12,6 +12,7 @@ use cancelsim_models::gpu::fit::fit_table;
 use super::capacity::closed_form_report;
 use super::overload::plateaus;
 use super::prefix::{ideal_hits, run_trace};
+use super::queueing::mdc_mean_in_system;
 
 fn counterfactual(source: &str) -> Summary {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
@@ -54,6 +55,42 @@ fn md1() -> String {
         s.e2e_ms.mean_ci95
     );
     t
+}
+
+/// M/D/c: c single-server replicas behind the router's shared queue, against the embedded
+/// chain's exact mean (see `queueing.rs`), and the same replicas behind round robin.
+fn mdc() -> String {
+    let mut t = String::from(
+        "| servers | ρ | truth | cancelsim | error | ± (95 %) | round robin | least loaded |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (c, rho) in [(1usize, 0.8), (2, 0.7), (4, 0.8)] {
+        let mut s = load_named("mdc-4-rho08");
+        let rate = rho * c as f64 / 0.010;
+        s.cluster.replicas = c as u32;
+        if let cancelsim::scenario::Source::Poisson { rate_per_s, .. } = &mut s.workload.source {
+            *rate_per_s = rate;
+        }
+        let shared = run::counterfactual(&s, 1).unwrap();
+        s.cluster.router = cancelsim::scenario::Router::RoundRobin;
+        let rr = run::counterfactual(&s, 1).unwrap();
+        s.cluster.router = cancelsim::scenario::Router::LeastLoaded;
+        let ll = run::counterfactual(&s, 1).unwrap();
+        let truth = mdc_mean_in_system(c, rho * c as f64) / rate * 1e3;
+        let err = (shared.e2e_ms.mean / truth - 1.0) * 100.0;
+        t += &format!(
+            "| {c} | {rho} | {truth:.3} ms | {:.3} ms | {err:+.2} % | {:.3} ms | {:.3} ms | {:.3} ms |\n",
+            shared.e2e_ms.mean, shared.e2e_ms.mean_ci95, rr.e2e_ms.mean, ll.e2e_ms.mean
+        );
+    }
+    t
+}
+
+fn load_named(name: &str) -> Scenario {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scenarios")
+        .join(format!("{name}.ron"));
+    Scenario::load(&path).unwrap()
 }
 
 /// Little's law on the default scenario: the slab's time-average occupancy against λ·W.
@@ -204,6 +241,7 @@ fn the_validation_page_matches_the_code() {
     for (name, body) in [
         ("fit", fit_table()),
         ("md1", md1()),
+        ("mdc", mdc()),
         ("little", little()),
         ("saturation", saturation()),
         ("overload", overload()),
