@@ -210,4 +210,13 @@ pub struct Recording {
     pub trace_events_max: u64,
     /// Process id of this run in a shared trace.
     pub trace_pid: u32,
+    /// Told, now and then, how many requests have arrived in this run (a progress bar). It only
+    /// observes: a run is the same with it or without it.
+    pub progress: Option<Progress>,
 }
+
+/// A progress callback: (this run's index in the report, requests arrived so far in it).
+pub type Progress = std::sync::Arc<dyn Fn(u32, u64) + Send + Sync>;
+
+/// Events between two progress calls.
+pub const PROGRESS_EVERY_EVENTS: u64 = 1 << 14;

@@ -39,6 +39,8 @@ pub struct RunOptions {
     pub trace: Option<Box<dyn TraceSink>>,
     /// Trace events kept per run, at most.
     pub trace_events_max: u64,
+    /// Told how many requests have arrived, per run (a progress bar); never changes a run.
+    pub progress: Option<crate::record::Progress>,
     /// Broken variants of the policy runs (never set by a scenario or a flag).
     #[cfg(feature = "broken-variants")]
     pub hooks: Hooks,
@@ -59,6 +61,7 @@ pub fn run(
         trace: opts.trace.take(),
         trace_events_max: opts.trace_events_max,
         trace_pid: pid,
+        progress: opts.progress.clone(),
     };
     let cf_table = intents.then_some(&mut table);
     let world = World::new(scenario, seed, Mode::Counterfactual, cf_table)?;

@@ -4,9 +4,11 @@
 use std::path::PathBuf;
 
 use cancelsim::output as report;
-use cancelsim::record::TRACE_EVENTS_MAX;
+use std::io::IsTerminal;
+
+use cancelsim::record::{Progress, TRACE_EVENTS_MAX};
 use cancelsim::run::{self, RunOptions};
-use cancelsim::scenario::Scenario;
+use cancelsim::scenario::{Scenario, Source};
 use cancelsim::world::RunError;
 
 use super::{Code, Fail, Outcome};
@@ -61,11 +63,68 @@ fn run_failed(shown: &str, seed: u64, e: RunError) -> Fail {
     }
 }
 
+/// Requests one run of `s` issues, if known before it runs (a trace without `rows` is not).
+fn requests_per_run(s: &Scenario) -> Option<u64> {
+    match &s.workload.source {
+        Source::Conversations {
+            conversations,
+            turns,
+            requests_per_turn,
+            ..
+        } => {
+            Some((*conversations as f64 * turns.mean().max(1.0) * *requests_per_turn as f64) as u64)
+        }
+        _ => cancelsim::check::requests(s),
+    }
+}
+
+/// A progress bar over the report's recorded runs, on a terminal only (not when standard error
+/// is piped, nor in CI): requests arrived against those expected, with an ETA.
+fn progress_bar(s: &Scenario) -> Option<(indicatif::ProgressBar, Progress)> {
+    if !std::io::stderr().is_terminal() || std::env::var_os("CI").is_some() {
+        return None;
+    }
+    let runs = if run::has_intent_sources(s) {
+        1 + s.policies.len() as u64
+    } else {
+        1
+    };
+    let per_run = requests_per_run(s).unwrap_or(0).max(1);
+    let style = indicatif::ProgressStyle::with_template(
+        "{bar:30} run {msg} {pos}/{len} requests, {elapsed} elapsed, ETA {eta}",
+    )
+    .expect("a valid template");
+    let bar = indicatif::ProgressBar::new(runs * per_run).with_style(style);
+    let b = bar.clone();
+    let progress: Progress = std::sync::Arc::new(move |run: u32, arrived: u64| {
+        b.set_message(format!("{}/{runs}", run + 1));
+        b.set_position(run as u64 * per_run + arrived.min(per_run));
+    });
+    Some((bar, progress))
+}
+
 pub fn run(path: Option<PathBuf>, opts: RunOpts) -> Outcome {
+    let start = std::time::Instant::now();
     let scenario = match &path {
         Some(p) => Scenario::load(p).map_err(|e| Fail::input(e.to_string()))?,
         None => Scenario::default_embedded(),
     };
+    let bar = progress_bar(&scenario);
+    let progress = bar.as_ref().map(|(_, p)| p.clone());
+    let outcome = run_with(path, &scenario, opts, progress);
+    if let Some((bar, _)) = bar {
+        bar.finish_and_clear();
+        eprintln!("done in {:.1} s", start.elapsed().as_secs_f64());
+    }
+    outcome
+}
+
+fn run_with(
+    path: Option<PathBuf>,
+    scenario: &Scenario,
+    opts: RunOpts,
+    progress: Option<Progress>,
+) -> Outcome {
     let seed = opts.seed.unwrap_or(scenario.seed);
     let shown = path
         .as_ref()
@@ -73,7 +132,11 @@ pub fn run(path: Option<PathBuf>, opts: RunOpts) -> Outcome {
         .unwrap_or_else(|| "<embedded default>".into());
     let fail = |e: RunError| run_failed(&shown, seed, e);
     if opts.no_write {
-        let report = run::report(&scenario, seed).map_err(fail)?;
+        let run_opts = RunOptions {
+            progress,
+            ..RunOptions::default()
+        };
+        let (report, _) = run::run(scenario, seed, run_opts).map_err(fail)?;
         say_part!("{}", report::render(&report));
         return Ok(());
     }
@@ -90,9 +153,10 @@ pub fn run(path: Option<PathBuf>, opts: RunOpts) -> Outcome {
         sink: Some(dir.requests_sink().map_err(Fail::io)?),
         trace,
         trace_events_max: opts.trace_events,
+        progress,
         ..RunOptions::default()
     };
-    let (report, extras) = run::run(&scenario, seed, run_opts).map_err(fail)?;
+    let (report, extras) = run::run(scenario, seed, run_opts).map_err(fail)?;
     let rendered = report::render(&report);
     let (body, hash_line) = rendered
         .trim_end()

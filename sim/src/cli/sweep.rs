@@ -24,6 +24,7 @@ pub fn sweep(path: &Path, out: &Path, shard: &str, threads: usize) -> Outcome {
             .num_threads(threads)
             .build_global();
     }
+    let start = std::time::Instant::now();
     let (ran, done) = cancelsim::sweep::run(&plan, out, (i, n), true).map_err(fail)?;
     say!(
         "sweep {}: {} points x {} seeds = {} tasks; ran {ran} now, {done} done in {}",
@@ -34,7 +35,15 @@ pub fn sweep(path: &Path, out: &Path, shard: &str, threads: usize) -> Outcome {
         out.display()
     );
     if done == plan.tasks() {
-        say!("wrote {}", out.join("results.csv").display());
+        let table = cancelsim::sweep::summarise(&plan, out).map_err(fail)?;
+        say!("mean ± 95 % interval over {} seeds:", plan.sweep.seeds);
+        say_part!("{table}");
+        say!(
+            "wrote {} and {} in {:.1} s",
+            out.join("results.csv").display(),
+            out.join("summary.csv").display(),
+            start.elapsed().as_secs_f64()
+        );
     } else {
         say!(
             "{} tasks remain (other shards, or resume)",
@@ -48,7 +57,14 @@ pub fn sweep(path: &Path, out: &Path, shard: &str, threads: usize) -> Outcome {
 pub fn merge(sweep: &Path, dirs: &[PathBuf], out: &Path) -> Outcome {
     let plan = cancelsim::sweep::Plan::load(sweep).map_err(Fail::input)?;
     cancelsim::sweep::assemble(&plan, dirs, out).map_err(fail)?;
-    say!("wrote {}", out.join("results.csv").display());
+    let table = cancelsim::sweep::summarise(&plan, out).map_err(fail)?;
+    say!("mean ± 95 % interval over {} seeds:", plan.sweep.seeds);
+    say_part!("{table}");
+    say!(
+        "wrote {} and {}",
+        out.join("results.csv").display(),
+        out.join("summary.csv").display()
+    );
     Ok(())
 }
 

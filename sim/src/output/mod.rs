@@ -2,6 +2,7 @@
 //! trace and its structural checker, and the plots. It reads the simulation's results
 //! (`run::Report`, `record::*`) and nothing else of it.
 
+mod charts;
 mod files;
 pub mod plots;
 mod render;

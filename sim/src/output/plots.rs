@@ -17,7 +17,7 @@ use crate::metrics::Summary;
 use crate::record::{Extras, Sample};
 use crate::run::Report;
 
-type Res = Result<(), Box<dyn std::error::Error>>;
+pub(super) type Res = Result<(), Box<dyn std::error::Error>>;
 
 fn fonts() {
     static ONCE: Once = Once::new();
@@ -30,7 +30,7 @@ fn fonts() {
 
 const SIZE: (u32, u32) = (1200, 700);
 
-fn palette(i: usize) -> RGBColor {
+pub(super) fn palette(i: usize) -> RGBColor {
     const C: [RGBColor; 6] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
@@ -43,7 +43,7 @@ fn palette(i: usize) -> RGBColor {
 }
 
 /// The legend box every chart uses.
-fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+pub(super) fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
     chart: &mut ChartContext<'a, DB, CT>,
     position: SeriesLabelPosition,
 ) -> Res
@@ -62,7 +62,7 @@ where
 
 /// One series per policy run: its label, and what `pick` takes from its extras (the
 /// counterfactual's extras come first, so policy `i` has extras `i + 1`).
-fn per_policy<'a, T>(
+pub(super) fn per_policy<'a, T>(
     report: &'a Report,
     extras: &'a [Extras],
     pick: fn(&Extras) -> &[T],
@@ -76,18 +76,18 @@ fn per_policy<'a, T>(
 }
 
 /// A line chart's frame: its caption, axis labels and the room for its y labels.
-struct Axes<'a> {
-    caption: &'a str,
-    x_desc: &'a str,
-    y_desc: &'a str,
-    y_label_area: u32,
+pub(super) struct Axes<'a> {
+    pub(super) caption: &'a str,
+    pub(super) x_desc: &'a str,
+    pub(super) y_desc: &'a str,
+    pub(super) y_label_area: u32,
 }
 
 type LineChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 impl Axes<'_> {
     /// The chart on `area` over `x` × `y`, its mesh drawn.
-    fn chart<'a, DB: DrawingBackend>(
+    pub(super) fn chart<'a, DB: DrawingBackend>(
         &self,
         area: &'a DrawingArea<DB, Shift>,
         x: std::ops::Range<f64>,
@@ -132,9 +132,9 @@ enum Chart {
 }
 
 /// What the plots are drawn from.
-struct Charts<'a> {
-    report: &'a Report,
-    extras: &'a [Extras],
+pub(super) struct Charts<'a> {
+    pub(super) report: &'a Report,
+    pub(super) extras: &'a [Extras],
 }
 
 impl Charts<'_> {
@@ -270,6 +270,68 @@ where
         let x = i as f64;
         Rectangle::new([(x - 0.35, 0.0), (x + 0.35, *v)], palette(i).filled())
     }))?;
+    chart.draw_series(values.iter().enumerate().map(|(i, v)| {
+        Text::new(
+            value_label(*v),
+            (i as f64 - 0.3, *v + top * 0.04),
+            ("sans-serif", 14),
+        )
+    }))?;
+    Ok(())
+}
+
+/// A bar's value, as printed over it.
+fn value_label(v: f64) -> String {
+    if v == v.trunc() && v.abs() < 1e9 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Bars whose positive values span more than this ratio are drawn on a log scale.
+const LOG_RATIO: f64 = 50.0;
+
+/// One panel on a log scale: a bar per policy from below the smallest positive value; a zero
+/// bar is its printed 0 alone.
+fn policies_panel_log<DB: DrawingBackend>(
+    panel: &DrawingArea<DB, Shift>,
+    (caption, unit): (&str, &str),
+    values: &[f64],
+    (low, high): (f64, f64),
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    let (bottom, top) = (low / 3.0, high * 3.0);
+    let n = values.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(panel)
+        .caption(format!("{caption} (log scale)"), ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(20)
+        .y_label_area_size(80)
+        .build_cartesian_2d(-0.5f64..n - 0.5, (bottom..top).log_scale())?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .disable_x_axis()
+        .y_desc(unit)
+        .y_label_style(("sans-serif", 14))
+        .draw()?;
+    let bars = values.iter().enumerate().filter(|(_, v)| **v > 0.0);
+    chart.draw_series(bars.map(|(i, v)| {
+        let x = i as f64;
+        Rectangle::new([(x - 0.35, bottom), (x + 0.35, *v)], palette(i).filled())
+    }))?;
+    chart.draw_series(values.iter().enumerate().map(|(i, v)| {
+        Text::new(
+            value_label(*v),
+            (i as f64 - 0.3, v.max(bottom) * 1.3),
+            ("sans-serif", 14),
+        )
+    }))?;
     Ok(())
 }
 
@@ -285,96 +347,16 @@ impl Charts<'_> {
         let panels = rest.split_evenly((1, 3));
         for (panel, (caption, unit, value)) in panels.iter().zip(POLICY_METRICS.iter()) {
             let values: Vec<f64> = report.policies.iter().map(value).collect();
-            policies_panel(panel, (caption, unit), &values)?;
-        }
-        Ok(())
-    }
-
-    fn cleanup_cdf<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
-    where
-        DB::ErrorType: 'static,
-    {
-        let (report, extras) = (self.report, self.extras);
-        // The first policy whose backend observed cancels (the most evidence levels), else the first.
-        let idx = (0..report.policies.len())
-            .find(|&i| {
-                extras
-                    .get(i + 1)
-                    .is_some_and(|e| e.cleanup_cdf_ms.contains_key("backend_observation"))
-            })
-            .unwrap_or(0);
-        let cdfs = extras.get(idx + 1).map(|e| &e.cleanup_cdf_ms);
-        let policy = report
-            .policies
-            .get(idx)
-            .map(|p| p.policy.clone())
-            .unwrap_or_default();
-        let xmax = cdfs
-            .map(|c| {
-                c.values()
-                    .flat_map(|v| v.iter().map(|p| p.0))
-                    .fold(0.0f64, f64::max)
-            })
-            .unwrap_or(0.0)
-            .max(1.0);
-        let axes = Axes {
-            caption: &format!("Cleanup latency from intent, per evidence level ({policy})"),
-            x_desc: "latency from intent (ms, virtual time)",
-            y_desc: "fraction of cancelled requests with this evidence",
-            y_label_area: 70,
-        };
-        let mut chart = axes.chart(area, 0f64..xmax * 1.05, 0f64..1.0)?;
-        if let Some(cdfs) = cdfs {
-            for (i, (level, points)) in cdfs.iter().enumerate() {
-                let unknown = report.policies[idx]
-                    .cleanup_latency_ms
-                    .get(level)
-                    .map_or(0, |l| l.unknown);
-                let c = palette(i);
-                chart
-                    .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(3)))?
-                    .label(format!("{} ({} unknown)", level.replace('_', " "), unknown))
-                    .legend(swatch(c, 3));
+            let positive = values.iter().copied().filter(|v| *v > 0.0);
+            let low = positive.clone().fold(f64::INFINITY, f64::min);
+            let high = positive.fold(0.0f64, f64::max);
+            let survival = *caption == "Sibling survival";
+            if !survival && low.is_finite() && high / low > LOG_RATIO {
+                policies_panel_log(panel, (caption, unit), &values, (low, high))?;
+            } else {
+                policies_panel(panel, (caption, unit), &values)?;
             }
         }
-        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
-        Ok(())
-    }
-
-    fn kv_retained<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
-    where
-        DB::ErrorType: 'static,
-    {
-        let series = per_policy(self.report, self.extras, |e| e.timeseries.as_slice());
-        let tmax = series
-            .iter()
-            .flat_map(|(_, s)| s.last().map(|x| x.t_s))
-            .fold(0.0f64, f64::max)
-            .max(1.0);
-        let ymax = series
-            .iter()
-            .flat_map(|(_, s)| s.iter().map(|x| x.kv_retained))
-            .max()
-            .unwrap_or(0)
-            .max(1) as f64;
-        let axes = Axes {
-            caption: "KV blocks retained by cancelled requests, over time",
-            x_desc: "virtual time (s)",
-            y_desc: "KV blocks held after intent (all replicas)",
-            y_label_area: 80,
-        };
-        let mut chart = axes.chart(area, 0f64..tmax, 0f64..ymax * 1.1)?;
-        for (i, (name, samples)) in series.iter().enumerate() {
-            let c = palette(i);
-            chart
-                .draw_series(LineSeries::new(
-                    samples.iter().map(|s| (s.t_s, s.kv_retained as f64)),
-                    c.stroke_width(1),
-                ))?
-                .label(name.replace('_', " "))
-                .legend(swatch(c, 3));
-        }
-        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
 
@@ -462,47 +444,6 @@ impl Charts<'_> {
         legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
-
-    fn sibling_ttft<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Res
-    where
-        DB::ErrorType: 'static,
-    {
-        let series = per_policy(self.report, self.extras, |e| e.sibling_ttft_ms.as_slice());
-        let max = series
-            .iter()
-            .flat_map(|(_, s)| s.iter().map(|&(a, b)| a.max(b)))
-            .fold(0.0f64, f64::max)
-            .max(1.0)
-            * 1.05;
-        let axes = Axes {
-            caption: "Sibling TTFT during the storm against the counterfactual",
-            x_desc: "TTFT without cancellations (ms)",
-            y_desc: "TTFT with cancellations (ms)",
-            y_label_area: 70,
-        };
-        let mut chart = axes.chart(area, 0f64..max, 0f64..max)?;
-        chart.draw_series(LineSeries::new(
-            vec![(0.0, 0.0), (max, max)],
-            BLACK.stroke_width(1),
-        ))?;
-        for (i, (name, pairs)) in series.iter().enumerate() {
-            let c = palette(i);
-            chart
-                .draw_series(
-                    pairs
-                        .iter()
-                        .map(|&(x, y)| Circle::new((x, y), 2, c.mix(0.6).filled())),
-                )?
-                .label(format!(
-                    "{} ({} siblings)",
-                    name.replace('_', " "),
-                    pairs.len()
-                ))
-                .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
-        }
-        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
-        Ok(())
-    }
 }
 
 /// One stage's pinned blocks over time, one step line per run.
@@ -542,6 +483,6 @@ where
 }
 
 /// A legend's swatch: a short line in the series' colour.
-fn swatch(c: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+pub(super) fn swatch(c: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
     move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(width))
 }

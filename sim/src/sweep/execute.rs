@@ -26,7 +26,7 @@ fn run_task(plan: &Plan, t: u64) -> Result<String, String> {
     String::from_utf8(w.into_inner().map_err(|e| e.to_string())?).map_err(|e| e.to_string())
 }
 
-fn atomic_write(path: &Path, bytes: &[u8]) -> Result<(), SweepError> {
+pub(super) fn atomic_write(path: &Path, bytes: &[u8]) -> Result<(), SweepError> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let io = |p: &Path, e: std::io::Error| SweepError::Io(format!("{}: {e}", p.display()));
     std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
@@ -63,7 +63,11 @@ pub fn run(
         .collect();
     let show = progress && std::io::stderr().is_terminal() && std::env::var_os("CI").is_none();
     let bar = if show {
-        indicatif::ProgressBar::new(mine.len() as u64)
+        let style = indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} tasks, {per_sec}, {elapsed} elapsed, ETA {eta}",
+        )
+        .expect("a valid template");
+        indicatif::ProgressBar::new(mine.len() as u64).with_style(style)
     } else {
         indicatif::ProgressBar::hidden()
     };

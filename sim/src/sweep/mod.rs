@@ -10,9 +10,11 @@
 
 mod compare;
 mod execute;
+mod summary;
 
 pub use compare::compare;
 pub use execute::{assemble, run};
+pub use summary::summarise;
 
 use std::path::Path;
 
@@ -72,7 +74,7 @@ pub enum Axis {
 }
 
 impl Axis {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Axis::Fraction(_) => "fraction",
             Axis::Window(_) => "window",

@@ -204,6 +204,9 @@ impl<'s> World<'s> {
                 .advance(self.kernel.now_ns(), self.requests.live_count());
             self.sample_until(self.kernel.now_ns());
             self.dispatch(event).map_err(|e| self.stopped(e))?;
+            if self.kernel.events_dispatched() % crate::record::PROGRESS_EVERY_EVENTS == 0 {
+                self.recorder.progress(self.accounts.counts.scheduled);
+            }
         }
         let now = self.kernel.now_ns();
         self.sample_until(now.saturating_add(1));

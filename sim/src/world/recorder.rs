@@ -47,6 +47,13 @@ impl Recorder {
         }
     }
 
+    /// Tell the progress callback, if any, how many requests have arrived in this run.
+    pub fn progress(&self, arrived: u64) {
+        if let Some(p) = &self.opts.progress {
+            p(self.opts.trace_pid, arrived);
+        }
+    }
+
     /// Whether samples are taken at all (the per-event check is this cheap).
     pub fn sampling(&self) -> bool {
         self.opts.sample_ns > 0

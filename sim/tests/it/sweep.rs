@@ -227,3 +227,56 @@ fn merge_refuses_foreign_planted_and_overlapping_shards() {
     );
     assert!(!root.join("m").exists(), "nothing merged");
 }
+
+/// The sweep ends with its answer: `summary.csv` holds, per point and policy, the mean and 95 %
+/// half-width over seeds that a reader gets from `results.csv` alone, and the printed table
+/// shows the headline metrics.
+#[test]
+fn a_sweep_summarises_each_point_and_policy_over_its_seeds() {
+    let dir = scratch("summary");
+    let file = small_sweep(&dir, 1);
+    let out_dir = dir.join("out");
+    let out = cancelsim(&[
+        "sweep",
+        file.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("mean ± 95 % interval over 2 seeds"), "{text}");
+    assert!(
+        text.contains("leaked GPU-s") && text.contains("cf TTFT p99"),
+        "{text}"
+    );
+    // Recompute one cell from results.csv: leaked_gpu_s of the first point's first policy.
+    let mut r = csv::Reader::from_path(out_dir.join("results.csv")).unwrap();
+    let h = r.headers().unwrap().clone();
+    let at = |name: &str| h.iter().position(|x| x == name).unwrap();
+    let rows: Vec<csv::StringRecord> = r.records().map(Result::unwrap).collect();
+    let first_policy = rows[0][at("run_policy")].to_string();
+    let xs: Vec<f64> = rows
+        .iter()
+        .filter(|row| &row[1] == "0" && row[at("run_policy")] == first_policy)
+        .map(|row| row[at("leaked_gpu_s")].parse().unwrap())
+        .collect();
+    assert_eq!(xs.len(), 2);
+    let mean = (xs[0] + xs[1]) / 2.0;
+    // Two seeds: t(1) = 12.706, s = |x0 - x1| / sqrt 2, half-width t s / sqrt 2.
+    let half = 12.706 * (xs[0] - xs[1]).abs() / 2.0;
+    let mut s = csv::Reader::from_path(out_dir.join("summary.csv")).unwrap();
+    let sh = s.headers().unwrap().clone();
+    let sat = |name: &str| sh.iter().position(|x| x == name).unwrap();
+    let first = s.records().next().unwrap().unwrap();
+    assert_eq!(&first[sat("run_policy")], first_policy.as_str());
+    assert_eq!(&first[sat("seeds")], "2");
+    let got_mean: f64 = first[sat("leaked_gpu_s_mean")].parse().unwrap();
+    let got_half: f64 = first[sat("leaked_gpu_s_ci95")].parse().unwrap();
+    assert!(
+        (got_mean - mean).abs() < 1e-9 * mean.abs().max(1.0),
+        "{got_mean} vs {mean}"
+    );
+    assert!(
+        (got_half - half).abs() < 1e-9 * half.max(1.0),
+        "{got_half} vs {half}"
+    );
+}
