@@ -58,8 +58,23 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Compare two sweeps (or two run directories), paired by seed, with 95 % intervals.
-    Compare { a: PathBuf, b: PathBuf },
+    /// Compare two sweeps (or two run directories) paired by point, policy and seed, or two
+    /// policies of one sweep (--policies) paired by point and seed: B − A with 95 % intervals and
+    /// Holm-adjusted p-values.
+    Compare {
+        a: PathBuf,
+        /// The second sweep or run directory (not with --policies).
+        b: Option<PathBuf>,
+        /// Compare policy B with policy A within sweep A, by their labels (as in run_policy).
+        #[arg(long, num_args = 2, value_names = ["POLICY_A", "POLICY_B"])]
+        policies: Option<Vec<String>>,
+        /// A table for people, or JSON.
+        #[arg(long, value_enum, default_value_t = cli::sweep::CompareFormat::Table)]
+        format: cli::sweep::CompareFormat,
+        /// Also draw a forest plot here (.png, or .svg).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
     /// List the named hardware profiles: KV capacity from the memory planner, and step times.
     Profiles {
         /// Share of each GPU's memory the engine may use, as in scenarios.
@@ -110,7 +125,19 @@ fn main() -> ExitCode {
             threads,
         }) => cli::sweep::sweep(&sweep, &out, &shard, threads),
         Some(Command::Merge { sweep, dirs, out }) => cli::sweep::merge(&sweep, &dirs, &out),
-        Some(Command::Compare { a, b }) => cli::sweep::compare(&a, &b),
+        Some(Command::Compare {
+            a,
+            b,
+            policies,
+            format,
+            plot,
+        }) => cli::sweep::compare(
+            &a,
+            b.as_deref(),
+            policies.as_deref(),
+            format,
+            plot.as_deref(),
+        ),
         Some(Command::Check(args)) => cli::check::main(args),
         Some(Command::Profiles {
             gpu_memory_utilization,

@@ -68,9 +68,41 @@ pub fn merge(sweep: &Path, dirs: &[PathBuf], out: &Path) -> Outcome {
     Ok(())
 }
 
-/// `cancelsim compare`: the table on standard output.
-pub fn compare(a: &Path, b: &Path) -> Outcome {
-    let table = cancelsim::sweep::compare(a, b).map_err(Fail::input)?;
-    say_part!("{table}");
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompareFormat {
+    Table,
+    Json,
+}
+
+/// `cancelsim compare`: the table (or JSON) on standard output, and the forest plot if asked.
+pub fn compare(
+    a: &Path,
+    b: Option<&Path>,
+    policies: Option<&[String]>,
+    format: CompareFormat,
+    plot: Option<&Path>,
+) -> Outcome {
+    use cancelsim::sweep::Pairing;
+    let pairing =
+        match (b, policies) {
+            (Some(b), None) => Pairing::Sweeps(a, b),
+            (None, Some([pa, pb])) => Pairing::Policies(a, pa, pb),
+            (Some(_), Some(_)) => {
+                return Err(Fail::input(
+                    "compare: give a second sweep or --policies, not both",
+                ))
+            }
+            _ => return Err(Fail::input(
+                "compare: give a second sweep (A B), or two policies of sweep A (--policies P Q)",
+            )),
+        };
+    let c = cancelsim::sweep::comparison(pairing).map_err(Fail::input)?;
+    if let Some(p) = plot {
+        c.forest(p).map_err(Fail::io)?;
+    }
+    match format {
+        CompareFormat::Table => say_part!("{}", c.table()),
+        CompareFormat::Json => say!("{}", c.json()),
+    }
     Ok(())
 }

@@ -19,7 +19,7 @@ use crate::run::Report;
 
 pub(super) type Res = Result<(), Box<dyn std::error::Error>>;
 
-fn fonts() {
+pub(crate) fn fonts() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_err() {

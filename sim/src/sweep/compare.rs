@@ -1,4 +1,7 @@
-//! `cancelsim compare`: two sweeps (or run directories) paired by point, policy and seed.
+//! `cancelsim compare`: two sweeps (or run directories) paired by point, policy and seed, or two
+//! policies within one sweep paired by point and seed. For each metric: the mean difference
+//! B − A with a 95 % t interval, a paired t test's p-value, and Holm's correction over all the
+//! tests of the comparison, as a table, as JSON, or as a forest plot.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,12 +48,13 @@ fn load(p: &Path) -> Result<Vec<Row>, String> {
 }
 
 /// Rows by (group, seed): the group is every column that is not a metric (the point's axis
-/// values and the policy), so rows pair by point, policy and seed.
-fn index(rows: &[Row]) -> BTreeMap<(String, String), &Row> {
+/// values, and the policy unless `drop_policy`), so rows pair by point, policy and seed.
+fn index(rows: &[Row], drop_policy: bool) -> BTreeMap<(String, String), &Row> {
     let group = |row: &Row| -> String {
         row.iter()
             .filter(|(k, _)| !METRICS.iter().any(|(m, _)| m == k) || *k == "run_policy")
             .filter(|(k, _)| *k != "task" && *k != "seed" && *k != "point")
+            .filter(|(k, _)| !(drop_policy && (*k == "run_policy" || *k == "policy")))
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(" ")
@@ -59,11 +63,46 @@ fn index(rows: &[Row]) -> BTreeMap<(String, String), &Row> {
     rows.iter().map(|r| ((group(r), seed(r)), r)).collect()
 }
 
+/// What is compared with what.
+pub enum Pairing<'a> {
+    /// Two sweeps (or run directories): B − A, paired by point, policy and seed.
+    Sweeps(&'a Path, &'a Path),
+    /// Two policies of one sweep: policy B − policy A, paired by point and seed.
+    Policies(&'a Path, &'a str, &'a str),
+}
+
+/// One test: a metric of one group, over its paired seeds.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Test {
+    pub group: String,
+    pub metric: &'static str,
+    pub pairs: usize,
+    pub mean: f64,
+    pub ci95_low: f64,
+    pub ci95_high: f64,
+    /// Two-sided paired t test of a zero mean difference.
+    pub p: f64,
+    /// Holm's step-down adjustment over every test of the comparison.
+    pub p_holm: f64,
+    /// `p_holm` below 0.05.
+    pub significant: bool,
+}
+
+/// A whole comparison: its two sides, named, and its tests in group then metric order.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Comparison {
+    pub a: String,
+    pub b: String,
+    pub tests: Vec<Test>,
+}
+
 /// Differences B − A per (group, metric), paired by seed.
-fn paired(ra: &[Row], rb: &[Row]) -> BTreeMap<(String, &'static str), Vec<f64>> {
-    let (ia, ib) = (index(ra), index(rb));
+fn paired(
+    ia: &BTreeMap<(String, String), &Row>,
+    ib: &BTreeMap<(String, String), &Row>,
+) -> BTreeMap<(String, &'static str), Vec<f64>> {
     let mut diffs: BTreeMap<(String, &str), Vec<f64>> = BTreeMap::new();
-    for ((group, seed), row_a) in &ia {
+    for ((group, seed), row_a) in ia {
         let Some(row_b) = ib.get(&(group.clone(), seed.clone())) else {
             continue;
         };
@@ -77,49 +116,264 @@ fn paired(ra: &[Row], rb: &[Row]) -> BTreeMap<(String, &'static str), Vec<f64>> 
     diffs
 }
 
-/// One line of the table: mean difference, its 95 % t interval, and whether it excludes 0.
-fn line(group: &str, metric: &str, d: &[f64]) -> String {
-    let n = d.len();
-    let mean = d.iter().sum::<f64>() / n as f64;
-    let (lo, hi) = if n >= 2 {
-        let var = d.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
-        let half = t95(n - 1) * (var / n as f64).sqrt();
-        (mean - half, mean + half)
-    } else {
-        (f64::NAN, f64::NAN)
-    };
-    let sig = if n < 2 {
-        "n/a (one pair)"
-    } else if lo > 0.0 || hi < 0.0 {
-        "yes"
-    } else {
-        "no"
-    };
-    let g = if group.len() > 60 {
-        &group[..60]
-    } else {
-        group
-    };
-    format!("{g:<60} {metric:<26} {n:>5} {mean:>14.6} {lo:>14.6} {hi:>14.6}  {sig}\n")
+/// The seeds of some rows, as "1–10" or a list, for a message.
+fn seeds_of(rows: &[Row]) -> String {
+    let mut seeds: Vec<u64> = rows
+        .iter()
+        .filter_map(|r| r.get("seed")?.parse().ok())
+        .collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    match (seeds.first(), seeds.last()) {
+        (Some(lo), Some(hi)) if hi - lo + 1 == seeds.len() as u64 => format!("{lo}–{hi}"),
+        (Some(_), Some(_)) => format!("{} seeds from {}", seeds.len(), seeds[0]),
+        _ => "no seeds".into(),
+    }
 }
 
-/// `cancelsim compare A B`: two sweeps' results (or two run directories' summaries), paired by
-/// point, policy and seed; for each metric the mean difference B − A with a 95 % confidence
-/// interval, marked significant when the interval excludes 0.
+/// Why nothing paired up, with what pairing needs.
+fn no_pairs(ra: &[Row], rb: &[Row], within: bool) -> String {
+    let (sa, sb) = (seeds_of(ra), seeds_of(rb));
+    if within {
+        return format!(
+            "no rows pair up: both policies must be in the sweep, at the same points and seeds \
+             (seeds {sa})"
+        );
+    }
+    let hint = if sa != sb {
+        format!("A has seeds {sa} and B has {sb}: run both with the same first_seed and seeds")
+    } else {
+        "the seeds match, so the points or policies differ: compare sweeps of the same grid".into()
+    };
+    format!("no rows pair up: pairing needs the same points, policies and seeds; {hint}")
+}
+
+/// Compare as `pairing` says.
+pub fn comparison(pairing: Pairing) -> Result<Comparison, String> {
+    let (a_name, b_name, diffs) = match pairing {
+        Pairing::Sweeps(a, b) => {
+            let (ra, rb) = (load(a)?, load(b)?);
+            let diffs = paired(&index(&ra, false), &index(&rb, false));
+            if diffs.is_empty() {
+                return Err(no_pairs(&ra, &rb, false));
+            }
+            (a.display().to_string(), b.display().to_string(), diffs)
+        }
+        Pairing::Policies(dir, pa, pb) => {
+            let rows = load(dir)?;
+            let of = |p: &str| -> Vec<Row> {
+                rows.iter()
+                    .filter(|r| r.get("run_policy").is_some_and(|x| x == p))
+                    .cloned()
+                    .collect()
+            };
+            let (ra, rb) = (of(pa), of(pb));
+            let known: Vec<String> = {
+                let mut k: Vec<String> = rows
+                    .iter()
+                    .filter_map(|r| r.get("run_policy").cloned())
+                    .collect();
+                k.sort();
+                k.dedup();
+                k
+            };
+            for (p, r) in [(pa, &ra), (pb, &rb)] {
+                if r.is_empty() {
+                    return Err(format!(
+                        "{}: no policy {p:?}; the sweep has {}",
+                        dir.display(),
+                        known.join(", ")
+                    ));
+                }
+            }
+            let diffs = paired(&index(&ra, true), &index(&rb, true));
+            if diffs.is_empty() {
+                return Err(no_pairs(&ra, &rb, true));
+            }
+            (pa.to_string(), pb.to_string(), diffs)
+        }
+    };
+    Ok(Comparison {
+        a: a_name,
+        b: b_name,
+        tests: holm(tests(&diffs)),
+    })
+}
+
+/// `cancelsim compare A B`: the table of `comparison(Pairing::Sweeps(a, b))`.
 pub fn compare(a: &Path, b: &Path) -> Result<String, String> {
-    let (ra, rb) = (load(a)?, load(b)?);
-    let diffs = paired(&ra, &rb);
-    if diffs.is_empty() {
-        return Err("no rows pair up (same points, policies and seeds are needed)".into());
+    comparison(Pairing::Sweeps(a, b)).map(|c| c.table())
+}
+
+/// The tests, before Holm's adjustment.
+fn tests(diffs: &BTreeMap<(String, &'static str), Vec<f64>>) -> Vec<Test> {
+    diffs
+        .iter()
+        .map(|((group, metric), d)| {
+            let n = d.len();
+            let mean = d.iter().sum::<f64>() / n as f64;
+            let (half, p) = if n >= 2 {
+                let var = d.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
+                let se = (var / n as f64).sqrt();
+                let p = if se == 0.0 {
+                    if mean == 0.0 {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                } else {
+                    t_two_sided_p(mean / se, (n - 1) as f64)
+                };
+                (t95(n - 1) * se, p)
+            } else {
+                (f64::NAN, f64::NAN)
+            };
+            Test {
+                group: group.clone(),
+                metric,
+                pairs: n,
+                mean,
+                ci95_low: mean - half,
+                ci95_high: mean + half,
+                p,
+                p_holm: f64::NAN,
+                significant: false,
+            }
+        })
+        .collect()
+}
+
+/// Holm's step-down adjustment over the tests that have a p-value: the i-th smallest of m is
+/// multiplied by m − i, and kept monotone.
+fn holm(mut tests: Vec<Test>) -> Vec<Test> {
+    let mut order: Vec<usize> = (0..tests.len()).filter(|&i| !tests[i].p.is_nan()).collect();
+    order.sort_by(|&i, &j| tests[i].p.total_cmp(&tests[j].p).then(i.cmp(&j)));
+    let m = order.len();
+    let mut running = 0.0f64;
+    for (rank, &i) in order.iter().enumerate() {
+        running = running.max(((m - rank) as f64 * tests[i].p).min(1.0));
+        tests[i].p_holm = running;
+        tests[i].significant = running < 0.05;
     }
-    let mut out = format!(
-        "{:<60} {:<26} {:>5} {:>14} {:>14} {:>14}  {}\n",
-        "group", "metric", "pairs", "mean B-A", "ci95 low", "ci95 high", "significant"
-    );
-    for ((group, metric), d) in &diffs {
-        out += &line(group, metric, d);
+    tests
+}
+
+/// Two-sided p-value of Student's t with `df` degrees of freedom: I_{df/(df+t²)}(df/2, 1/2).
+pub fn t_two_sided_p(t: f64, df: f64) -> f64 {
+    incomplete_beta(df / 2.0, 0.5, df / (df + t * t)).clamp(0.0, 1.0)
+}
+
+/// The regularised incomplete beta I_x(a, b), by its continued fraction (modified Lentz), on
+/// the side where it converges fast.
+fn incomplete_beta(a: f64, b: f64, x: f64) -> f64 {
+    if x <= 0.0 {
+        return 0.0;
     }
-    Ok(out)
+    if x >= 1.0 {
+        return 1.0;
+    }
+    let ln_front = libm::lgamma(a + b) - libm::lgamma(a) - libm::lgamma(b)
+        + a * libm::log(x)
+        + b * libm::log(1.0 - x);
+    if x < (a + 1.0) / (a + b + 2.0) {
+        libm::exp(ln_front) * beta_fraction(a, b, x) / a
+    } else {
+        1.0 - libm::exp(ln_front) * beta_fraction(b, a, 1.0 - x) / b
+    }
+}
+
+fn beta_fraction(a: f64, b: f64, x: f64) -> f64 {
+    const TINY: f64 = 1e-300;
+    let (qab, qap, qam) = (a + b, a + 1.0, a - 1.0);
+    let mut c = 1.0;
+    let mut d = 1.0 - qab * x / qap;
+    d = if d.abs() < TINY { TINY } else { d };
+    d = 1.0 / d;
+    let mut h = d;
+    for m in 1..=300 {
+        let m = m as f64;
+        let m2 = 2.0 * m;
+        for aa in [
+            m * (b - m) * x / ((qam + m2) * (a + m2)),
+            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
+        ] {
+            d = 1.0 + aa * d;
+            d = if d.abs() < TINY { TINY } else { d };
+            c = 1.0 + aa / c;
+            c = if c.abs() < TINY { TINY } else { c };
+            d = 1.0 / d;
+            h *= d * c;
+        }
+        if (d * c - 1.0).abs() < 1e-15 {
+            break;
+        }
+    }
+    h
+}
+
+impl Comparison {
+    /// The table: a line per group, then a row per metric, within 100 columns.
+    pub fn table(&self) -> String {
+        let m = self.tests.iter().filter(|t| !t.p.is_nan()).count();
+        let mut out = format!(
+            "B - A, A = {}, B = {}\npaired by seed; 95 % t intervals; p: paired t test, Holm-adjusted over {m} tests\n",
+            self.a, self.b
+        );
+        let mut group = None;
+        for t in &self.tests {
+            if group != Some(&t.group) {
+                group = Some(&t.group);
+                let name = if t.group.is_empty() {
+                    "(all)"
+                } else {
+                    t.group.as_str()
+                };
+                out += &format!("\n{name}\n");
+                out += &format!(
+                    "  {:<24} {:>5} {:>12} {:>12} {:>12} {:>9}  {}\n",
+                    "metric",
+                    "pairs",
+                    "mean B-A",
+                    "ci95 low",
+                    "ci95 high",
+                    "p (Holm)",
+                    "significant"
+                );
+            }
+            let sig = if t.pairs < 2 {
+                "n/a (one pair)"
+            } else if t.significant {
+                "yes"
+            } else {
+                "no"
+            };
+            out += &format!(
+                "  {:<24} {:>5} {:>12} {:>12} {:>12} {:>9}  {sig}\n",
+                t.metric,
+                t.pairs,
+                num(t.mean),
+                num(t.ci95_low),
+                num(t.ci95_high),
+                num(t.p_holm)
+            );
+        }
+        out
+    }
+
+    pub fn json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a comparison serialises")
+    }
+}
+
+/// A number in 12 characters at most.
+fn num(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else if x != 0.0 && (x.abs() >= 1e7 || x.abs() < 1e-4) {
+        format!("{x:.3e}")
+    } else {
+        format!("{x:.4}")
+    }
 }
 
 /// A run directory's summary.json as rows like a sweep's (one per policy, seed from the report).
@@ -165,4 +419,42 @@ fn summary_rows(path: &Path) -> Result<Vec<BTreeMap<String, String>>, String> {
                 .collect()
         })
         .unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn student_t_p_values_match_the_tables() {
+        // Two-sided 5 % critical values: t(1) = 12.706, t(10) = 2.228, t(30) = 2.042.
+        for (t, df) in [(12.706, 1.0), (2.228, 10.0), (2.042, 30.0)] {
+            let p = t_two_sided_p(t, df);
+            assert!((p - 0.05).abs() < 2e-4, "t {t} df {df}: p {p}");
+        }
+        assert!((t_two_sided_p(0.0, 5.0) - 1.0).abs() < 1e-12);
+        // t(4) = 4.604 is the 1 % point.
+        assert!((t_two_sided_p(4.604, 4.0) - 0.01).abs() < 1e-4);
+    }
+
+    #[test]
+    fn holm_multiplies_the_smallest_by_m_and_stays_monotone() {
+        let t = |p: f64| Test {
+            group: String::new(),
+            metric: "m",
+            pairs: 5,
+            mean: 0.0,
+            ci95_low: 0.0,
+            ci95_high: 0.0,
+            p,
+            p_holm: f64::NAN,
+            significant: false,
+        };
+        let out = holm(vec![t(0.04), t(0.01), t(0.03), t(f64::NAN)]);
+        // Sorted 0.01, 0.03, 0.04 with m = 3: 0.03, max(0.03, 0.06) = 0.06, max(0.06, 0.04).
+        assert!((out[1].p_holm - 0.03).abs() < 1e-12 && out[1].significant);
+        assert!((out[2].p_holm - 0.06).abs() < 1e-12 && !out[2].significant);
+        assert!((out[0].p_holm - 0.06).abs() < 1e-12);
+        assert!(out[3].p_holm.is_nan());
+    }
 }

@@ -10,9 +10,10 @@
 
 mod compare;
 mod execute;
+mod forest;
 mod summary;
 
-pub use compare::compare;
+pub use compare::{compare, comparison, Comparison, Pairing};
 pub use execute::{assemble, run};
 pub use summary::summarise;
 

@@ -280,3 +280,76 @@ fn a_sweep_summarises_each_point_and_policy_over_its_seeds() {
         "{got_half} vs {half}"
     );
 }
+
+/// Two policies of one sweep, paired by point and seed: the JSON's mean differences are those
+/// a reader computes from results.csv, Holm never lowers a p-value, and the forest plot is
+/// written. Two sweeps on other seeds say what pairing needs instead of "no rows pair up".
+#[test]
+fn compare_pairs_two_policies_within_one_sweep_with_holm() {
+    let dir = scratch("within");
+    let base = sweep_file().parent().unwrap().join("tiny-storm.ron");
+    let text = format!(
+        "Sweep(name: \"within\", scenario: {:?}, seeds: 3, \
+         grid: [Fraction([0.1, 0.3]), Policy([FinishAndDiscard, PerRequest])])",
+        base.to_str().unwrap()
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("within.ron");
+    std::fs::write(&file, text).unwrap();
+    let out_dir = dir.join("out");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    cancelsim(&["sweep", &s(&file), "--out", &s(&out_dir)]);
+    let plot = dir.join("forest.png");
+    let args = [
+        "compare",
+        &s(&out_dir),
+        "--policies",
+        "finish_and_discard",
+        "per_request",
+    ];
+    let json = cancelsim(&[&args[..], &["--format", "json", "--plot", &s(&plot)]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let tests = v["tests"].as_array().unwrap();
+    assert_eq!(tests.len(), 2 * 7, "two fractions, seven metrics");
+    for t in tests {
+        let (p, holm) = (t["p"].as_f64().unwrap(), t["p_holm"].as_f64().unwrap());
+        assert!((0.0..=1.0).contains(&p) && holm >= p - 1e-15, "{t}");
+    }
+    assert!(std::fs::metadata(&plot).unwrap().len() > 1000);
+    // Recompute leaked_gpu_s at fraction 0.1 from the rows.
+    let mut r = csv::Reader::from_path(out_dir.join("results.csv")).unwrap();
+    let h = r.headers().unwrap().clone();
+    let at = |n: &str| h.iter().position(|x| x == n).unwrap();
+    let rows: Vec<csv::StringRecord> = r.records().map(Result::unwrap).collect();
+    let leaked = |policy: &str, seed: &str| -> f64 {
+        let row = rows.iter().find(|x| {
+            &x[at("fraction")] == "0.1" && &x[at("run_policy")] == policy && &x[at("seed")] == seed
+        });
+        row.unwrap()[at("leaked_gpu_s")].parse().unwrap()
+    };
+    let mean = ["1", "2", "3"]
+        .iter()
+        .map(|seed| leaked("per_request", seed) - leaked("finish_and_discard", seed))
+        .sum::<f64>()
+        / 3.0;
+    let t = tests
+        .iter()
+        .find(|t| t["group"] == "fraction=0.1" && t["metric"] == "leaked_gpu_s")
+        .unwrap();
+    assert!(
+        (t["mean"].as_f64().unwrap() - mean).abs() < 1e-9,
+        "{t} vs {mean}"
+    );
+    // The table fits 100 columns.
+    let table = String::from_utf8(cancelsim(&args).stdout).unwrap();
+    assert!(table.lines().all(|l| l.chars().count() <= 100), "{table}");
+    // Sweeps on other seeds: what pairing needs.
+    let (a, b) = (small_sweep(&dir, 1), small_sweep(&dir, 100));
+    let (da, db) = (dir.join("a"), dir.join("b"));
+    cancelsim(&["sweep", &s(&a), "--out", &s(&da)]);
+    cancelsim(&["sweep", &s(&b), "--out", &s(&db)]);
+    refused(
+        &["compare", &s(&da), &s(&db)],
+        "A has seeds 1–2 and B has 100–101",
+    );
+}
