@@ -18,6 +18,7 @@ pub mod record;
 pub mod replay;
 pub mod run;
 pub mod scenario;
+pub mod search;
 pub mod step_table;
 pub mod sweep;
 pub mod workload;

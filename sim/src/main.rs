@@ -75,6 +75,9 @@ enum Command {
         #[arg(long)]
         plot: Option<PathBuf>,
     },
+    /// Per policy, the largest arrival rate (or fewest replicas) that meets an SLO at the
+    /// scenario's cancel rate, with confidence over seeds.
+    Capacity(cli::capacity::Args),
     /// List the named hardware profiles: KV capacity from the memory planner, and step times.
     Profiles {
         /// Share of each GPU's memory the engine may use, as in scenarios.
@@ -139,6 +142,7 @@ fn main() -> ExitCode {
             plot.as_deref(),
         ),
         Some(Command::Check(args)) => cli::check::main(args),
+        Some(Command::Capacity(args)) => cli::capacity::main(args),
         Some(Command::Profiles {
             gpu_memory_utilization,
             table: None,

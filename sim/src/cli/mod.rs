@@ -12,6 +12,7 @@ macro_rules! say_part {
     ($($t:tt)*) => { $crate::cli::write_out(format_args!($($t)*)) };
 }
 
+pub mod capacity;
 pub mod cases;
 pub mod check;
 pub mod profiles;

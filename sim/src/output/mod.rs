@@ -7,6 +7,7 @@ mod files;
 pub mod plots;
 mod render;
 mod rundir;
+pub mod search_plot;
 pub mod trace_check;
 
 pub use render::render;
