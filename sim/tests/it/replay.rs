@@ -314,3 +314,111 @@ fn the_ci_page_example_replays_as_it_says() {
     let (code, _, stderr) = replay_expect(log);
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+/// The keywords `docs/schemas/oplog.schema.json` uses, checked: enough of JSON Schema to hold
+/// the replayer to the shipped schema without a validator crate.
+fn valid(schema: &serde_json::Value, root: &serde_json::Value, v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+        let name = r.trim_start_matches("#/$defs/");
+        return valid(&root["$defs"][name], root, v);
+    }
+    if let Some(options) = schema.get("oneOf").and_then(Value::as_array) {
+        return options.iter().filter(|s| valid(s, root, v)).count() == 1;
+    }
+    if let Some(c) = schema.get("const") {
+        return v == c;
+    }
+    if let Some(e) = schema.get("enum").and_then(Value::as_array) {
+        return e.contains(v);
+    }
+    let typed = match schema.get("type").and_then(Value::as_str) {
+        Some("string") => v.is_string(),
+        Some("integer") => v.is_i64() || v.is_u64(),
+        Some("number") => v.is_number(),
+        Some("boolean") => v.is_boolean(),
+        Some("object") | None => true,
+        Some(_) => false,
+    };
+    if !typed {
+        return false;
+    }
+    let Some(obj) = v.as_object() else {
+        return schema.get("type").and_then(Value::as_str) != Some("object");
+    };
+    let props = schema.get("properties").and_then(Value::as_object);
+    let required = schema.get("required").and_then(Value::as_array);
+    let has_all = required.is_none_or(|r| r.iter().all(|k| obj.contains_key(k.as_str().unwrap())));
+    let closed = schema.get("additionalProperties") == Some(&Value::Bool(false));
+    has_all
+        && obj.iter().all(|(k, x)| match props.and_then(|p| p.get(k)) {
+            Some(s) => valid(s, root, x),
+            None => !closed,
+        })
+}
+
+/// The shipped op-log schema and the replayer agree: every op it lists replays without a field
+/// error when it has exactly its required fields, a missing one or a stray one is an error line,
+/// and every fixture op the reference answered without an error validates.
+#[test]
+fn the_oplog_schema_matches_the_replayer() {
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo("docs/schemas/oplog.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let sample = |t: &str| match t {
+        "string" => serde_json::json!("x"),
+        "integer" => serde_json::json!(1),
+        "number" => serde_json::json!(1.5),
+        _ => serde_json::json!(true),
+    };
+    let ops = schema["oneOf"].as_array().unwrap();
+    assert_eq!(ops.len(), 8);
+    for op in ops {
+        let name = op["properties"]["op"]["const"].as_str().unwrap();
+        let mut line = serde_json::Map::new();
+        for f in op["required"].as_array().unwrap() {
+            let f = f.as_str().unwrap();
+            let p = &op["properties"][f];
+            let v = match (p.get("const"), p.get("enum"), p["type"].as_str()) {
+                (Some(c), _, _) => c.clone(),
+                (_, Some(e), _) => e[0].clone(),
+                (_, _, Some(t)) => sample(t),
+                _ => unreachable!(),
+            };
+            line.insert(f.into(), v);
+        }
+        let whole = serde_json::Value::Object(line.clone());
+        assert!(valid(&schema, &schema, &whole), "{whole}");
+        let out = replay_str(&whole.to_string()).remove(0);
+        for bad in ["missing field", "unknown field", "must be", "unknown op"] {
+            assert!(!out.contains(bad), "{name}: {whole} gave {out}");
+        }
+        for f in op["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| *f != "op")
+        {
+            let mut less = line.clone();
+            less.remove(f.as_str().unwrap());
+            let out = replay_str(&serde_json::Value::Object(less).to_string()).remove(0);
+            assert!(out.contains("missing field"), "{name} without {f}: {out}");
+        }
+        let mut more = line.clone();
+        more.insert("stray".into(), serde_json::json!(1));
+        let more = serde_json::Value::Object(more);
+        assert!(!valid(&schema, &schema, &more));
+        assert!(replay_str(&more.to_string())[0].contains("unknown field"));
+    }
+    let log = std::fs::read_to_string(repo("scenarios/oplogs/reference.expect.jsonl")).unwrap();
+    let mut checked = 0;
+    for l in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        if v["expect"] != "error" {
+            assert!(valid(&schema, &schema, &v), "{l}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "{checked} fixture ops checked");
+}

@@ -361,7 +361,10 @@ fn the_readme_slurm_example_is_the_smoke_tested_script() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     let script = std::fs::read_to_string(root.join("tools/slurm-sweep.sbatch")).unwrap();
-    assert!(readme.contains(&format!("```sh\n{script}```")), "README and tools/slurm-sweep.sbatch differ");
+    assert!(
+        readme.contains(&format!("```sh\n{script}```")),
+        "README and tools/slurm-sweep.sbatch differ"
+    );
     let smoke = std::fs::read_to_string(root.join("tools/slurm-smoke.sh")).unwrap();
     assert!(smoke.contains("tools/slurm-sweep.sbatch"));
     let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
