@@ -240,22 +240,7 @@ fn exit_status_is_0_for_processed_logs_and_2_for_unreadable_files() {
 }
 
 fn replay_expect(log: &str) -> (Option<i32>, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
-        .args(["replay", "--expect", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(log.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
-    (out.status.code(), text(out.stdout), text(out.stderr))
+    cancelsim(&["replay", "--expect", "-"], log)
 }
 
 /// The fixture with the reference's own answers as `expect` fields passes; change one answer,
