@@ -38,6 +38,10 @@ pub fn sweep(path: &Path, out: &Path, shard: &str, threads: usize) -> Outcome {
         let table = cancelsim::sweep::summarise(&plan, out).map_err(fail)?;
         say!("mean ± 95 % interval over {} seeds:", plan.sweep.seeds);
         say_part!("{table}");
+        let plots = cancelsim::sweep::draw_plots(&plan, out).map_err(fail)?;
+        if !plots.is_empty() {
+            say!("{} plots in {}", plots.len(), out.join("plots").display());
+        }
         say!(
             "wrote {} and {} in {:.1} s",
             out.join("results.csv").display(),
@@ -58,6 +62,7 @@ pub fn merge(sweep: &Path, dirs: &[PathBuf], out: &Path) -> Outcome {
     let plan = cancelsim::sweep::Plan::load(sweep).map_err(Fail::input)?;
     cancelsim::sweep::assemble(&plan, dirs, out).map_err(fail)?;
     let table = cancelsim::sweep::summarise(&plan, out).map_err(fail)?;
+    cancelsim::sweep::draw_plots(&plan, out).map_err(fail)?;
     say!("mean ± 95 % interval over {} seeds:", plan.sweep.seeds);
     say_part!("{table}");
     say!(

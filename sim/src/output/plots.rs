@@ -30,7 +30,7 @@ pub(crate) fn fonts() {
 
 const SIZE: (u32, u32) = (1200, 700);
 
-pub(super) fn palette(i: usize) -> RGBColor {
+pub(crate) fn palette(i: usize) -> RGBColor {
     const C: [RGBColor; 6] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),

@@ -11,10 +11,12 @@
 mod compare;
 mod execute;
 mod forest;
+mod plots;
 mod summary;
 
 pub use compare::{compare, comparison, Comparison, Pairing};
 pub use execute::{assemble, run};
+pub use plots::draw as draw_plots;
 pub use summary::summarise;
 
 use std::path::Path;

@@ -19,15 +19,15 @@ const HEADLINE: [(&str, &str); 4] = [
 const CF_TTFT: &str = "cf_ttft_p99_ms";
 
 /// One (point, policy): its axis values, its seeds, and each numeric column's values.
-struct Group {
-    axes: Vec<String>,
-    policy: String,
+pub(super) struct Group {
+    pub(super) axes: Vec<String>,
+    pub(super) policy: String,
     seeds: usize,
-    values: Vec<Vec<f64>>,
+    pub(super) values: Vec<Vec<f64>>,
 }
 
 /// Mean and 95 % half-width (t with n − 1 degrees of freedom; 0 for one value, NaN for none).
-fn mean_ci(xs: &[f64]) -> (f64, f64) {
+pub(super) fn mean_ci(xs: &[f64]) -> (f64, f64) {
     let n = xs.len();
     if n == 0 {
         return (f64::NAN, f64::NAN);
@@ -41,7 +41,7 @@ fn mean_ci(xs: &[f64]) -> (f64, f64) {
 }
 
 /// Read `results.csv` of `out` into groups, and the names of its numeric metric columns.
-fn groups(plan: &Plan, out: &Path) -> Result<(Vec<String>, Vec<Group>), SweepError> {
+pub(super) fn groups_of(plan: &Plan, out: &Path) -> Result<(Vec<String>, Vec<Group>), SweepError> {
     let path = out.join("results.csv");
     let bad = |e: String| SweepError::Input(format!("{}: {e}", path.display()));
     let mut r = csv::Reader::from_path(&path).map_err(|e| bad(e.to_string()))?;
@@ -105,7 +105,7 @@ fn groups(plan: &Plan, out: &Path) -> Result<(Vec<String>, Vec<Group>), SweepErr
 
 /// Write `summary.csv` and return the table to print.
 pub fn summarise(plan: &Plan, out: &Path) -> Result<String, SweepError> {
-    let (names, groups) = groups(plan, out)?;
+    let (names, groups) = groups_of(plan, out)?;
     let axis_names: Vec<&str> = plan.sweep.grid.iter().map(|a| a.name()).collect();
     let mut w = csv::Writer::from_writer(Vec::new());
     let mut head: Vec<String> = axis_names.iter().map(|s| s.to_string()).collect();

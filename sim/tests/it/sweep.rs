@@ -248,6 +248,17 @@ fn a_sweep_summarises_each_point_and_policy_over_its_seeds() {
         text.contains("leaked GPU-s") && text.contains("cf TTFT p99"),
         "{text}"
     );
+    // The plots: each metric against the numeric axis, written with the results.
+    for metric in [
+        "leaked_gpu_s",
+        "sibling_survival_rate",
+        "ttft_p99_ms",
+        "e2e_p99_ms",
+    ] {
+        let png = out_dir.join(format!("plots/{metric}_vs_fraction.png"));
+        let big = std::fs::metadata(&png).is_ok_and(|m| m.len() > 1000);
+        assert!(big, "{}", png.display());
+    }
     // Recompute one cell from results.csv: leaked_gpu_s of the first point's first policy.
     let mut r = csv::Reader::from_path(out_dir.join("results.csv")).unwrap();
     let h = r.headers().unwrap().clone();
