@@ -61,6 +61,15 @@ fn bound(xs: &[f64], upper: bool) -> f64 {
     }
 }
 
+/// The open-loop rate of `s` (the on rate of an on/off source); None for a closed loop or a trace.
+pub fn rate_of(s: &Scenario) -> Option<f64> {
+    match &s.workload.source {
+        Source::Poisson { rate_per_s, .. } | Source::Gamma { rate_per_s, .. } => Some(*rate_per_s),
+        Source::OnOff { rate_on_per_s, .. } => Some(*rate_on_per_s),
+        _ => None,
+    }
+}
+
 /// Set the open-loop rate of `s` (the on rate of an on/off source).
 pub fn set_rate(s: &mut Scenario, rate: f64) -> Result<(), String> {
     match &mut s.workload.source {

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use cancelsim::scenario::{Scenario, Source};
+use cancelsim::scenario::Scenario;
 use cancelsim::search::{self, Knob, Slo};
 
 use super::{Fail, Outcome};
@@ -46,14 +46,6 @@ pub struct Args {
     pub plot: Option<PathBuf>,
 }
 
-fn current_rate(s: &Scenario) -> Option<f64> {
-    match &s.workload.source {
-        Source::Poisson { rate_per_s, .. } | Source::Gamma { rate_per_s, .. } => Some(*rate_per_s),
-        Source::OnOff { rate_on_per_s, .. } => Some(*rate_on_per_s),
-        _ => None,
-    }
-}
-
 fn knob(args: &Args, s: &Scenario) -> Result<Knob, String> {
     if let Some(max) = args.replicas_max {
         if !(1..=cancelsim::scenario::REPLICAS_MAX).contains(&max) {
@@ -67,7 +59,7 @@ fn knob(args: &Args, s: &Scenario) -> Result<Knob, String> {
     let (low, high) = match &args.rate {
         Some(v) => (v[0], v[1]),
         None => {
-            let r = current_rate(s)
+            let r = search::rate_of(s)
                 .ok_or("a rate search needs an open-loop source (Poisson, Gamma or OnOff)")?;
             (r / 16.0, r * 16.0)
         }

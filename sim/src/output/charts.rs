@@ -6,7 +6,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::plots::{legend, palette, per_policy, swatch, Axes, Charts, Res};
+use super::plots::{legend, markers, palette, per_policy, swatch, Axes, Charts, Res};
 use crate::metrics::Summary;
 use crate::record::PAIRS_MAX;
 use crate::run::Report;
@@ -180,33 +180,9 @@ impl Charts<'_> {
         let diagonal = vec![(0.0, 0.0), (max, max)];
         chart.draw_series(LineSeries::new(diagonal, BLACK.stroke_width(1)))?;
         for (i, (name, pairs)) in series.iter().enumerate() {
-            let c = palette(i);
             let label = format!("{} ({} siblings)", name.replace('_', " "), pairs.len());
-            let points = pairs.iter().copied();
             // A shape per policy, so a policy that coincides with another still shows.
-            match i % 4 {
-                0 => chart
-                    .draw_series(points.map(|p| Circle::new(p, 3, c.filled())))?
-                    .label(label)
-                    .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled())),
-                1 => chart
-                    .draw_series(points.map(|p| TriangleMarker::new(p, 5, c.filled())))?
-                    .label(label)
-                    .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 6, c.filled())),
-                2 => chart
-                    .draw_series(points.map(|p| Cross::new(p, 4, c.stroke_width(1))))?
-                    .label(label)
-                    .legend(move |(x, y)| Cross::new((x + 10, y), 5, c.stroke_width(2))),
-                _ => chart
-                    .draw_series(points.map(|p| {
-                        EmptyElement::at(p) + Rectangle::new([(-2, -2), (2, 2)], c.stroke_width(1))
-                    }))?
-                    .label(label)
-                    .legend(move |(x, y)| {
-                        EmptyElement::at((x + 10, y))
-                            + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2))
-                    }),
-            };
+            markers(&mut chart, i, pairs.iter().copied(), (3, 1), label)?;
         }
         legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         Ok(())

@@ -486,3 +486,44 @@ where
 pub(super) fn swatch(c: RGBColor, width: u32) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
     move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(width))
 }
+
+/// Series `i`'s points as markers of its colour and of one of four shapes (circle, triangle,
+/// cross, square), the same shape in the legend, so series that coincide still show. `size`
+/// is the circle's radius, `stroke` the outline width of the cross and the square.
+pub(crate) fn markers<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    i: usize,
+    points: impl Iterator<Item = (f64, f64)>,
+    (size, stroke): (i32, u32),
+    label: String,
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    let c = palette(i);
+    let (r, big) = (size, size + 2);
+    match i % 4 {
+        0 => chart
+            .draw_series(points.map(|p| Circle::new(p, r, c.filled())))?
+            .label(label)
+            .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled())),
+        1 => chart
+            .draw_series(points.map(|p| TriangleMarker::new(p, big, c.filled())))?
+            .label(label)
+            .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 6, c.filled())),
+        2 => chart
+            .draw_series(points.map(|p| Cross::new(p, r + 1, c.stroke_width(stroke))))?
+            .label(label)
+            .legend(move |(x, y)| Cross::new((x + 10, y), 5, c.stroke_width(2))),
+        _ => chart
+            .draw_series(points.map(|p| {
+                EmptyElement::at(p) + Rectangle::new([(-r, -r), (r, r)], c.stroke_width(stroke))
+            }))?
+            .label(label)
+            .legend(move |(x, y)| {
+                EmptyElement::at((x + 10, y))
+                    + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2))
+            }),
+    };
+    Ok(())
+}

@@ -4,12 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::summary::{groups_of, mean_ci, Group};
 use super::{Plan, SweepError};
-use crate::output::plots::{fonts, palette};
+use crate::output::plots::{fonts, markers, palette};
 
 /// The metrics drawn, as `results.csv` names them, and their axis labels.
 const DRAWN: [(&str, &str); 8] = [
@@ -131,7 +130,8 @@ where
         chart.draw_series(std::iter::once(Polygon::new(band, c.mix(0.12).filled())))?;
         let xy = points.iter().map(|p| (p.0, p.1));
         chart.draw_series(LineSeries::new(xy, c.stroke_width(2)))?;
-        markers(&mut chart, i, points, label.clone())?;
+        let xy = points.iter().map(|p| (p.0, p.1));
+        markers(&mut chart, i, xy, (4, 2), label.clone())?;
     }
     chart
         .configure_series_labels()
@@ -141,43 +141,5 @@ where
         .label_font(("sans-serif", 14))
         .draw()?;
     area.present()?;
-    Ok(())
-}
-
-/// Line `i`'s markers: a shape per line on top of its colour, the same shape in the legend.
-fn markers<'a, DB: DrawingBackend + 'a>(
-    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
-    i: usize,
-    points: &[(f64, f64, f64)],
-    label: String,
-) -> Result<(), Box<dyn std::error::Error>>
-where
-    DB::ErrorType: 'static,
-{
-    let c = palette(i);
-    let xy = points.iter().map(|p| (p.0, p.1));
-    match i % 4 {
-        0 => chart
-            .draw_series(xy.map(|p| Circle::new(p, 4, c.filled())))?
-            .label(label)
-            .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled())),
-        1 => chart
-            .draw_series(xy.map(|p| TriangleMarker::new(p, 6, c.filled())))?
-            .label(label)
-            .legend(move |(x, y)| TriangleMarker::new((x + 10, y), 6, c.filled())),
-        2 => chart
-            .draw_series(xy.map(|p| Cross::new(p, 5, c.stroke_width(2))))?
-            .label(label)
-            .legend(move |(x, y)| Cross::new((x + 10, y), 5, c.stroke_width(2))),
-        _ => chart
-            .draw_series(xy.map(|p| {
-                EmptyElement::at(p) + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2))
-            }))?
-            .label(label)
-            .legend(move |(x, y)| {
-                EmptyElement::at((x + 10, y))
-                    + Rectangle::new([(-4, -4), (4, 4)], c.stroke_width(2))
-            }),
-    };
     Ok(())
 }
