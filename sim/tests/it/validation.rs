@@ -138,32 +138,46 @@ fn overload() -> String {
     t
 }
 
-/// vidur's figures for this replay (TTFT p50, p99 and E2E p50, ms), beside cancelsim's with the
-/// roofline and with 0.1's linear step model.
+/// vidur's figures for this replay under its Sarathi and its vLLM scheduler (TTFT p50, p99, E2E
+/// p50, p99, ms, read off its `request_metrics.csv`), beside cancelsim's with the roofline and
+/// with 0.1's linear step model.
 fn vidur() -> String {
-    let roofline = counterfactual("vidur-azure-conv");
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/vidur-azure-conv.ron");
-    let mut scenario = Scenario::load(&path).unwrap();
-    scenario.cluster.step_model = Some(StepForm::Linear);
-    let linear = run::counterfactual(&scenario, scenario.seed).unwrap();
     let mut t = String::from(
-        "| quantity | vidur | cancelsim | difference | cancelsim, linear (0.1) | difference |\n\
-         |---|---:|---:|---:|---:|---:|\n",
+        "| scheduler | quantity | vidur | cancelsim | difference | cancelsim, linear (0.1) | \
+         difference |\n|---|---|---:|---:|---:|---:|---:|\n",
     );
-    let pick = |s: &Summary| [s.ttft_ms.p50, s.ttft_ms.p99, s.e2e_ms.p50];
-    let (ours, old) = (pick(&roofline), pick(&linear));
-    for (i, (what, theirs)) in [("TTFT p50", 86.0), ("TTFT p99", 343.0), ("E2E p50", 1690.0)]
-        .into_iter()
-        .enumerate()
-    {
-        let d = |x: f64| (x / theirs - 1.0) * 100.0;
-        t += &format!(
-            "| {what} | {theirs:.0} ms | {:.1} ms | {:+.1} % | {:.1} ms | {:+.1} % |\n",
-            ours[i],
-            d(ours[i]),
-            old[i],
-            d(old[i])
-        );
+    let runs = [
+        (
+            "Sarathi, chunk 512",
+            "vidur-azure-conv",
+            [85.8, 343.8, 1694.5, 8003.5],
+        ),
+        (
+            "vLLM (v0)",
+            "vidur-azure-conv-vllm",
+            [76.1, 298.9, 1759.9, 8350.3],
+        ),
+    ];
+    for (scheduler, file, theirs) in runs {
+        let roofline = counterfactual(file);
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../scenarios/{file}.ron"));
+        let mut scenario = Scenario::load(&path).unwrap();
+        scenario.cluster.step_model = Some(StepForm::Linear);
+        let linear = run::counterfactual(&scenario, scenario.seed).unwrap();
+        let pick = |s: &Summary| [s.ttft_ms.p50, s.ttft_ms.p99, s.e2e_ms.p50, s.e2e_ms.p99];
+        let (ours, old) = (pick(&roofline), pick(&linear));
+        let names = ["TTFT p50", "TTFT p99", "E2E p50", "E2E p99"];
+        for (i, what) in names.into_iter().enumerate() {
+            let d = |x: f64| (x / theirs[i] - 1.0) * 100.0;
+            t += &format!(
+                "| {scheduler} | {what} | {:.1} ms | {:.1} ms | {:+.1} % | {:.1} ms | {:+.1} % |\n",
+                theirs[i],
+                ours[i],
+                d(ours[i]),
+                old[i],
+                d(old[i])
+            );
+        }
     }
     t
 }
