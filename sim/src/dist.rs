@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::kernel::rng::Stream;
 
 /// A distribution of non-negative reals (a time in ms, a token count).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub enum Dist {
     /// Always `value`.

@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a scenario file (RON) and print its summary.
+    /// Run a scenario file (RON, or JSON by its `.json` name) and print its summary.
     Run {
         /// The scenario file. Omit it to run the embedded default.
         scenario: Option<PathBuf>,
@@ -88,6 +88,11 @@ enum Command {
         #[arg(long, value_name = "PROFILE")]
         table: Option<String>,
     },
+    /// Print an input format's JSON Schema: scenario files (RON or JSON) or the op log.
+    Schema {
+        #[arg(value_enum)]
+        which: cli::schema::Which,
+    },
     /// Replay a JSON Lines op log through the ownership controller: one JSON result per line.
     Replay {
         /// The op log, or `-` for standard input.
@@ -120,6 +125,7 @@ fn main() -> ExitCode {
             },
         ),
         Some(Command::Run { scenario, opts }) => cli::run::run(scenario, opts),
+        Some(Command::Schema { which }) => cli::schema::schema(which),
         Some(Command::Replay { file, expect }) => cli::replay::replay(&file, expect),
         Some(Command::Sweep {
             sweep,

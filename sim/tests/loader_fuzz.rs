@@ -1,4 +1,5 @@
-//! Fuzz the three readers of user text: the scenario loader, the sweep loader and `replay`.
+//! Fuzz the readers of user text: the scenario loader (RON and JSON), the sweep loader and
+//! `replay`.
 //!
 //! Inputs are random bytes, and the library's own files mutated byte-wise (truncated, cut,
 //! duplicated, flipped) and structurally (a number swapped for an edge value, deep nesting, a
@@ -89,6 +90,18 @@ fn corpus() -> Vec<(Kind, Vec<u8>)> {
             }
         }
     }
+    // Every scenario again as JSON, the other syntax the scenario loader reads.
+    let json: Vec<(Kind, Vec<u8>)> = out
+        .iter()
+        .filter(|(k, _)| *k == Kind::Scenario)
+        .filter_map(|(_, text)| {
+            let mut s = Scenario::parse(std::str::from_utf8(text).ok()?, "corpus").ok()?;
+            s.base_dir = PathBuf::new();
+            Some((Kind::JsonScenario, serde_json::to_vec_pretty(&s).unwrap()))
+        })
+        .collect();
+    assert!(json.len() >= 20, "{} JSON scenarios", json.len());
+    out.extend(json);
     // The stage graph has no library scenario that runs it yet: two written here.
     for graph in [TOPOLOGY_COLOCATED, TOPOLOGY_1P1D] {
         out.push((
@@ -120,6 +133,7 @@ const TOPOLOGY_1P1D: &str = include_str!("fixtures/graph-1p1d.ron");
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Scenario,
+    JsonScenario,
     Sweep,
     OpLog,
 }
@@ -226,6 +240,12 @@ fn feed(kind: Kind, bytes: &[u8], scratch: &Path) -> Result<(), String> {
             let r = Scenario::load(&path).map(|_| ()).map_err(|e| e.to_string());
             one_line(kind, "fuzz.ron", r)
         }
+        Kind::JsonScenario => {
+            let path = scratch.join("fuzz.json");
+            std::fs::write(&path, bytes).unwrap();
+            let r = Scenario::load(&path).map(|_| ()).map_err(|e| e.to_string());
+            one_line(kind, "fuzz.json", r)
+        }
         Kind::Sweep => {
             let path = scratch.join("fuzz-sweep.ron");
             std::fs::write(&path, bytes).unwrap();
@@ -274,7 +294,8 @@ fn loaders_give_a_result_or_one_error_line_without_panics_in_bounded_memory() {
     while Instant::now() < until {
         let mut r = ChaCha8Rng::seed_from_u64(n);
         let (kind, input) = if r.next_u32() % 8 == 0 {
-            let kind = [Kind::Scenario, Kind::Sweep, Kind::OpLog][(r.next_u32() % 3) as usize];
+            let kinds = [Kind::Scenario, Kind::JsonScenario, Kind::Sweep, Kind::OpLog];
+            let kind = kinds[(r.next_u32() % 4) as usize];
             let len = (r.next_u32() % 4096) as usize;
             (kind, (0..len).map(|_| r.next_u32() as u8).collect())
         } else {

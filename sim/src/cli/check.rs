@@ -62,7 +62,7 @@ fn scenario_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
             let mut here: Vec<PathBuf> = std::fs::read_dir(p)
                 .map_err(|e| format!("{}: {e}", p.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.extension().is_some_and(|x| x == "ron"))
+                .filter(|f| f.extension().is_some_and(|x| x == "ron" || x == "json"))
                 .collect();
             here.sort();
             files.extend(here);

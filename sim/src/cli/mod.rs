@@ -18,6 +18,7 @@ pub mod check;
 pub mod profiles;
 pub mod replay;
 pub mod run;
+pub mod schema;
 pub mod sweep;
 
 use std::io::Write;

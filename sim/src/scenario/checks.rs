@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Expectations of one policy's run (`policy` is a label such as `per_request`, or `*`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Expect {
     pub policy: String,
@@ -24,7 +24,7 @@ pub struct Expect {
     pub metrics: Vec<MetricBound>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MetricBound {
     pub metric: String,
@@ -34,7 +34,7 @@ pub struct MetricBound {
     pub max: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum TargetDisposition {
     Completed,
     Cancelled,
@@ -44,7 +44,7 @@ pub enum TargetDisposition {
 /// The system properties a configuration must keep. Routing (each consumer receives only its own
 /// request's markers) is required everywhere unless turned off; sibling isolation (survival 1.0)
 /// is required for the listed policy labels.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Properties {
     pub routing: bool,
@@ -61,7 +61,7 @@ impl Default for Properties {
 }
 
 /// Inclusive ranges for swarm testing. Unset: the scenario's own value.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SwarmRanges {
     /// Requests (Poisson, OnOff), conversations, or trace rows.

@@ -53,24 +53,39 @@ impl Scenario {
                 e.utf8_error().valid_up_to()
             ))
         })?;
-        let mut scenario = Scenario::parse(&text, &shown)?;
+        let syntax = if path
+            .extension()
+            .is_some_and(|x| x.eq_ignore_ascii_case("json"))
+        {
+            Syntax::Json
+        } else {
+            Syntax::Ron
+        };
+        let mut scenario = match syntax {
+            Syntax::Json => Scenario::parse_json(&text, &shown)?,
+            Syntax::Ron => Scenario::parse(&text, &shown)?,
+        };
         scenario.base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        scenario.check_files(&text, &shown)?;
+        scenario.check_files(&text, &shown, syntax)?;
         Ok(scenario)
     }
 
     /// Files the scenario refers to must exist, be readable and lie under the data root.
-    fn check_files(&self, text: &str, shown: &str) -> Result<(), LoadError> {
+    fn check_files(&self, text: &str, shown: &str, syntax: Syntax) -> Result<(), LoadError> {
         if let Source::Trace { path, .. } = &self.workload.source {
-            self.check_file(path, "trace", "workload.source.Trace.path", text, shown)?;
+            self.check_file(
+                path,
+                "trace",
+                "workload.source.Trace.path",
+                (text, shown, syntax),
+            )?;
         }
         if let super::ProfileRef::Table { path, .. } = &self.cluster.profile {
             self.check_file(
                 path,
                 "step table",
                 "cluster.profile.Table.path",
-                text,
-                shown,
+                (text, shown, syntax),
             )?;
             // Its content too, before anything is written: the error names its line and column.
             crate::step_table::load(&self.base_dir.join(path)).map_err(LoadError)?;
@@ -85,8 +100,7 @@ impl Scenario {
         path: &str,
         what: &str,
         field: &str,
-        text: &str,
-        shown: &str,
+        (text, shown, syntax): (&str, &str, Syntax),
     ) -> Result<(), LoadError> {
         {
             let full = self.base_dir.join(path);
@@ -112,7 +126,7 @@ impl Scenario {
                 )),
             };
             if let Some(problem) = problem {
-                let at = locate_field(text, field)
+                let at = locate_field(text, field, syntax)
                     .map(|(l, c)| format!(":{l}:{c}"))
                     .unwrap_or_default();
                 return Err(LoadError(format!(
@@ -154,14 +168,35 @@ impl Scenario {
             let spanned = de.span_error(e);
             LoadError(format!("{shown}:{}: {}", spanned.span.start, spanned.code))
         })?;
-        scenario.validate().map_err(|e| {
+        scenario.validated(text, shown, Syntax::Ron)
+    }
+
+    /// Parse a scenario written as JSON (the same fields and variants, by serde's external
+    /// tagging: `{"Poisson": {"rate_per_s": 2.0}}`); `docs/schemas/scenario.schema.json` is its
+    /// schema. A top-level `"$schema"` key, for editors, is allowed and ignored.
+    pub fn parse_json(text: &str, shown: &str) -> Result<Scenario, LoadError> {
+        if text.trim().is_empty() {
+            return Err(LoadError(format!("{shown}:1:1: empty scenario file")));
+        }
+        let mut de = serde_json::Deserializer::from_str(text);
+        let scenario: Scenario = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            json_error(shown, &path, &e.into_inner())
+        })?;
+        de.end().map_err(|e| json_error(shown, ".", &e))?;
+        scenario.validated(text, shown, Syntax::Json)
+    }
+
+    /// The scenario if its values make sense, else an error at the offending field.
+    fn validated(self, text: &str, shown: &str, syntax: Syntax) -> Result<Scenario, LoadError> {
+        self.validate().map_err(|e| {
             let (field, msg) = (e.field, e.message);
-            let at = locate_field(text, &field)
+            let at = locate_field(text, &field, syntax)
                 .map(|(l, c)| format!(":{l}:{c}"))
                 .unwrap_or_default();
             LoadError(format!("{shown}{at}: field `{field}` {msg}"))
         })?;
-        Ok(scenario)
+        Ok(self)
     }
 
     /// The embedded default scenario.
@@ -169,6 +204,28 @@ impl Scenario {
         Scenario::parse(DEFAULT_SCENARIO, DEFAULT_SCENARIO_PATH)
             .expect("the embedded default scenario is valid (tested)")
     }
+}
+
+/// A JSON parse error as one line: `FILE:LINE:COL: message (field `path`)`.
+fn json_error(shown: &str, path: &str, e: &serde_json::Error) -> LoadError {
+    let field = if path == "." || path == "?" {
+        String::new()
+    } else {
+        format!(" (field `{path}`)")
+    };
+    // serde_json's message ends with its own " at line L column C": it goes in front instead.
+    let text = e.to_string();
+    let msg = text
+        .rsplit_once(" at line ")
+        .map_or(text.as_str(), |(m, _)| m);
+    LoadError(format!("{shown}:{}:{}: {msg}{field}", e.line(), e.column()))
+}
+
+/// How a scenario file is written, which decides how a field is found in its text.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Syntax {
+    Ron,
+    Json,
 }
 
 fn io_reason(e: &std::io::Error) -> String {
@@ -179,10 +236,14 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-/// Best-effort `line:column` of a dotted field path in RON text: walks the path, finding each
-/// segment's `name:` after the previous one. Enum variant segments (`Poisson`) match `Poisson(`.
-fn locate_field(text: &str, field: &str) -> Option<(usize, usize)> {
-    let masked = mask(text);
+/// Best-effort `line:column` of a dotted field path: walks the path, finding each segment after
+/// the previous one. In RON a segment is `name:`, or `Poisson(` for an enum variant; in JSON
+/// every segment, variants included, is a key `"name":`.
+fn locate_field(text: &str, field: &str, syntax: Syntax) -> Option<(usize, usize)> {
+    let masked = match syntax {
+        Syntax::Ron => mask(text),
+        Syntax::Json => text.to_string(),
+    };
     let text = masked.as_str();
     let mut from = 0usize;
     let mut found = None;
@@ -191,7 +252,10 @@ fn locate_field(text: &str, field: &str) -> Option<(usize, usize)> {
             Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
             None => (seg, None),
         };
-        let pos = find_ident(&text[from..], name)? + from;
+        let pos = match syntax {
+            Syntax::Ron => find_ident(&text[from..], name)?,
+            Syntax::Json => find_key(&text[from..], name)?,
+        } + from;
         found = Some(pos);
         from = pos + name.len();
         // Into the i-th item of the list this field holds, if it can be found.
@@ -273,6 +337,20 @@ fn find_ident(hay: &str, ident: &str) -> Option<usize> {
     None
 }
 
+/// Position of the JSON key `"key"` (followed by `:`).
+fn find_key(hay: &str, key: &str) -> Option<usize> {
+    let quoted = format!("\"{key}\"");
+    let mut start = 0;
+    while let Some(i) = hay[start..].find(&quoted) {
+        let at = start + i;
+        if hay[at + quoted.len()..].trim_start().starts_with(':') {
+            return Some(at);
+        }
+        start = at + quoted.len();
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,15 +376,15 @@ mod tests {
     fn locate_field_walks_the_path() {
         let text = "S(\n  workload: (\n    arrivals: Poisson(rate_per_s: -1.0),\n  ),\n)";
         assert_eq!(
-            locate_field(text, "workload.arrivals.Poisson.rate_per_s"),
+            locate_field(text, "workload.arrivals.Poisson.rate_per_s", Syntax::Ron),
             Some((3, 23))
         );
-        assert_eq!(locate_field(text, "nope"), None);
+        assert_eq!(locate_field(text, "nope", Syntax::Ron), None);
     }
 
     #[test]
     fn locate_field_skips_strings_and_comments() {
         let text = "S(\n  description: \"policies: none\", // policies: here\n  /* policies: */ policies: [],\n)";
-        assert_eq!(locate_field(text, "policies"), Some((3, 19)));
+        assert_eq!(locate_field(text, "policies", Syntax::Ron), Some((3, 19)));
     }
 }

@@ -11,6 +11,7 @@
 mod cancel;
 mod checks;
 mod load;
+mod schema;
 mod serving;
 mod topology;
 mod validate;
@@ -22,6 +23,7 @@ use crate::kernel::{Limits, NS_PER_S};
 pub use cancel::*;
 pub use checks::*;
 pub use load::{outside_data_root, set_data_root, LoadError};
+pub use schema::scenario_schema;
 pub use serving::*;
 pub use topology::{
     AbortOrder, CompletionsSpec, HandoffSpec, LinkRon, ReclaimSpec, RoleSpec, StageSpec,
@@ -34,9 +36,13 @@ pub const DEFAULT_SCENARIO: &str = include_str!("../../../scenarios/default.ron"
 /// The name shown for the embedded default in messages.
 pub const DEFAULT_SCENARIO_PATH: &str = "<embedded>/scenarios/default.ron";
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
+    /// In a JSON scenario, the schema's address for editors; ignored, and never part of the
+    /// scenario's hash.
+    #[serde(rename = "$schema", default, skip_serializing)]
+    pub schema: Option<String>,
     /// Used for the output directory; letters, digits, `-` and `_`.
     pub name: String,
     #[serde(default)]
@@ -83,7 +89,7 @@ fn default_seed() -> u64 {
     1
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     pub max_events: u64,

@@ -7,7 +7,7 @@ use cancelsim_models::gpu::{self, Profile, StepCost, StepModel};
 use crate::dist::{ms_to_ns, Dist};
 
 /// What arrives, and what each request asks for.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Workload {
     pub source: Source,
@@ -34,7 +34,7 @@ pub struct Workload {
     pub stop_strings: Option<StopStrings>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StopStrings {
     /// Probability that a request's output ends at a stop string.
@@ -79,7 +79,7 @@ fn default_output() -> Dist {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub enum Source {
     /// Open-loop Poisson arrivals.
@@ -144,7 +144,7 @@ pub enum Source {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BargeIn {
     /// Probability that a turn is interrupted.
@@ -153,7 +153,7 @@ pub struct BargeIn {
     pub after_ms: Dist,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum TraceFormat {
     /// Azure LLM inference trace 2023: `TIMESTAMP,ContextTokens,GeneratedTokens`.
     AzureCsv,
@@ -162,7 +162,7 @@ pub enum TraceFormat {
 }
 
 /// The serving side: replicas behind a router, each one engine on one GPU profile.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
     #[serde(default = "one")]
@@ -188,7 +188,9 @@ pub struct Cluster {
     pub topology: Option<super::TopologySpec>,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum Router {
     #[default]
     RoundRobin,
@@ -206,7 +208,7 @@ pub enum Router {
     SharedQueue { max_outstanding: u32 },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum StepForm {
     /// Compute against memory traffic, with prefill attention quadratic in its context.
     Roofline,
@@ -214,7 +216,7 @@ pub enum StepForm {
     Linear,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub enum ProfileRef {
     /// One of `llama-3.1-8b-h100`, `llama-3.1-8b-a100`, `llama-3.1-70b-tp4-h100`,
@@ -312,7 +314,7 @@ impl ProfileRef {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub enum Scheduler {
     /// vLLM-like continuous batching. Unset limits take the profile's vLLM defaults.

@@ -10,7 +10,7 @@ use super::validate::Invalid;
 use super::Scenario;
 
 /// The stage graph: its stages, and the links between them.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TopologySpec {
     pub stages: Vec<StageSpec>,
@@ -25,7 +25,7 @@ pub struct TopologySpec {
 /// defaults are vLLM's with its NIXL connector as of the research note: aborts handled before
 /// output processing (the fix of vllm#29987), a 480 s abort timeout on the prefill side
 /// (vllm#41269), no reclaim deadline on the decode side (vllm#46283, open).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HandoffSpec {
     /// When a prefill node handles an abort that arrived during a request's final prefill step.
@@ -77,7 +77,7 @@ impl Default for HandoffSpec {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum AbortOrder {
     /// Aborts first: a cancel that arrived during the final prefill step aborts the request at
     /// the step's boundary, and its blocks go back.
@@ -87,7 +87,7 @@ pub enum AbortOrder {
     AfterOutput,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum TransferCancel {
     /// The transfer stops at once; both sides may free.
     AtOnce,
@@ -95,7 +95,7 @@ pub enum TransferCancel {
     AtTransferEnd,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum ReclaimSpec {
     /// Held until the notice comes: forever, if it never does.
     Never,
@@ -103,13 +103,13 @@ pub enum ReclaimSpec {
     Lease { lease_ms: f64, grace_ms: f64 },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum CompletionsSpec {
     Counted,
     FirstFrees,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StageSpec {
     pub name: String,
@@ -123,7 +123,7 @@ fn one() -> u32 {
     1
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum RoleSpec {
     Router,
     Colocated,
@@ -134,7 +134,7 @@ pub enum RoleSpec {
 
 /// A link: its ends by stage name, its latency, its bandwidth for KV bytes (none: within a
 /// node, free) and the probability that a message on it is lost.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LinkRon {
     pub from: String,

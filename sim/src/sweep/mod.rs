@@ -42,7 +42,7 @@ impl std::fmt::Display for SweepError {
 }
 
 /// A sweep file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Sweep {
     pub name: String,
@@ -59,7 +59,7 @@ fn one() -> u64 {
 }
 
 /// One axis of the grid: a parameter and its values.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub enum Axis {
     /// `cancellation.fraction`.

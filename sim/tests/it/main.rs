@@ -12,6 +12,8 @@ mod overload;
 mod prefix;
 mod queueing;
 mod replay;
+mod schema;
+mod scratch;
 mod sweep;
 mod topology;
 mod validation;
