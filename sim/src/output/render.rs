@@ -193,11 +193,13 @@ const LEVELS: [&str; 5] = [
 struct Table<'a> {
     cols: Vec<&'a Summary>,
     width: usize,
+    /// The longest row name, so every value column lines up.
+    label_width: usize,
 }
 
 impl Table<'_> {
     fn row(&self, w: &mut String, name: &str, f: &dyn Fn(&Summary) -> String) {
-        let _ = write!(w, "{name:<34}");
+        let _ = write!(w, "{name:<width$}", width = self.label_width);
         for s in &self.cols {
             let _ = write!(w, " {:>width$}", f(s), width = self.width);
         }
@@ -255,23 +257,30 @@ pub fn render(r: &Report) -> String {
         .max()
         .unwrap_or(10)
         .max(12);
-    let t = Table { cols, width };
+    // The sections this run has, in print order; the cleanup rows go between them and the tail.
+    let shown = [
+        (true, HEAD_ROWS),
+        (r.ideal.is_some(), CAPACITY_ROWS),
+        (cf.handoff.is_some(), HANDOFF_ROWS),
+        (cf.recovery.is_some(), RECOVERY_ROWS),
+    ];
+    let sections: Vec<&[(&str, Cell)]> = shown.iter().filter(|(on, _)| *on).map(|s| s.1).collect();
+    let cleanup = LEVELS.map(|level| "cleanup_ms..not_applicable".len() + level.len());
+    let label_width = sections
+        .iter()
+        .chain([&TAIL_ROWS])
+        .flat_map(|rows| rows.iter().map(|(name, _)| name.len()))
+        .chain(cleanup)
+        .max()
+        .unwrap_or(0);
+    let t = Table {
+        cols,
+        width,
+        label_width,
+    };
     t.row(w, "", &|s| s.policy.clone());
-    for (name, cell) in HEAD_ROWS {
-        t.row(w, name, cell);
-    }
-    if r.ideal.is_some() {
-        for (name, cell) in CAPACITY_ROWS {
-            t.row(w, name, cell);
-        }
-    }
-    if cf.handoff.is_some() {
-        for (name, cell) in HANDOFF_ROWS {
-            t.row(w, name, cell);
-        }
-    }
-    if cf.recovery.is_some() {
-        for (name, cell) in RECOVERY_ROWS {
+    for rows in sections {
+        for (name, cell) in rows {
             t.row(w, name, cell);
         }
     }

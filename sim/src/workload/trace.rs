@@ -321,6 +321,7 @@ mod tests {
         std::fs::write(&p, "time,a,b\n").unwrap();
         let e = TraceReader::open(&p, TraceFormat::AzureCsv).err().unwrap();
         assert!(e.contains("t.csv:1: expected the header"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
@@ -349,5 +350,6 @@ mod order_tests {
             ),
             "{e}"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

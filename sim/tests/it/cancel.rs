@@ -12,11 +12,10 @@ use cancelsim::scenario::Scenario;
 
 /// A trace of requests all arriving at t = 0: `(prompt, output)` each.
 fn cohort(name: &str, requests: &[(u32, u32)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cancelsim-cancel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = dir.join(format!("{name}-{n}.csv"));
+    let pid = std::process::id();
+    let path = std::env::temp_dir().join(format!("cancelsim-cancel-{pid}-{name}-{n}.csv"));
     let mut text = String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n");
     for (p, o) in requests {
         text += &format!("2024-01-01 00:00:00.0,{p},{o}\n");
@@ -89,6 +88,7 @@ fn run(s: Setup) -> Report {
         );
     }
     let again = run::report(&scenario, 1).unwrap();
+    std::fs::remove_file(&trace).unwrap();
     assert_eq!(
         report.run_hash, again.run_hash,
         "same scenario and seed, same hash"

@@ -1,7 +1,8 @@
 //! The binary as a user runs it: bad input gets one line naming the place, a non-zero exit and
 //! no panic; good input prints a summary ending in `run_hash=`.
 
-use std::path::{Path, PathBuf};
+use crate::scratch::Scratch;
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn cancelsim(args: &[&str], cwd: &Path) -> Output {
@@ -12,11 +13,8 @@ fn cancelsim(args: &[&str], cwd: &Path) -> Output {
         .expect("cancelsim runs")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cancelsim-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new("cli", name, true)
 }
 
 const GOOD: &str = r#"Scenario(
@@ -34,7 +32,7 @@ const GOOD: &str = r#"Scenario(
 "#;
 
 /// Write `text` as a scenario, run it, and return (exit code, stderr).
-fn run_text(name: &str, text: &str) -> (Option<i32>, String, PathBuf) {
+fn run_text(name: &str, text: &str) -> (Option<i32>, String, Scratch) {
     let dir = scratch(name);
     let path = dir.join("s.ron");
     std::fs::write(&path, text).unwrap();

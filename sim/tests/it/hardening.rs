@@ -1,8 +1,9 @@
 //! Issue 12's adversarial inputs, one test per item: false passes, exit codes, closed and full
 //! outputs, leftovers, sloppy values, sweeps that mix shards. Each failed on the main before it.
 
+use crate::scratch::Scratch;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 fn bin() -> Command {
@@ -15,11 +16,8 @@ fn cancelsim(args: &[&str], cwd: &Path) -> Output {
     bin().args(args).current_dir(cwd).output().unwrap()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cancelsim-hard-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new("hard", name, true)
 }
 
 fn text(b: &[u8]) -> String {

@@ -1,17 +1,16 @@
 //! What a run leaves on disk: every file is there, `trace.json` passes the structural checker,
 //! `requests.csv` has one row per request and run, and the plots are byte-identical across runs.
 
-use std::path::{Path, PathBuf};
+use crate::scratch::Scratch;
+use std::path::Path;
 
 use cancelsim::output::{trace_check, Finished, RunDir, Written};
 use cancelsim::record::TRACE_EVENTS_MAX;
 use cancelsim::run::{self, Report, RunOptions};
 use cancelsim::scenario::Scenario;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cancelsim-out-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new("out", name, false)
 }
 
 fn write(root: &Path, scenario: &Scenario, force: bool) -> (Written, Report) {

@@ -1,6 +1,7 @@
 //! Sweeps: killed with SIGKILL halfway and resumed, or split into shards and merged, they give a
 //! results.csv byte-identical to one uninterrupted run.
 
+use crate::scratch::Scratch;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -9,10 +10,8 @@ fn sweep_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/sweeps/grid-200x5.ron")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cancelsim-sweep-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new("sweep", name, false)
 }
 
 /// The binary on `args`, with every path allowed (the sweeps live in the repository).
@@ -120,7 +119,7 @@ fn a_sweep_killed_halfway_resumes_to_the_same_csv() {
 #[test]
 fn shards_merge_to_the_unsharded_csv() {
     let full = uninterrupted("shards");
-    let dirs: Vec<PathBuf> = (1..=3).map(|i| scratch(&format!("shard{i}"))).collect();
+    let dirs: Vec<Scratch> = (1..=3).map(|i| scratch(&format!("shard{i}"))).collect();
     for (i, d) in dirs.iter().enumerate() {
         let shard = format!("{}/3", i + 1);
         cancelsim(&[

@@ -2,6 +2,7 @@
 //! field, drawn as `graph.dot` in every run directory; a prefill/decode graph runs, and its
 //! lease holds the capacity queueing theory predicts.
 
+use crate::scratch::Scratch;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -13,11 +14,8 @@ fn cancelsim(args: &[&str], cwd: &Path) -> Output {
         .unwrap()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cancelsim-topo-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new("topo", name, true)
 }
 
 /// A small scenario with `topology` as its cluster's graph.
@@ -43,7 +41,7 @@ const COLOCATED: &str = include_str!("../fixtures/graph-colocated.ron");
 const ONE_P_ONE_D: &str = include_str!("../fixtures/graph-1p1d.ron");
 
 /// Run `text`: (exit code, stderr, the scratch directory).
-fn run(name: &str, text: &str) -> (Option<i32>, String, PathBuf) {
+fn run(name: &str, text: &str) -> (Option<i32>, String, Scratch) {
     let dir = scratch(name);
     std::fs::write(dir.join("s.ron"), text).unwrap();
     let out = cancelsim(&["run", "s.ron", "--out", "out"], &dir);
