@@ -9,6 +9,12 @@
 //!   `mlp_up_proj`, `mlp_act`, `mlp_down_proj` and `add`, summed per layer as vidur's
 //!   `ExecutionTime` does, times the layers; the mean of the file's repeated rows). The model
 //!   side is the roofline of the blocks alone: no head, no attention kernel, no KV traffic.
+//! - **Layers**: a decode step's transformer layers at batch b and context k: the blocks' time
+//!   at b tokens (as above) plus, per layer, vidur's profiled FlashAttention decode kernel and
+//!   its reshapes at (b, k) (the medians of `attn_decode`, `attn_input_reshape` and
+//!   `attn_output_reshape` in Llama-2-7B/A100's `attention.csv`, in vidur's earlier format, as
+//!   kept in the fork `sw5sh/cs378-assignment3` at 7ac2fe9: vidur's own snapshot lacks the
+//!   file). The model side is the roofline without the head: blocks plus the KV read.
 //! - **Step**: an engine's measured time per output token, against the whole step.
 //!
 //! A point is *fitted* when the target (within 15 %) applies. Points from another runtime or
@@ -22,6 +28,7 @@ use super::{Profile, Roofline, StepShape};
 #[derive(Clone, Copy, Debug)]
 pub enum Scope {
     Blocks,
+    Layers,
     Step,
 }
 
@@ -62,6 +69,7 @@ const fn decode(b: u64, ctx: u64) -> StepShape {
 }
 
 const VIDUR: &str = "vidur mlp.csv";
+const VIDUR_ATTN: &str = "vidur mlp.csv + attention.csv";
 const YOBITEL: &str = "vLLM 0.21, fp16, ITL at concurrency c (yobitelcomm bench)";
 
 const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point {
@@ -76,6 +84,20 @@ const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point 
     }
 }
 
+/// Blocks at `b` tokens (`blocks_us`, the mlp.csv sum) plus 32 layers of attention at `attn_us`
+/// each (attention.csv), for `b` sequences of `ctx` tokens.
+const fn layers(what: &'static str, b: u64, ctx: u64, blocks_us: u64, attn_us: u64) -> Point {
+    Point {
+        profile: LLAMA2_7B_A100,
+        scope: Scope::Layers,
+        what,
+        shape: decode(b, ctx),
+        published_us: blocks_us + 32 * attn_us,
+        source: VIDUR_ATTN,
+        not_fitted: None,
+    }
+}
+
 /// The points, in the order of the table.
 pub const POINTS: &[Point] = &[
     blocks(LLAMA2_7B_A100, "1 token", 1, 9_280),
@@ -85,6 +107,12 @@ pub const POINTS: &[Point] = &[
     blocks(LLAMA2_7B_A100, "256 tokens", 256, 17_808),
     blocks(LLAMA2_7B_A100, "2,048 tokens", 2048, 133_464),
     blocks(LLAMA2_7B_A100, "4,096 tokens", 4096, 259_920),
+    layers("decode b=16, context 512", 16, 512, 9_184, 112),
+    layers("decode b=64, context 512", 64, 512, 9_696, 331),
+    layers("decode b=1, context 2,048", 1, 2048, 9_280, 30),
+    layers("decode b=16, context 2,048", 16, 2048, 9_184, 343),
+    layers("decode b=64, context 2,048", 64, 2048, 9_696, 1_188),
+    layers("decode b=128, context 2,048", 128, 2048, 12_240, 2_146),
     blocks(LLAMA2_7B_H100, "1 token", 1, 5_600),
     blocks(LLAMA2_7B_H100, "16 tokens", 16, 5_792),
     blocks(LLAMA2_7B_H100, "64 tokens", 64, 5_856),
@@ -148,6 +176,7 @@ impl Point {
         let ns = match self.scope {
             Scope::Step => self.profile.roofline.step_ns(self.shape),
             Scope::Blocks => blocks_only(&self.profile).step_ns(self.shape),
+            Scope::Layers => layers_only(&self.profile).step_ns(self.shape),
         };
         ns as f64 / 1e3
     }
@@ -166,6 +195,13 @@ fn blocks_only(p: &Profile) -> Roofline {
     Roofline::derive(shape, p.gpu, p.tp, 0)
 }
 
+/// The profile's roofline without the head: the blocks and the KV traffic, no overhead.
+fn layers_only(p: &Profile) -> Roofline {
+    let mut shape = p.shape;
+    shape.head_params = 0;
+    Roofline::derive(shape, p.gpu, p.tp, 0)
+}
+
 /// The table as `docs/validation.md` shows it (Markdown).
 pub fn fit_table() -> String {
     let mut s = String::from(
@@ -175,6 +211,7 @@ pub fn fit_table() -> String {
     for p in POINTS {
         let scope = match p.scope {
             Scope::Blocks => "blocks",
+            Scope::Layers => "layers",
             Scope::Step => "step",
         };
         let source = match p.not_fitted {

