@@ -49,8 +49,13 @@ pub fn read_limited(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 
 /// `read_limited` as UTF-8 text.
 pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
-    String::from_utf8(read_limited(path, limit)?)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.utf8_error()))
+    let text = String::from_utf8(read_limited(path, limit)?)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.utf8_error()))?;
+    // A byte-order mark, as some Windows editors write, is not part of any format read here.
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    })
 }
 
 /// A reader that fails once a line runs past `max` bytes, so a parser above it never buffers

@@ -53,6 +53,8 @@ impl Scenario {
                 e.utf8_error().valid_up_to()
             ))
         })?;
+        // A byte-order mark, as some Windows editors write, is not part of either syntax.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text).to_string();
         let syntax = if path
             .extension()
             .is_some_and(|x| x.eq_ignore_ascii_case("json"))

@@ -143,8 +143,8 @@ fn the_schema_and_the_loader_agree_on_every_mutation() {
     );
 }
 
-/// A JSON scenario file runs like its RON twin; `"$schema"` is allowed; a bad one gets the
-/// one-line error with the file, `line:column` and the field.
+/// A JSON scenario file runs like its RON twin; `"$schema"` and a byte-order mark are allowed;
+/// a bad one gets the one-line error with the file, `line:column` and the field.
 #[test]
 fn json_scenario_files_load_with_located_errors() {
     let dir = crate::scratch::Scratch::new("schema", "json", true);
@@ -158,6 +158,15 @@ fn json_scenario_files_load_with_located_errors() {
     std::fs::write(&good, serde_json::to_string_pretty(&json).unwrap()).unwrap();
     let loaded = Scenario::load(&good).unwrap();
     assert_eq!(loaded.hash(), ron.hash());
+    // With a byte-order mark, as some editors write, in either syntax.
+    let bom = dir.join("bom.json");
+    let text = serde_json::to_string_pretty(&json).unwrap();
+    std::fs::write(&bom, format!("\u{feff}{text}")).unwrap();
+    assert_eq!(Scenario::load(&bom).unwrap().hash(), ron.hash());
+    let bom = dir.join("bom.ron");
+    let text = cancelsim::scenario::DEFAULT_SCENARIO;
+    std::fs::write(&bom, format!("\u{feff}{text}")).unwrap();
+    assert_eq!(Scenario::load(&bom).unwrap().hash(), ron.hash());
 
     json["workload"]["source"]["Poisson"]["rate_per_s"] = Value::from(-5.0);
     let bad = dir.join("bad.json");
