@@ -77,6 +77,27 @@ pub enum Axis {
 }
 
 impl Axis {
+    /// Why this axis cannot change `base`, when the reason is its shape (else empty).
+    fn why_inert(&self, base: &Scenario) -> &'static str {
+        let continuous = matches!(base.cluster.scheduler, Scheduler::Continuous { .. });
+        let rated = matches!(
+            base.workload.source,
+            Source::Poisson { .. } | Source::Gamma { .. } | Source::OnOff { .. }
+        );
+        match self {
+            Axis::Fraction(_) if base.cancellation.is_none() => {
+                ": the base scenario has no `cancellation` section to set the fraction of"
+            }
+            Axis::Window(_) if !continuous => {
+                ": the base scenario's scheduler is not `Continuous`, which alone has a window"
+            }
+            Axis::Rate(_) if !rated => {
+                ": the base scenario's source has no rate (a Poisson, Gamma or OnOff source has)"
+            }
+            _ => " (a value is repeated)",
+        }
+    }
+
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Axis::Fraction(_) => "fraction",
@@ -240,18 +261,30 @@ impl Plan {
     /// `POINTS_VALIDATED_MAX`), since values can clash only together.
     fn validate_grid(&self, text: &str) -> Result<(), String> {
         for (k, axis) in self.sweep.grid.iter().enumerate() {
+            // Each value's scenario, by hash: two values giving one scenario would make points
+            // that differ only in name, and a planner would read "no effect" into them.
+            let mut seen: Vec<(String, String)> = Vec::new();
             for i in 0..axis.len() {
                 let mut s = self.base.clone();
                 let value = axis.apply(i, &mut s);
+                let at = crate::locate::grid_value(text, k, i)
+                    .map_or_else(String::new, |(l, c)| format!(":{l}:{c}"));
+                let name = axis.name();
                 if let Err(e) = s.validate() {
-                    let at = crate::locate::grid_value(text, k, i)
-                        .map_or_else(String::new, |(l, c)| format!(":{l}:{c}"));
-                    let name = axis.name();
                     return Err(format!(
                         "{at}: grid axis {name}, value {value}: field `{}` {}",
                         e.field, e.message
                     ));
                 }
+                let hash = s.hash();
+                if let Some((other, _)) = seen.iter().find(|(_, h)| *h == hash) {
+                    return Err(format!(
+                        "{at}: grid axis {name}, value {value}: the same scenario as value \
+                         {other}, so the axis would change nothing{}",
+                        axis.why_inert(&self.base)
+                    ));
+                }
+                seen.push((value, hash));
             }
         }
         if self.points <= POINTS_VALIDATED_MAX {

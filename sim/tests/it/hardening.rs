@@ -426,6 +426,43 @@ fn a_bad_grid_value_is_refused_at_its_line_before_any_part_is_written() {
     assert!(!dir.join("o").exists(), "parts were written");
 }
 
+/// An axis that cannot change the base scenario (a cancel fraction without a `cancellation`
+/// section, a rate on a trace, a repeated value) used to run points that differed only in
+/// name, which read as "no effect". It is refused at the value, naming why.
+#[test]
+fn a_grid_axis_that_changes_nothing_is_refused_naming_why() {
+    let dir = scratch("inert");
+    let calm = r#"Scenario(name: "calm", workload: (source: Poisson(rate_per_s: 5.0, requests: 20)),
+        cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#;
+    std::fs::write(dir.join("calm.ron"), calm).unwrap();
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/sweeps/tiny-storm.ron");
+    std::fs::copy(base, dir.join("tiny-storm.ron")).unwrap();
+    for (scenario, axis, want) in [
+        (
+            "calm.ron",
+            "Fraction([0.0, 0.2])",
+            "no `cancellation` section",
+        ),
+        (
+            "tiny-storm.ron",
+            "Loss([0.1, 0.2, 0.1])",
+            "a value is repeated",
+        ),
+    ] {
+        let sweep =
+            format!("Sweep(name: \"g\", scenario: \"{scenario}\", seeds: 1,\n  grid: [{axis}])\n");
+        std::fs::write(dir.join("g.ron"), sweep).unwrap();
+        let out = cancelsim(&["sweep", "g.ron", "--out", "o"], &dir);
+        assert_eq!(out.status.code(), Some(2), "{axis}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("g.ron:2:") && err.contains("would change nothing") && err.contains(want),
+            "{err}"
+        );
+        assert!(!dir.join("o").exists(), "parts were written");
+    }
+}
+
 #[test]
 fn extreme_values_are_errors_in_every_build_not_overflows() {
     // In a debug build the first panicked (an infinite draw) and the second overflowed; a
