@@ -72,6 +72,8 @@ fn lines(groups: &[Group], axis_names: &[&str], axis: usize, k: usize) -> Vec<Li
             label = format!("{label}, {}", others.join(", "));
         }
         let (mean, half) = mean_ci(&g.values[k]);
+        // One seed: no band to draw.
+        let half = if half.is_nan() { 0.0 } else { half };
         let x: f64 = g.axes[axis].parse().expect("a numeric axis");
         match lines.iter_mut().find(|(l, _)| *l == label) {
             Some((_, points)) => points.push((x, mean, half)),

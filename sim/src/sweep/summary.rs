@@ -26,7 +26,8 @@ pub(super) struct Group {
     pub(super) values: Vec<Vec<f64>>,
 }
 
-/// Mean and 95 % half-width (t with n − 1 degrees of freedom; 0 for one value, NaN for none).
+/// Mean and 95 % half-width (t with n − 1 degrees of freedom). One value has no interval: its
+/// half-width is NaN, shown as `n/a` and written empty, never as a misleading 0.
 pub(super) fn mean_ci(xs: &[f64]) -> (f64, f64) {
     let n = xs.len();
     if n == 0 {
@@ -34,7 +35,7 @@ pub(super) fn mean_ci(xs: &[f64]) -> (f64, f64) {
     }
     let mean = xs.iter().sum::<f64>() / n as f64;
     if n == 1 {
-        return (mean, 0.0);
+        return (mean, f64::NAN);
     }
     let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
     (mean, t95(n - 1) * (var / n as f64).sqrt())
@@ -121,7 +122,14 @@ pub fn summarise(plan: &Plan, out: &Path) -> Result<String, SweepError> {
         row.extend([g.policy.clone(), g.seeds.to_string()]);
         for v in &g.values {
             let (m, h) = mean_ci(v);
-            row.extend([m.to_string(), h.to_string()]);
+            let cell = |x: f64| {
+                if x.is_nan() {
+                    String::new()
+                } else {
+                    x.to_string()
+                }
+            };
+            row.extend([cell(m), cell(h)]);
         }
         w.write_record(&row).map_err(|e| io(e.to_string()))?;
     }
@@ -157,6 +165,8 @@ fn table(axis_names: &[&str], names: &[String], groups: &[Group]) -> String {
                 let (m, h) = mean_ci(&g.values[k]);
                 if m.is_nan() {
                     "-".into()
+                } else if h.is_nan() {
+                    format!("{}±n/a", short(m))
                 } else {
                     format!("{}±{}", short(m), short(h))
                 }
@@ -193,7 +203,8 @@ mod tests {
         assert_eq!(m, 2.0);
         // s = 1, n = 3: t(2) = 4.303, half-width 4.303 / sqrt 3.
         assert!((h - 4.303 / 3f64.sqrt()).abs() < 1e-12);
-        assert_eq!(mean_ci(&[5.0]), (5.0, 0.0));
+        let (m, h) = mean_ci(&[5.0]);
+        assert!(m == 5.0 && h.is_nan(), "one value has no interval");
         assert!(mean_ci(&[]).0.is_nan());
     }
 }
