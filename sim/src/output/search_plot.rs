@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::plots::palette;
@@ -43,7 +44,7 @@ where
     )?;
     let metrics: [(&str, Pick, f64); 3] = [
         (
-            "TTFT p99 (ms), upper bound",
+            "time to first token p99 (ms), upper bound",
             |p| p.ttft_p99_ms_upper,
             slo.ttft_p99_ms,
         ),
@@ -82,22 +83,58 @@ where
             BLACK.stroke_width(1),
         ))?;
         for (i, a) in answers.iter().enumerate() {
-            let c = palette(i);
-            let points = a.probes.iter().map(|p| {
-                let style = if p.passed {
-                    c.filled()
-                } else {
-                    c.stroke_width(2)
-                };
-                Circle::new((p.value, pick(p).min(ymax)), 5, style)
-            });
-            chart
-                .draw_series(points)?
-                .label(a.policy.replace('_', " "))
-                .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+            let at = |p: &Probe| (p.value, pick(p).min(ymax));
+            let passed: Vec<_> = a.probes.iter().filter(|p| p.passed).map(at).collect();
+            let failed: Vec<_> = a.probes.iter().filter(|p| !p.passed).map(at).collect();
+            let label = a.policy.replace('_', " ");
+            // Earlier policies are drawn larger, so a later one drawn over the same point
+            // stays visible inside it.
+            let r = 5 + 2 * ((answers.len() - 1 - i) / 3) as i32;
+            glyphs(&mut chart, (i, r), passed, (true, Some(label)))?;
+            glyphs(&mut chart, (i, r), failed, (false, None))?;
         }
         super::plots::legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
     area.present()?;
+    Ok(())
+}
+
+/// Policy `i`'s probes at `points`, in its marker of radius `r`: a circle, a triangle or a square
+/// by `i`, filled for a pass and hollow for a failure, so two policies with the same probes both
+/// show, and pass and failure stay apart. `label` names the policy in the legend (once per
+/// policy).
+fn glyphs<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    (i, r): (usize, i32),
+    points: Vec<(f64, f64)>,
+    (filled, label): (bool, Option<String>),
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    let c = palette(i);
+    let style = if filled {
+        c.filled()
+    } else {
+        c.stroke_width(2)
+    };
+    let pts = points.into_iter();
+    let anno = match i % 3 {
+        0 => chart.draw_series(pts.map(|p| Circle::new(p, r, style)))?,
+        1 => chart.draw_series(pts.map(|p| TriangleMarker::new(p, r + 2, style)))?,
+        _ => chart.draw_series(
+            pts.map(|p| EmptyElement::at(p) + Rectangle::new([(-r, -r), (r, r)], style)),
+        )?,
+    };
+    if let Some(label) = label {
+        let anno = anno.label(label);
+        match i % 3 {
+            0 => anno.legend(move |(x, y)| Circle::new((x + 10, y), r, c.filled())),
+            1 => anno.legend(move |(x, y)| TriangleMarker::new((x + 10, y), r + 2, c.filled())),
+            _ => anno.legend(move |(x, y)| {
+                Rectangle::new([(x + 10 - r, y - r), (x + 10 + r, y + r)], c.filled())
+            }),
+        };
+    }
     Ok(())
 }
