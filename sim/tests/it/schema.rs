@@ -218,3 +218,32 @@ fn the_readme_scenarios_load_and_its_json_validates() {
         "{ron} RON and {json} JSON scenarios in the README"
     );
 }
+
+/// The fuzzer's scenarios reach every option, far beyond the shipped files: each validates
+/// against the schema and comes back from JSON as the same scenario, hash and all.
+#[test]
+fn fuzzed_scenarios_validate_and_round_trip_through_json() {
+    use cancelsim::check::fuzz::{scenario, Tier};
+    let validator = jsonschema::draft202012::new(&shipped_schema()).unwrap();
+    let base = repo("scenarios");
+    for seed in 1..=400 {
+        let tier = if seed % 10 == 0 {
+            Tier::Big
+        } else {
+            Tier::Small
+        };
+        let s = scenario(seed, tier, base.clone());
+        let json = serde_json::to_value(&s).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&json)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "fuzz seed {seed}: {errors:?}");
+        let text = serde_json::to_string(&json).unwrap();
+        let mut back = Scenario::parse_json(&text, "fuzz.json")
+            .unwrap_or_else(|e| panic!("fuzz seed {seed}: {e}"));
+        back.base_dir = s.base_dir.clone();
+        assert_eq!(back, s, "fuzz seed {seed}");
+        assert_eq!(back.hash(), s.hash());
+    }
+}
