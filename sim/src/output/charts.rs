@@ -6,7 +6,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::plots::{legend, markers, palette, per_policy, swatch, Axes, Charts, Res};
+use super::plots::{label, legend, markers, palette, per_policy, swatch, Axes, Charts, Res};
 use crate::metrics::Summary;
 use crate::record::PAIRS_MAX;
 use crate::run::Report;
@@ -21,22 +21,10 @@ fn nothing<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, title: &str, why: 
 where
     DB::ErrorType: 'static,
 {
-    area.draw_text(
-        title,
-        &("sans-serif", 26).into_font().color(&BLACK),
-        (20, 12),
-    )?;
+    label(area, title, 26, (20, 12))?;
     let (w, h) = area.dim_in_pixel();
-    let style = ("sans-serif", 24).into_font().color(&BLACK);
-    area.draw_text(
-        why,
-        &style,
-        (
-            w as i32 / 2 - 8 * why.len() as i32 / 2 * 3 / 2,
-            h as i32 / 2,
-        ),
-    )?;
-    Ok(())
+    let x = w as i32 / 2 - 8 * why.len() as i32 / 2 * 3 / 2;
+    label(area, why, 24, (x, h as i32 / 2))
 }
 
 /// A title strip over panels: the title and a second line of notes.
@@ -44,17 +32,8 @@ fn title_strip<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, title: &str, n
 where
     DB::ErrorType: 'static,
 {
-    area.draw_text(
-        title,
-        &("sans-serif", 24).into_font().color(&BLACK),
-        (20, 8),
-    )?;
-    area.draw_text(
-        note,
-        &("sans-serif", 16).into_font().color(&BLACK),
-        (20, 40),
-    )?;
-    Ok(())
+    label(area, title, 24, (20, 8))?;
+    label(area, note, 16, (20, 40))
 }
 
 impl Charts<'_> {

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -17,7 +18,7 @@ use crate::metrics::Summary;
 use crate::record::{Extras, Sample};
 use crate::run::Report;
 
-pub(super) type Res = Result<(), Box<dyn std::error::Error>>;
+pub(crate) type Res = Result<(), Box<dyn std::error::Error>>;
 
 pub(crate) fn fonts() {
     static ONCE: Once = Once::new();
@@ -204,20 +205,31 @@ const POLICY_METRICS: [Metric; 3] = [
     }),
 ];
 
+/// Black text of `size` points at pixel `at` of `area`: every title and note of the charts.
+pub(crate) fn label<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    text: &str,
+    size: u32,
+    at: (i32, i32),
+) -> Res
+where
+    DB::ErrorType: 'static,
+{
+    area.draw_text(text, &("sans-serif", size).into_font().color(&BLACK), at)?;
+    Ok(())
+}
+
 /// The title strip: the chart's title, and a legend naming the bars (policy labels are too long
 /// for the x axis).
 fn policies_title<DB: DrawingBackend>(title: &DrawingArea<DB, Shift>, report: &Report) -> Res
 where
     DB::ErrorType: 'static,
 {
-    title.draw_text(
-        &format!(
-            "Policy comparison: {} (seed {}), against one counterfactual",
-            report.scenario, report.seed
-        ),
-        &("sans-serif", 26).into_font().color(&BLACK),
-        (20, 12),
-    )?;
+    let text = format!(
+        "Policy comparison: {} (seed {}), against one counterfactual",
+        report.scenario, report.seed
+    );
+    label(title, &text, 26, (20, 12))?;
     let mut x = 20;
     for (i, p) in report.policies.iter().enumerate() {
         title.draw(&Rectangle::new(
@@ -225,11 +237,7 @@ where
             palette(i).filled(),
         ))?;
         let name = p.policy.replace('_', " ");
-        title.draw_text(
-            &name,
-            &("sans-serif", 18).into_font().color(&BLACK),
-            (x + 22, 56),
-        )?;
+        label(title, &name, 18, (x + 22, 56))?;
         x += 40 + 10 * name.len() as i32;
     }
     Ok(())
@@ -259,13 +267,7 @@ where
         .x_label_area_size(20)
         .y_label_area_size(80)
         .build_cartesian_2d(-0.5f64..n - 0.5, 0f64..top)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .disable_x_axis()
-        .y_desc(unit)
-        .y_label_style(("sans-serif", 14))
-        .draw()?;
+    bar_mesh(&mut chart, unit)?;
     chart.draw_series(values.iter().enumerate().map(|(i, v)| {
         let x = i as f64;
         Rectangle::new([(x - 0.35, 0.0), (x + 0.35, *v)], palette(i).filled())
@@ -277,6 +279,26 @@ where
             ("sans-serif", 14),
         )
     }))?;
+    Ok(())
+}
+
+/// The mesh of a bar panel, on a linear or a log value axis: no x axis (the title strip names
+/// the bars), the unit on y.
+fn bar_mesh<DB: DrawingBackend, Y>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, Y>>,
+    unit: &str,
+) -> Res
+where
+    DB::ErrorType: 'static,
+    Y: Ranged + ValueFormatter<Y::ValueType>,
+{
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .disable_x_axis()
+        .y_desc(unit)
+        .y_label_style(("sans-serif", 14))
+        .draw()?;
     Ok(())
 }
 
@@ -313,13 +335,7 @@ where
         .x_label_area_size(20)
         .y_label_area_size(80)
         .build_cartesian_2d(-0.5f64..n - 0.5, (bottom..top).log_scale())?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .disable_x_axis()
-        .y_desc(unit)
-        .y_label_style(("sans-serif", 14))
-        .draw()?;
+    bar_mesh(&mut chart, unit)?;
     let bars = values.iter().enumerate().filter(|(_, v)| **v > 0.0);
     chart.draw_series(bars.map(|(i, v)| {
         let x = i as f64;

@@ -37,11 +37,7 @@ where
     area.fill(&WHITE)?;
     let (top, rest) = area.split_vertically(50);
     let title = format!("Capacity search over {knob}: filled candidates meet the whole SLO");
-    top.draw_text(
-        &title,
-        &("sans-serif", 22).into_font().color(&BLACK),
-        (20, 12),
-    )?;
+    super::plots::label(&top, &title, 22, (20, 12))?;
     let metrics: [(&str, Pick, f64); 3] = [
         (
             "time to first token p99 (ms), upper bound",

@@ -41,11 +41,7 @@ impl Comparison {
             "B − A: A = {}, B = {} (95 % intervals; filled: significant after Holm)",
             self.a, self.b
         );
-        top.draw_text(
-            &title,
-            &("sans-serif", 20).into_font().color(&BLACK),
-            (20, 10),
-        )?;
+        crate::output::plots::label(&top, &title, 20, (20, 10))?;
         let panels = rest.split_evenly((metrics.len().div_ceil(2).max(1), 2));
         for (panel, metric) in panels.iter().zip(metrics) {
             let tests: Vec<_> = self.tests.iter().filter(|t| t.metric == *metric).collect();
