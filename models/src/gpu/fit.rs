@@ -10,16 +10,21 @@
 //!   `ExecutionTime` does, times the layers; the mean of the file's repeated rows). The model
 //!   side is the roofline of the blocks alone: no head, no attention kernel, no KV traffic.
 //! - **Layers**: a decode step's transformer layers at batch b and context k: the blocks' time
-//!   at b tokens (as above) plus, per layer, vidur's profiled FlashAttention decode kernel and
-//!   its reshapes at (b, k) (the medians of `attn_decode`, `attn_input_reshape` and
-//!   `attn_output_reshape` in Llama-2-7B/A100's `attention.csv`, in vidur's earlier format, as
-//!   kept in the fork `sw5sh/cs378-assignment3` at 7ac2fe9: vidur's own snapshot lacks the
-//!   file). The model side is the roofline without the head: blocks plus the KV read.
+//!   at b tokens (as above) plus, per layer, vidur's profiled decode attention at (b, k): the
+//!   medians of `attn_decode` and of the small kernels around it (`attn_input_reshape` and
+//!   `attn_output_reshape` for FlashAttention, `attn_kv_cache_save` for FlashInfer; the mean of
+//!   a row the file repeats). They come from `attention.csv` for Llama-2-7B (FlashAttention) and
+//!   Llama-3-8B (FlashInfer) on an A100, as kept in the fork `sw5sh/cs378-assignment3` at
+//!   7ac2fe9: vidur's own snapshot stores those files as Git LFS pointers. The model side is the
+//!   roofline without the head: blocks plus the KV traffic.
 //! - **Step**: an engine's measured time per output token, against the whole step.
 //!
 //! A point is *fitted* when the target (within 15 %) applies. Points from another runtime or
-//! precision are shown with their error and the reason they are not fitted.
+//! precision are shown with their error and the reason they are not fitted, and so is a step
+//! whose KV cache the replica cannot hold (vidur times one layer alone, so its profile has
+//! batches no 80 GB GPU can run).
 
+use super::memory::UTILIZATION_DEFAULT;
 use super::profiles::{
     LLAMA2_7B_A100, LLAMA2_7B_H100, LLAMA31_70B_TP4_H100, LLAMA31_8B_A100, LLAMA31_8B_H100,
 };
@@ -69,7 +74,8 @@ const fn decode(b: u64, ctx: u64) -> StepShape {
 }
 
 const VIDUR: &str = "vidur mlp.csv";
-const VIDUR_ATTN: &str = "vidur mlp.csv + attention.csv";
+const VIDUR_FA: &str = "vidur mlp.csv + attention.csv (FlashAttention)";
+const VIDUR_FI: &str = "vidur mlp.csv + attention.csv (FlashInfer)";
 const YOBITEL: &str = "vLLM 0.21, fp16, ITL at concurrency c (yobitelcomm bench)";
 
 const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point {
@@ -84,18 +90,32 @@ const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point 
     }
 }
 
-/// Blocks at `b` tokens (`blocks_us`, the mlp.csv sum) plus 32 layers of attention at `attn_us`
-/// each (attention.csv), for `b` sequences of `ctx` tokens.
-const fn layers(what: &'static str, b: u64, ctx: u64, blocks_us: u64, attn_us: u64) -> Point {
+/// Decode of `b` sequences of `ctx` tokens: blocks at `b` tokens (`blocks_us`, the mlp.csv
+/// sum) plus 32 layers of attention at `attn_us` each (attention.csv). `what` names the point.
+const fn layers(
+    profile: Profile,
+    what: &'static str,
+    shape: [u64; 4],
+    source: &'static str,
+) -> Point {
+    let [b, ctx, blocks_us, attn_us] = shape;
     Point {
-        profile: LLAMA2_7B_A100,
+        profile,
         scope: Scope::Layers,
         what,
         shape: decode(b, ctx),
         published_us: blocks_us + 32 * attn_us,
-        source: VIDUR_ATTN,
+        source,
         not_fitted: None,
     }
+}
+
+const fn fa(what: &'static str, shape: [u64; 4]) -> Point {
+    layers(LLAMA2_7B_A100, what, shape, VIDUR_FA)
+}
+
+const fn fi(what: &'static str, shape: [u64; 4]) -> Point {
+    layers(LLAMA31_8B_A100, what, shape, VIDUR_FI)
 }
 
 /// The points, in the order of the table.
@@ -107,12 +127,15 @@ pub const POINTS: &[Point] = &[
     blocks(LLAMA2_7B_A100, "256 tokens", 256, 17_808),
     blocks(LLAMA2_7B_A100, "2,048 tokens", 2048, 133_464),
     blocks(LLAMA2_7B_A100, "4,096 tokens", 4096, 259_920),
-    layers("decode b=16, context 512", 16, 512, 9_184, 112),
-    layers("decode b=64, context 512", 64, 512, 9_696, 331),
-    layers("decode b=1, context 2,048", 1, 2048, 9_280, 30),
-    layers("decode b=16, context 2,048", 16, 2048, 9_184, 343),
-    layers("decode b=64, context 2,048", 64, 2048, 9_696, 1_188),
-    layers("decode b=128, context 2,048", 128, 2048, 12_240, 2_146),
+    fa("decode b=16, context 512", [16, 512, 9_184, 112]),
+    fa("decode b=64, context 512", [64, 512, 9_696, 331]),
+    fa("decode b=128, context 512", [128, 512, 12_240, 607]),
+    fa("decode b=64, context 1,024", [64, 1024, 9_696, 596]),
+    fa("decode b=1, context 2,048", [1, 2048, 9_280, 30]),
+    fa("decode b=16, context 2,048", [16, 2048, 9_184, 343]),
+    fa("decode b=32, context 2,048", [32, 2048, 9_536, 631]),
+    fa("decode b=64, context 2,048", [64, 2048, 9_696, 1_188]),
+    fa("decode b=128, context 2,048", [128, 2048, 12_240, 2_146]),
     blocks(LLAMA2_7B_H100, "1 token", 1, 5_600),
     blocks(LLAMA2_7B_H100, "16 tokens", 16, 5_792),
     blocks(LLAMA2_7B_H100, "64 tokens", 64, 5_856),
@@ -127,6 +150,9 @@ pub const POINTS: &[Point] = &[
     blocks(LLAMA31_8B_A100, "256 tokens", 256, 19_488),
     blocks(LLAMA31_8B_A100, "2,048 tokens", 2048, 143_680),
     blocks(LLAMA31_8B_A100, "8,192 tokens", 8192, 543_888),
+    fi("decode b=16, context 2,048", [16, 2048, 10_128, 114]),
+    fi("decode b=64, context 2,048", [64, 2048, 11_232, 342]),
+    fi("decode b=128, context 2,048", [128, 2048, 13_184, 672]),
     blocks(LLAMA31_70B_TP4_H100, "1 token", 1, 14_320),
     blocks(LLAMA31_70B_TP4_H100, "16 tokens", 16, 14_520),
     blocks(LLAMA31_70B_TP4_H100, "64 tokens", 64, 15_280),
@@ -185,6 +211,45 @@ impl Point {
     pub fn error_pct(&self) -> f64 {
         (self.model_us() / self.published_us as f64 - 1.0) * 100.0
     }
+
+    /// KV tokens the step holds: every decode context, plus the token each sequence adds.
+    pub fn kv_tokens(&self) -> u64 {
+        let s = self.shape;
+        s.kv_tokens_read + s.prefill_ctx_tokens + s.prefill_tokens + s.decode_seqs
+    }
+
+    /// KV tokens the profile's replica holds at vLLM's default memory share.
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        let ppm = (UTILIZATION_DEFAULT * 1e6) as u64;
+        let batched = self.profile.max_num_batched_tokens as u64;
+        self.profile.plan(ppm, batched).kv_tokens
+    }
+
+    /// Why the target does not apply to this point; `None`: it does.
+    pub fn why_not_fitted(&self) -> Option<String> {
+        let (held, capacity) = (self.kv_tokens(), self.kv_capacity_tokens());
+        if held > capacity {
+            return Some(format!(
+                "the step holds {} KV tokens, more than the replica's {}",
+                thousands(held),
+                thousands(capacity)
+            ));
+        }
+        self.not_fitted.map(str::to_string)
+    }
+}
+
+/// `n` with a comma between groups of three digits, as the rest of the table writes numbers.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The profile's roofline for the blocks alone: no head weights, no KV traffic, no overhead.
@@ -214,7 +279,7 @@ pub fn fit_table() -> String {
             Scope::Layers => "layers",
             Scope::Step => "step",
         };
-        let source = match p.not_fitted {
+        let source = match p.why_not_fitted() {
             None => p.source.to_string(),
             Some(why) => format!("{}; not fitted: {why}", p.source),
         };

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! compute_ns = (tokens · linear_flops + pairs · pair_flops) / achieved_flops
-//! memory_ns  = (weight_bytes + kv_tokens_moved · kv_bytes) / achieved_bytes
+//! memory_ns  = weight_bytes / achieved_bytes + kv_tokens_moved · kv_bytes / achieved_kv_bytes
 //! t_step     = overhead_ns + decode_seqs · per_seq_ns + √(compute_ns² + memory_ns²)
 //! ```
 //!
@@ -13,6 +13,10 @@
 //!   context, and a chunk of `n` prompt tokens after `p` cached ones to `n·p + n(n+1)/2`;
 //! - `kv_tokens_moved` are the KV tokens read (every decode context, every chunk's earlier
 //!   context) plus the KV tokens the step writes (one per token).
+//!
+//! The weights and the KV cache are read at two rates because measured kernels read them at
+//! two rates: a step's weight read is a few hundred small GEMMs, each with its launch and tail,
+//! while an attention kernel streams one large paged cache (see [`MBU_KV_PCT`]).
 //!
 //! The √(c² + m²) join is a smooth roofline: it equals the bound far from the knee, where one
 //! term dominates, and rounds the corner where the two meet. vidur's measured GEMM times show
@@ -84,8 +88,10 @@ pub struct Roofline {
     pub kv_bytes: u64,
     /// Peak × model-FLOPs utilisation.
     pub achieved_flops: u64,
-    /// HBM bandwidth × memory-bandwidth utilisation.
+    /// HBM bandwidth × memory-bandwidth utilisation, for the weights.
     pub achieved_bytes_per_s: u64,
+    /// HBM bandwidth × the attention kernels' utilisation, for KV-cache reads and writes.
+    pub achieved_kv_bytes_per_s: u64,
     /// Fixed cost of a step beyond the roofline: launch, and all-reduce latency under TP.
     pub overhead_ns: u64,
     /// Cost of each decode sequence beyond the roofline (sampling).
@@ -99,6 +105,14 @@ pub struct Roofline {
 pub const MFU_PCT: u64 = 64;
 pub const MBU_PCT: u64 = 69;
 
+/// Memory-bandwidth utilisation of the KV-cache traffic, in percent: the least-squares fit to
+/// vidur's profiled decode attention on an A100 (`attention.csv`, the "layers" rows of the fit
+/// table) over the steps a replica can hold. Two kernels bracket it: FlashAttention on
+/// Llama-2-7B (32 KV heads) reads the cache at 57-89 % of peak there, rising with the bytes a
+/// layer reads, and FlashInfer on Llama-3-8B (8 KV heads) at 59-79 %. No H100 attention profile
+/// was at hand; the H100 profiles use the same share.
+pub const MBU_KV_PCT: u64 = 80;
+
 impl Roofline {
     /// The constants of `model` on `tp` GPUs of kind `gpu`, at the utilisations above.
     pub const fn derive(model: ModelShape, gpu: Gpu, tp: u64, overhead_ns: u64) -> Roofline {
@@ -109,6 +123,7 @@ impl Roofline {
             kv_bytes: model.kv_bytes_per_token() / tp,
             achieved_flops: gpu.peak_flops / 100 * MFU_PCT,
             achieved_bytes_per_s: gpu.hbm_bytes_per_s / 100 * MBU_PCT,
+            achieved_kv_bytes_per_s: gpu.hbm_bytes_per_s / 100 * MBU_KV_PCT,
             overhead_ns,
             per_seq_ns: 0,
         }
@@ -120,10 +135,11 @@ impl Roofline {
         let pairs = (s.prefill_pairs + s.kv_tokens_read) as u128;
         let flops = tokens * self.linear_flops as u128 + pairs * self.pair_flops as u128;
         let moved = (s.kv_tokens_read + s.prefill_ctx_tokens) as u128 + tokens;
-        let bytes = self.weight_bytes as u128 + moved * self.kv_bytes as u128;
+        let kv_bytes = moved * self.kv_bytes as u128;
         let ns = |num: u128, per_s: u64| (num * 1_000_000_000).div_ceil(per_s as u128);
         let compute_ns = ns(flops, self.achieved_flops);
-        let memory_ns = ns(bytes, self.achieved_bytes_per_s);
+        let memory_ns = ns(self.weight_bytes as u128, self.achieved_bytes_per_s)
+            + ns(kv_bytes, self.achieved_kv_bytes_per_s);
         (
             u64::try_from(compute_ns).unwrap_or(u64::MAX),
             u64::try_from(memory_ns).unwrap_or(u64::MAX),

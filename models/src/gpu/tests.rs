@@ -174,18 +174,10 @@ fn decode_is_bound_by_the_weight_read_at_batch_one() {
 }
 
 /// Fitted points known to miss the target, as `docs/validation.md` reports them, each with the
-/// error it must stay within:
-/// - Llama-2-7B on an H100 at 256 tokens (-16.2 %), at the GPU's ridge point, where vidur's
-///   GEMMs take nearly the sum of compute and weight read while the 70B shards on the same GPU
-///   follow the join;
-/// - Llama-2-7B/A100 decode at context 2,048 and batch 64 (+22.1 %) and 128 (+32.6 %), where
-///   vidur's FlashAttention kernel reads the KV cache at 89-98 % of the A100's peak bandwidth
-///   and the model charges it at the weights' 69 %.
-const KNOWN_MISSES: [(&str, &str, f64); 3] = [
-    ("llama-2-7b-a100", "decode b=64, context 2,048", 23.0),
-    ("llama-2-7b-a100", "decode b=128, context 2,048", 34.0),
-    ("llama-2-7b-h100", "256 tokens", 17.0),
-];
+/// error it must stay within: Llama-2-7B on an H100 at 256 tokens (-16.2 %), at the GPU's ridge
+/// point, where vidur's GEMMs take nearly the sum of compute and weight read while the 70B
+/// shards on the same GPU follow the join.
+const KNOWN_MISSES: [(&str, &str, f64); 1] = [("llama-2-7b-h100", "256 tokens", 17.0)];
 
 #[test]
 fn the_fitted_points_meet_the_target_but_the_known_misses() {
@@ -193,7 +185,7 @@ fn the_fitted_points_meet_the_target_but_the_known_misses() {
     let mut misses = Vec::new();
     for p in POINTS {
         assert!(p.published_us > 0);
-        if p.not_fitted.is_none() {
+        if p.why_not_fitted().is_none() {
             fitted += 1;
             let e = p.error_pct();
             let known = KNOWN_MISSES
@@ -219,6 +211,62 @@ fn the_fitted_points_meet_the_target_but_the_known_misses() {
     }
     assert!(POINTS
         .iter()
-        .any(|p| matches!(p.scope, Scope::Step) && p.not_fitted.is_none()));
+        .any(|p| matches!(p.scope, Scope::Step) && p.why_not_fitted().is_none()));
     assert_eq!(fit_table().lines().count(), POINTS.len() + 2);
+}
+
+/// vidur profiles one layer alone, so its attention table has batches no 80 GB GPU holds. Those
+/// points are shown but not fitted, by the memory planner's count, not by a hand-set mark:
+/// Llama-2-7B/A100 holds about 117,600 KV tokens (vLLM's PR 2031: 7,351 blocks of 16), so
+/// 64 x 2,049 and 128 x 2,049 do not fit, while 32 x 2,049 and Llama-3-8B's 128 x 2,049 (a
+/// quarter of the bytes per token) do.
+#[test]
+fn a_step_the_replica_cannot_hold_is_shown_but_not_fitted() {
+    let find = |name: &str, what: &str| {
+        POINTS
+            .iter()
+            .find(|p| p.profile.name == name && p.what == what)
+            .unwrap_or_else(|| panic!("{name} {what}"))
+    };
+    let capacity = find("llama-2-7b-a100", "1 token").kv_capacity_tokens();
+    assert!((110_000..125_000).contains(&capacity), "{capacity}");
+    for (name, what, fits) in [
+        ("llama-2-7b-a100", "decode b=32, context 2,048", true),
+        ("llama-2-7b-a100", "decode b=64, context 2,048", false),
+        ("llama-2-7b-a100", "decode b=128, context 2,048", false),
+        ("llama-3.1-8b-a100", "decode b=128, context 2,048", true),
+    ] {
+        let p = find(name, what);
+        assert_eq!(p.why_not_fitted().is_none(), fits, "{name} {what}");
+    }
+    let held = find("llama-2-7b-a100", "decode b=64, context 2,048").kv_tokens();
+    assert_eq!(held, 64 * 2049);
+    let row = fit_table();
+    assert!(
+        row.contains("not fitted: the step holds 131,136 KV tokens"),
+        "{row}"
+    );
+}
+
+/// A long-context decode step reads its weights at the weights' utilisation and its KV cache at
+/// the attention kernels': the closed form for 8B on an H100 at batch 256 and context 4,000.
+#[test]
+fn decode_reads_the_weights_and_the_kv_cache_at_their_own_rates() {
+    let (b, ctx) = (256u64, 4000u64);
+    let ns = LLAMA31_8B_H100.roofline.step_ns(StepShape {
+        decode_seqs: b,
+        kv_tokens_read: b * ctx,
+        ..StepShape::default()
+    });
+    let weights = (6_979_321_856.0 + 525_336_576.0) * 2.0 / (3.35e12 * 0.69);
+    let kv = (b * (ctx + 1)) as f64 * 131_072.0 / (3.35e12 * super::MBU_KV_PCT as f64 / 100.0);
+    let flops = b as f64 * 2.0 * 6_979_321_856.0 + (b * ctx) as f64 * 4.0 * 32.0 * 4096.0;
+    let compute = flops / (989.4e12 * 0.64);
+    let expect_ms = (weights + kv).hypot(compute) * 1e3;
+    let ms = ns as f64 / 1e6;
+    assert!(
+        (ms / expect_ms - 1.0).abs() < 1e-3,
+        "{ms} against {expect_ms}"
+    );
+    assert_eq!(super::MBU_KV_PCT, 80);
 }

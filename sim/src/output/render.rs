@@ -12,11 +12,16 @@ fn int(x: u64) -> String {
     x.to_string()
 }
 
+/// Three decimals; a value that rounds to zero prints as 0.000, not -0.000, so a difference of
+/// a few microseconds does not read as a sign.
 fn f3(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x:.3}")
-    } else {
-        "-".into()
+    if !x.is_finite() {
+        return "-".into();
+    }
+    let s = format!("{x:.3}");
+    match s.strip_prefix('-') {
+        Some(rest) if rest.bytes().all(|b| b == b'0' || b == b'.') => rest.to_string(),
+        _ => s,
     }
 }
 
@@ -290,4 +295,19 @@ pub fn render(r: &Report) -> String {
     }
     let _ = writeln!(w, "run_hash={}", r.run_hash);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::f3;
+
+    #[test]
+    fn a_value_that_rounds_to_zero_has_no_sign() {
+        assert_eq!(f3(-0.0004), "0.000");
+        assert_eq!(f3(-0.0), "0.000");
+        assert_eq!(f3(-0.0006), "-0.001");
+        assert_eq!(f3(-1.5), "-1.500");
+        assert_eq!(f3(2.0), "2.000");
+        assert_eq!(f3(f64::NAN), "-");
+    }
 }

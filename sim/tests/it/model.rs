@@ -166,10 +166,10 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "028449fff16f99e1d5e87131e4f12972c2298322af4cf92716e5a62dda867fea";
+const GOLDEN_DEFAULT: &str = "1d5c2467acc0f80fd559cf9734c58286615d6d173fe90e3462c6ca6b4a0d2bde";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "3cd5576090d7226c20af987bf5b0920db3e286484f87beb07b01208c431a9286";
+    "abab4c0b0ca6b738a37eeaaaaffd33de3f89fa002eaefa2b87376f3a2a6caf14";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(
