@@ -69,9 +69,12 @@ impl Comparison {
                     .get(i)
                     .map_or(String::new(), |g| g.chars().take(22).collect())
             };
+            let span = hi - lo + 2.0 * pad;
+            let x_label = |x: &f64| tick(*x, span);
             chart
                 .configure_mesh()
                 .x_labels(5)
+                .x_label_formatter(&x_label)
                 .y_labels(groups.len().max(1))
                 .y_label_formatter(&label)
                 .disable_y_mesh()
@@ -104,6 +107,19 @@ impl Comparison {
     }
 }
 
+/// An axis value with the decimals an axis of `span` needs (three significant digits of it),
+/// and a value that rounds to zero as 0: the line at 0 is the plot's reference, and plotters'
+/// default writes a tick a rounding error below it as -0.0.
+fn tick(x: f64, span: f64) -> String {
+    let decimals = (2.0 - span.abs().max(1e-9).log10().floor()).clamp(0.0, 9.0) as usize;
+    let s = format!("{x:.decimals$}");
+    if s.bytes().all(|b| matches!(b, b'-' | b'0' | b'.')) {
+        "0".into()
+    } else {
+        s
+    }
+}
+
 fn metrics(c: &Comparison) -> Vec<&'static str> {
     let mut m: Vec<&'static str> = Vec::new();
     for t in &c.tests {
@@ -122,4 +138,19 @@ fn groups(c: &Comparison) -> Vec<String> {
         }
     }
     g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tick;
+
+    #[test]
+    fn ticks_have_the_axis_precision_and_no_negative_zero() {
+        assert_eq!(tick(-1e-17, 0.4), "0");
+        assert_eq!(tick(-0.0, 2.0), "0");
+        assert_eq!(tick(0.125, 0.4), "0.125");
+        assert_eq!(tick(-0.1, 0.4), "-0.100");
+        assert_eq!(tick(250.0, 800.0), "250");
+        assert_eq!(tick(-12.5, 50.0), "-12.5");
+    }
 }
