@@ -1,7 +1,7 @@
 //! The roofline against published step times, point by point: the fit table of
 //! `docs/validation.md`, which a test keeps equal to [`fit_table`].
 //!
-//! Two kinds of point:
+//! Three kinds of point:
 //!
 //! - **Blocks**: vidur's profiled GEMM and norm times for the transformer blocks alone
 //!   (`microsoft/vidur` at 7d47513, `data/profiling/compute/<gpu>/meta-llama/<model>/mlp.csv`:
@@ -17,6 +17,14 @@
 //!   Llama-3-8B (FlashInfer) on an A100, as kept in the fork `sw5sh/cs378-assignment3` at
 //!   7ac2fe9: vidur's own snapshot stores those files as Git LFS pointers. The model side is the
 //!   roofline without the head: blocks plus the KV traffic.
+//!
+//!   The prefill rows are the same for a prompt of n tokens after `ctx` cached ones, alone in
+//!   its step: blocks at n tokens plus, per layer, the median of `attn_prefill` at
+//!   (n, ctx), with `attn_output_reshape` for FlashAttention. FlashInfer's
+//!   `attn_kv_cache_save` is left out of them: in this profile it writes a prompt's K and V at
+//!   7-8 GB/s (1.1 ms for a layer's 8 MB at 2,048 tokens, 4.6 ms at 8,192), 0.4 % of the A100's
+//!   bandwidth and longer than the attention itself, and vidur's FlashAttention rows time no
+//!   such write. The model pays that write at the KV share of bandwidth.
 //! - **Step**: an engine's measured time per output token, against the whole step.
 //!
 //! A point is *fitted* when the target (within 15 %) applies. Points from another runtime or
@@ -110,6 +118,34 @@ const fn layers(
     }
 }
 
+/// A prefill of `n` prompt tokens after `ctx` cached ones, alone in its step: blocks at `n`
+/// tokens (`blocks_us`, the mlp.csv sum) plus 32 layers of prefill attention at `attn_us`
+/// each (attention.csv). The model pays the chunk's (query, key) pairs, `n·ctx + n(n+1)/2`,
+/// and reads the cached context.
+const fn prefill(
+    profile: Profile,
+    what: &'static str,
+    shape: [u64; 4],
+    source: &'static str,
+) -> Point {
+    let [n, ctx, blocks_us, attn_us] = shape;
+    Point {
+        profile,
+        scope: Scope::Layers,
+        what,
+        shape: StepShape {
+            prefill_tokens: n,
+            decode_seqs: 0,
+            kv_tokens_read: 0,
+            prefill_pairs: n * ctx + n * (n + 1) / 2,
+            prefill_ctx_tokens: ctx,
+        },
+        published_us: blocks_us + 32 * attn_us,
+        source,
+        not_fitted: None,
+    }
+}
+
 const fn fa(what: &'static str, shape: [u64; 4]) -> Point {
     layers(LLAMA2_7B_A100, what, shape, VIDUR_FA)
 }
@@ -136,6 +172,30 @@ pub const POINTS: &[Point] = &[
     fa("decode b=32, context 2,048", [32, 2048, 9_536, 631]),
     fa("decode b=64, context 2,048", [64, 2048, 9_696, 1_188]),
     fa("decode b=128, context 2,048", [128, 2048, 12_240, 2_146]),
+    prefill(
+        LLAMA2_7B_A100,
+        "prefill 128 tokens",
+        [128, 0, 12_240, 19],
+        VIDUR_FA,
+    ),
+    prefill(
+        LLAMA2_7B_A100,
+        "prefill 2,048 tokens",
+        [2048, 0, 133_464, 803],
+        VIDUR_FA,
+    ),
+    prefill(
+        LLAMA2_7B_A100,
+        "prefill 4,096 tokens",
+        [4096, 0, 259_920, 2_777],
+        VIDUR_FA,
+    ),
+    prefill(
+        LLAMA2_7B_A100,
+        "prefill 2,048 tokens after 2,048",
+        [2048, 2048, 133_464, 1_230],
+        VIDUR_FA,
+    ),
     blocks(LLAMA2_7B_H100, "1 token", 1, 5_600),
     blocks(LLAMA2_7B_H100, "16 tokens", 16, 5_792),
     blocks(LLAMA2_7B_H100, "64 tokens", 64, 5_856),
@@ -153,6 +213,30 @@ pub const POINTS: &[Point] = &[
     fi("decode b=16, context 2,048", [16, 2048, 10_128, 114]),
     fi("decode b=64, context 2,048", [64, 2048, 11_232, 342]),
     fi("decode b=128, context 2,048", [128, 2048, 13_184, 672]),
+    prefill(
+        LLAMA31_8B_A100,
+        "prefill 128 tokens",
+        [128, 0, 13_184, 15],
+        VIDUR_FI,
+    ),
+    prefill(
+        LLAMA31_8B_A100,
+        "prefill 2,048 tokens",
+        [2048, 0, 143_680, 314],
+        VIDUR_FI,
+    ),
+    prefill(
+        LLAMA31_8B_A100,
+        "prefill 8,192 tokens",
+        [8192, 0, 543_888, 3_384],
+        VIDUR_FI,
+    ),
+    prefill(
+        LLAMA31_8B_A100,
+        "prefill 2,048 tokens after 2,048",
+        [2048, 2048, 143_680, 763],
+        VIDUR_FI,
+    ),
     blocks(LLAMA31_70B_TP4_H100, "1 token", 1, 14_320),
     blocks(LLAMA31_70B_TP4_H100, "16 tokens", 16, 14_520),
     blocks(LLAMA31_70B_TP4_H100, "64 tokens", 64, 15_280),
@@ -260,7 +344,8 @@ fn blocks_only(p: &Profile) -> Roofline {
     Roofline::derive(shape, p.gpu, p.tp, 0)
 }
 
-/// The profile's roofline without the head: the blocks and the KV traffic, no overhead.
+/// The profile's roofline without the head: the blocks, the attention and the KV traffic, no
+/// overhead.
 fn layers_only(p: &Profile) -> Roofline {
     let mut shape = p.shape;
     shape.head_params = 0;

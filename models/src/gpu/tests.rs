@@ -174,10 +174,18 @@ fn decode_is_bound_by_the_weight_read_at_batch_one() {
 }
 
 /// Fitted points known to miss the target, as `docs/validation.md` reports them, each with the
-/// error it must stay within: Llama-2-7B on an H100 at 256 tokens (-16.2 %), at the GPU's ridge
-/// point, where vidur's GEMMs take nearly the sum of compute and weight read while the 70B
-/// shards on the same GPU follow the join.
-const KNOWN_MISSES: [(&str, &str, f64); 1] = [("llama-2-7b-h100", "256 tokens", 17.0)];
+/// error it must stay within:
+/// - Llama-2-7B on an H100 at 256 tokens (-16.2 %), at the GPU's ridge point, where vidur's
+///   GEMMs take nearly the sum of compute and weight read while the 70B shards on the same GPU
+///   follow the join;
+/// - Llama-2-7B's prefill of 4,096 tokens on an A100 (-17.5 %): vidur's FlashAttention path
+///   (sarathi's wrapper on `flash_attn_with_kvcache`) computes that prompt's attention at 16 %
+///   of peak, where FlashInfer in the same profiler reaches 35-52 % and the model meets its
+///   rows at the GEMMs' 64 %.
+const KNOWN_MISSES: [(&str, &str, f64); 2] = [
+    ("llama-2-7b-a100", "prefill 4,096 tokens", 18.5),
+    ("llama-2-7b-h100", "256 tokens", 17.0),
+];
 
 #[test]
 fn the_fitted_points_meet_the_target_but_the_known_misses() {
