@@ -186,6 +186,7 @@ impl Scenario {
             json_error(shown, &path, &e.into_inner())
         })?;
         de.end().map_err(|e| json_error(shown, ".", &e))?;
+        reject_positional(&scenario, text, shown)?;
         scenario.validated(text, shown, Syntax::Json)
     }
 
@@ -206,6 +207,24 @@ impl Scenario {
         Scenario::parse(DEFAULT_SCENARIO, DEFAULT_SCENARIO_PATH)
             .expect("the embedded default scenario is valid (tested)")
     }
+}
+
+/// An error if the JSON text writes named fields as a list (see `json_shape`).
+fn reject_positional(scenario: &Scenario, text: &str, shown: &str) -> Result<(), LoadError> {
+    let input: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| json_error(shown, ".", &e))?;
+    let canonical = serde_json::to_value(scenario)
+        .map_err(|e| LoadError(format!("{shown}: cannot check the scenario's shape: {e}")))?;
+    let Some(field) = super::json_shape::positional_struct(&input, &canonical) else {
+        return Ok(());
+    };
+    let at = locate_field(text, &field, Syntax::Json)
+        .map(|(l, c)| format!(":{l}:{c}"))
+        .unwrap_or_default();
+    Err(LoadError(format!(
+        "{shown}{at}: field `{field}`: a list where named fields belong; write an object, \
+         {{\"name\": value, ...}}"
+    )))
 }
 
 /// A JSON parse error as one line: `FILE:LINE:COL: message (field `path`)`.

@@ -10,6 +10,7 @@
 
 mod cancel;
 mod checks;
+mod json_shape;
 mod load;
 mod schema;
 mod serving;

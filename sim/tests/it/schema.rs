@@ -192,6 +192,43 @@ fn json_scenario_files_load_with_located_errors() {
     assert!(!err.contains(" at line "), "{err}");
 }
 
+/// serde would read named fields from a JSON list by position; the loader refuses it, with the
+/// field and its line, as the schema does.
+#[test]
+fn a_json_list_where_named_fields_belong_is_refused() {
+    let dir = crate::scratch::Scratch::new("schema", "positional", true);
+    let mut json = serde_json::to_value(Scenario::default_embedded()).unwrap();
+    let field = &mut json["workload"]["prompt_tokens"];
+    let Value::Object(tagged) = field.clone() else {
+        panic!("the default prompt is a tagged distribution: {field}")
+    };
+    let Some(Value::Object(named)) = tagged.get("LogNormal") else {
+        panic!("the default prompt is LogNormal: {field}")
+    };
+    // In declaration order, so serde alone would take it: median, then sigma.
+    let list = Value::from(vec![named["median"].clone(), named["sigma"].clone()]);
+    let alone = serde_json::json!({"LogNormal": list.clone()}).to_string();
+    let read = serde_json::from_str::<cancelsim::dist::Dist>(&alone);
+    assert!(read.is_ok(), "serde reads {alone} by position: {read:?}");
+    *field = serde_json::json!({"LogNormal": list});
+    let validator = jsonschema::draft202012::new(&shipped_schema()).unwrap();
+    assert!(!validator.is_valid(&json), "the schema refuses the list");
+    let text = serde_json::to_string_pretty(&json).unwrap();
+    let path = dir.join("positional.json");
+    std::fs::write(&path, &text).unwrap();
+    let err = Scenario::load(&path).unwrap_err().0;
+    let prompt = text.find("\"prompt_tokens\"").unwrap();
+    let at = prompt + text[prompt..].find("\"LogNormal\"").unwrap();
+    let line = 1 + text[..at].matches('\n').count();
+    assert!(
+        err.starts_with(&format!("{}:{line}:", path.display()))
+            && err.contains("field `workload.prompt_tokens.LogNormal`")
+            && err.contains("a list where named fields belong")
+            && !err.contains('\n'),
+        "{err}"
+    );
+}
+
 /// The README's whole scenarios, RON and JSON, load; the JSON ones validate.
 #[test]
 fn the_readme_scenarios_load_and_its_json_validates() {
