@@ -47,6 +47,30 @@ fn walk(input: &Value, canonical: &Value, path: &mut Vec<String>) -> bool {
     }
 }
 
+/// Whether `input` holds an array at `path` (`a.b[2].c`, as serde_path_to_error writes it).
+pub(super) fn array_at(input: &Value, path: &str) -> bool {
+    let mut at = input;
+    for seg in path.split('.') {
+        let (name, indices) = seg.split_once('[').map_or((seg, ""), |(n, rest)| (n, rest));
+        let Some(next) = at.get(name) else {
+            return false;
+        };
+        at = next;
+        for index in indices.split('[').filter(|i| !i.is_empty()) {
+            let Some(next) = index
+                .trim_end_matches(']')
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| at.get(i))
+            else {
+                return false;
+            };
+            at = next;
+        }
+    }
+    at.is_array()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +85,16 @@ mod tests {
             Some("cluster.profile.Custom")
         );
         assert_eq!(positional_struct(&canonical, &canonical), None);
+    }
+
+    #[test]
+    fn an_array_is_found_at_an_error_path() {
+        let input = json!({"a": {"B": [1, 2]}, "l": [{"x": [3]}]});
+        assert!(array_at(&input, "a.B"));
+        assert!(array_at(&input, "l[0].x"));
+        assert!(!array_at(&input, "a"));
+        assert!(!array_at(&input, "a.C"));
+        assert!(!array_at(&input, "l[1].x"));
     }
 
     #[test]

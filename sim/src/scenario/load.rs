@@ -183,7 +183,15 @@ impl Scenario {
         let mut de = serde_json::Deserializer::from_str(text);
         let scenario: Scenario = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
-            json_error(shown, &path, &e.into_inner())
+            let inner = e.into_inner();
+            // A positional list of the wrong length: say what is wrong, not how long to make it.
+            let listed = inner.to_string().contains("expected struct")
+                && serde_json::from_str::<serde_json::Value>(text)
+                    .is_ok_and(|v| super::json_shape::array_at(&v, &path));
+            if listed {
+                return positional_error(text, shown, &path);
+            }
+            json_error(shown, &path, &inner)
         })?;
         de.end().map_err(|e| json_error(shown, ".", &e))?;
         reject_positional(&scenario, text, shown)?;
@@ -215,16 +223,21 @@ fn reject_positional(scenario: &Scenario, text: &str, shown: &str) -> Result<(),
         serde_json::from_str(text).map_err(|e| json_error(shown, ".", &e))?;
     let canonical = serde_json::to_value(scenario)
         .map_err(|e| LoadError(format!("{shown}: cannot check the scenario's shape: {e}")))?;
-    let Some(field) = super::json_shape::positional_struct(&input, &canonical) else {
-        return Ok(());
-    };
-    let at = locate_field(text, &field, Syntax::Json)
+    match super::json_shape::positional_struct(&input, &canonical) {
+        Some(field) => Err(positional_error(text, shown, &field)),
+        None => Ok(()),
+    }
+}
+
+/// The one line for a list written where `field`'s named fields belong.
+fn positional_error(text: &str, shown: &str, field: &str) -> LoadError {
+    let at = locate_field(text, field, Syntax::Json)
         .map(|(l, c)| format!(":{l}:{c}"))
         .unwrap_or_default();
-    Err(LoadError(format!(
+    LoadError(format!(
         "{shown}{at}: field `{field}`: a list where named fields belong; write an object, \
          {{\"name\": value, ...}}"
-    )))
+    ))
 }
 
 /// A JSON parse error as one line: `FILE:LINE:COL: message (field `path`)`.

@@ -227,6 +227,17 @@ fn a_json_list_where_named_fields_belong_is_refused() {
             && !err.contains('\n'),
         "{err}"
     );
+    // A list of the wrong length gets the same line, not serde's count of elements.
+    let short = format!("{}{}", &text[..at], text[at..].replacen("1000.0,", "", 1));
+    assert_ne!(short, text);
+    std::fs::write(&path, &short).unwrap();
+    let err = Scenario::load(&path).unwrap_err().0;
+    assert!(
+        err.starts_with(&format!("{}:{line}:", path.display()))
+            && err.contains("field `workload.prompt_tokens.LogNormal`: a list where named")
+            && !err.contains("elements"),
+        "{err}"
+    );
 }
 
 /// The README's whole scenarios, RON and JSON, load; the JSON ones validate.
