@@ -81,6 +81,18 @@ const fn decode(b: u64, ctx: u64) -> StepShape {
     }
 }
 
+/// A prompt chunk of `n` tokens after `ctx` cached ones, alone in its step: it attends to
+/// `n·ctx + n(n+1)/2` (query, key) pairs and reads the cached context.
+const fn prefill(n: u64, ctx: u64) -> StepShape {
+    StepShape {
+        prefill_tokens: n,
+        decode_seqs: 0,
+        kv_tokens_read: 0,
+        prefill_pairs: n * ctx + n * (n + 1) / 2,
+        prefill_ctx_tokens: ctx,
+    }
+}
+
 const VIDUR: &str = "vidur mlp.csv";
 const VIDUR_FA: &str = "vidur mlp.csv + attention.csv (FlashAttention)";
 const VIDUR_FI: &str = "vidur mlp.csv + attention.csv (FlashInfer)";
@@ -98,60 +110,50 @@ const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point 
     }
 }
 
-/// Decode of `b` sequences of `ctx` tokens: blocks at `b` tokens (`blocks_us`, the mlp.csv
-/// sum) plus 32 layers of attention at `attn_us` each (attention.csv). `what` names the point.
+/// A step's transformer layers: blocks at the step's tokens (`blocks_us`, the mlp.csv sum) plus
+/// 32 layers of attention at `attn_us` each (attention.csv). `what` names the point.
 const fn layers(
     profile: Profile,
     what: &'static str,
-    shape: [u64; 4],
+    shape: StepShape,
+    [blocks_us, attn_us]: [u64; 2],
     source: &'static str,
 ) -> Point {
-    let [b, ctx, blocks_us, attn_us] = shape;
     Point {
         profile,
         scope: Scope::Layers,
         what,
-        shape: decode(b, ctx),
+        shape,
         published_us: blocks_us + 32 * attn_us,
         source,
         not_fitted: None,
     }
 }
 
-/// A prefill of `n` prompt tokens after `ctx` cached ones, alone in its step: blocks at `n`
-/// tokens (`blocks_us`, the mlp.csv sum) plus 32 layers of prefill attention at `attn_us`
-/// each (attention.csv). The model pays the chunk's (query, key) pairs, `n·ctx + n(n+1)/2`,
-/// and reads the cached context.
-const fn prefill(
-    profile: Profile,
-    what: &'static str,
-    shape: [u64; 4],
-    source: &'static str,
-) -> Point {
-    let [n, ctx, blocks_us, attn_us] = shape;
-    Point {
-        profile,
-        scope: Scope::Layers,
-        what,
-        shape: StepShape {
-            prefill_tokens: n,
-            decode_seqs: 0,
-            kv_tokens_read: 0,
-            prefill_pairs: n * ctx + n * (n + 1) / 2,
-            prefill_ctx_tokens: ctx,
-        },
-        published_us: blocks_us + 32 * attn_us,
-        source,
-        not_fitted: None,
-    }
+/// Decode of `b` sequences of `ctx` tokens, on FlashAttention (Llama-2-7B): `[b, ctx, blocks_us,
+/// attn_us]`.
+const fn fa(what: &'static str, [b, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
+    let shape = decode(b, ctx);
+    layers(LLAMA2_7B_A100, what, shape, [blocks_us, attn_us], VIDUR_FA)
 }
 
-const fn fa(what: &'static str, shape: [u64; 4]) -> Point {
-    layers(LLAMA2_7B_A100, what, shape, VIDUR_FA)
+/// The same on FlashInfer (Llama-3-8B).
+const fn fi(what: &'static str, [b, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
+    let shape = decode(b, ctx);
+    layers(LLAMA31_8B_A100, what, shape, [blocks_us, attn_us], VIDUR_FI)
 }
 
-const fn fi(what: &'static str, shape: [u64; 4]) -> Point {
-    layers(LLAMA31_8B_A100, what, shape, VIDUR_FI)
+/// A prefill of `n` prompt tokens after `ctx` cached ones, on FlashAttention: `[n, ctx,
+/// blocks_us, attn_us]`.
+const fn fa_prefill(what: &'static str, [n, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
+    let shape = prefill(n, ctx);
+    layers(LLAMA2_7B_A100, what, shape, [blocks_us, attn_us], VIDUR_FA)
+}
+
+/// The same on FlashInfer.
+const fn fi_prefill(what: &'static str, [n, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
+    let shape = prefill(n, ctx);
+    layers(LLAMA31_8B_A100, what, shape, [blocks_us, attn_us], VIDUR_FI)
 }
 
 /// The points, in the order of the table.
@@ -172,29 +174,12 @@ pub const POINTS: &[Point] = &[
     fa("decode b=32, context 2,048", [32, 2048, 9_536, 631]),
     fa("decode b=64, context 2,048", [64, 2048, 9_696, 1_188]),
     fa("decode b=128, context 2,048", [128, 2048, 12_240, 2_146]),
-    prefill(
-        LLAMA2_7B_A100,
-        "prefill 128 tokens",
-        [128, 0, 12_240, 19],
-        VIDUR_FA,
-    ),
-    prefill(
-        LLAMA2_7B_A100,
-        "prefill 2,048 tokens",
-        [2048, 0, 133_464, 803],
-        VIDUR_FA,
-    ),
-    prefill(
-        LLAMA2_7B_A100,
-        "prefill 4,096 tokens",
-        [4096, 0, 259_920, 2_777],
-        VIDUR_FA,
-    ),
-    prefill(
-        LLAMA2_7B_A100,
+    fa_prefill("prefill 128 tokens", [128, 0, 12_240, 19]),
+    fa_prefill("prefill 2,048 tokens", [2048, 0, 133_464, 803]),
+    fa_prefill("prefill 4,096 tokens", [4096, 0, 259_920, 2_777]),
+    fa_prefill(
         "prefill 2,048 tokens after 2,048",
         [2048, 2048, 133_464, 1_230],
-        VIDUR_FA,
     ),
     blocks(LLAMA2_7B_H100, "1 token", 1, 5_600),
     blocks(LLAMA2_7B_H100, "16 tokens", 16, 5_792),
@@ -213,29 +198,12 @@ pub const POINTS: &[Point] = &[
     fi("decode b=16, context 2,048", [16, 2048, 10_128, 114]),
     fi("decode b=64, context 2,048", [64, 2048, 11_232, 342]),
     fi("decode b=128, context 2,048", [128, 2048, 13_184, 672]),
-    prefill(
-        LLAMA31_8B_A100,
-        "prefill 128 tokens",
-        [128, 0, 13_184, 15],
-        VIDUR_FI,
-    ),
-    prefill(
-        LLAMA31_8B_A100,
-        "prefill 2,048 tokens",
-        [2048, 0, 143_680, 314],
-        VIDUR_FI,
-    ),
-    prefill(
-        LLAMA31_8B_A100,
-        "prefill 8,192 tokens",
-        [8192, 0, 543_888, 3_384],
-        VIDUR_FI,
-    ),
-    prefill(
-        LLAMA31_8B_A100,
+    fi_prefill("prefill 128 tokens", [128, 0, 13_184, 15]),
+    fi_prefill("prefill 2,048 tokens", [2048, 0, 143_680, 314]),
+    fi_prefill("prefill 8,192 tokens", [8192, 0, 543_888, 3_384]),
+    fi_prefill(
         "prefill 2,048 tokens after 2,048",
         [2048, 2048, 143_680, 763],
-        VIDUR_FI,
     ),
     blocks(LLAMA31_70B_TP4_H100, "1 token", 1, 14_320),
     blocks(LLAMA31_70B_TP4_H100, "16 tokens", 16, 14_520),
