@@ -16,7 +16,10 @@
 //!   a row the file repeats). They come from `attention.csv` for Llama-2-7B (FlashAttention) and
 //!   Llama-3-8B (FlashInfer) on an A100, as kept in the fork `sw5sh/cs378-assignment3` at
 //!   7ac2fe9: vidur's own snapshot stores those files as Git LFS pointers. The model side is the
-//!   roofline without the head: blocks plus the KV traffic.
+//!   roofline without the head: blocks plus the KV traffic. That profile's batches stop at 128;
+//!   the batch-256 rows come from vidur's later FlashInfer profile of Llama-3-8B on an A100
+//!   (newer column format, batches to 512 where the cache allows), as kept in the fork
+//!   `adi-anirudh/vidur_hbf_hbm_backend` at a336807.
 //!
 //!   The prefill rows are the same for a prompt of n tokens after `ctx` cached ones, alone in
 //!   its step: blocks at n tokens plus, per layer, the median of `attn_prefill` at
@@ -96,6 +99,7 @@ const fn prefill(n: u64, ctx: u64) -> StepShape {
 const VIDUR: &str = "vidur mlp.csv";
 const VIDUR_FA: &str = "vidur mlp.csv + attention.csv (FlashAttention)";
 const VIDUR_FI: &str = "vidur mlp.csv + attention.csv (FlashInfer)";
+const VIDUR_FI_LATER: &str = "vidur mlp.csv + later attention.csv (FlashInfer, batches to 512)";
 const YOBITEL: &str = "vLLM 0.21, fp16, ITL at concurrency c (yobitelcomm bench)";
 
 const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point {
@@ -141,6 +145,19 @@ const fn fa(what: &'static str, [b, ctx, blocks_us, attn_us]: [u64; 4]) -> Point
 const fn fi(what: &'static str, [b, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
     let shape = decode(b, ctx);
     layers(LLAMA31_8B_A100, what, shape, [blocks_us, attn_us], VIDUR_FI)
+}
+
+/// The same from vidur's later FlashInfer profile of Llama-3-8B, whose decode batches go past
+/// 128 (to 512 at short contexts).
+const fn fi_later(what: &'static str, [b, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
+    let shape = decode(b, ctx);
+    layers(
+        LLAMA31_8B_A100,
+        what,
+        shape,
+        [blocks_us, attn_us],
+        VIDUR_FI_LATER,
+    )
 }
 
 /// A prefill of `n` prompt tokens after `ctx` cached ones, on FlashAttention: `[n, ctx,
@@ -198,6 +215,8 @@ pub const POINTS: &[Point] = &[
     fi("decode b=16, context 2,048", [16, 2048, 10_128, 114]),
     fi("decode b=64, context 2,048", [64, 2048, 11_232, 342]),
     fi("decode b=128, context 2,048", [128, 2048, 13_184, 672]),
+    fi_later("decode b=256, context 416", [256, 416, 19_488, 271]),
+    fi_later("decode b=256, context 1,024", [256, 1024, 19_488, 639]),
     fi_prefill("prefill 128 tokens", [128, 0, 13_184, 15]),
     fi_prefill("prefill 2,048 tokens", [2048, 0, 143_680, 314]),
     fi_prefill("prefill 8,192 tokens", [8192, 0, 543_888, 3_384]),
@@ -314,7 +333,7 @@ fn blocks_only(p: &Profile) -> Roofline {
 
 /// The profile's roofline without the head: the blocks, the attention and the KV traffic, no
 /// overhead.
-fn layers_only(p: &Profile) -> Roofline {
+pub(super) fn layers_only(p: &Profile) -> Roofline {
     let mut shape = p.shape;
     shape.head_params = 0;
     Roofline::derive(shape, p.gpu, p.tp, 0)

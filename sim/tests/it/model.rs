@@ -166,10 +166,10 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "1d5c2467acc0f80fd559cf9734c58286615d6d173fe90e3462c6ca6b4a0d2bde";
+const GOLDEN_DEFAULT: &str = "bbd7d14f88200c470567a6355fd20cd38e847970ab73e31761c8483f40977041";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "abab4c0b0ca6b738a37eeaaaaffd33de3f89fa002eaefa2b87376f3a2a6caf14";
+    "f004ccb19e8ca80845c51ea7d66c137e9c15a512815cdc918bba2f265b03f89f";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(

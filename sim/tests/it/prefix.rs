@@ -172,7 +172,7 @@ fn conversation_turns_find_their_history_in_the_cache() {
     assert_eq!(plain.kv.prefix_hit_tokens, 0);
     // Over four replicas, session affinity keeps each conversation on one replica and finds it
     // all; round robin scatters the turns, and a turn finds only the part of its history that
-    // an earlier turn left on its replica (0.43 of it here).
+    // an earlier turn left on its replica (0.45 of it here).
     let (session, _) = crate::queueing::rows_of(&conversations(4, "Session", true));
     let (scattered, _) = crate::queueing::rows_of(&conversations(4, "RoundRobin", true));
     eprintln!(

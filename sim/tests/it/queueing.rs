@@ -205,6 +205,10 @@ fn the_template_table_runs_within_a_few_percent_of_its_roofline() {
         ("e2e p50", t.e2e_ms.p50, n.e2e_ms.p50),
         ("e2e p99", t.e2e_ms.p99, n.e2e_ms.p99),
     ] {
+        eprintln!(
+            "{what}: table {x:.1} ms, roofline {y:.1} ms, {:+.1} %",
+            (x / y - 1.0) * 100.0
+        );
         assert!(
             (x / y - 1.0).abs() < 0.05,
             "{what}: table {x} ms, roofline {y} ms"
