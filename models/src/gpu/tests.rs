@@ -302,5 +302,5 @@ fn decode_reads_the_weights_and_the_kv_cache_at_their_own_rates() {
         (ms / expect_ms - 1.0).abs() < 1e-3,
         "{ms} against {expect_ms}"
     );
-    assert_eq!(super::MBU_KV_PCT, 77);
+    assert_eq!(super::MBU_KV_PCT, 76);
 }

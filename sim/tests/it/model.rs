@@ -166,10 +166,10 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "bbd7d14f88200c470567a6355fd20cd38e847970ab73e31761c8483f40977041";
+const GOLDEN_DEFAULT: &str = "4306d37718817ef1de94bb9771a955c20d4b8702619fa72bda7e68a33eeead63";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "f004ccb19e8ca80845c51ea7d66c137e9c15a512815cdc918bba2f265b03f89f";
+    "6d8e5e5fcdd55e0c031142c225d9b537c6daeb26f4ea8b6531fbf5a464b34195";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(
