@@ -102,6 +102,43 @@ const VIDUR_FI: &str = "vidur mlp.csv + attention.csv (FlashInfer)";
 const VIDUR_FI_LATER: &str = "vidur mlp.csv + later attention.csv (FlashInfer, batches to 512)";
 const YOBITEL: &str = "vLLM 0.21, fp16, ITL at concurrency c (yobitelcomm bench)";
 
+/// vidur's mlp.csv sums for the blocks of Llama-2-7B on an A100, (tokens, µs): the blocks rows
+/// and the linear part of every layers row of that profile read them here, so each measured
+/// figure is written once. 32 tokens serves the decode row at batch 32 only.
+const LLAMA2_7B_A100_BLOCKS: &[(u64, u64)] = &[
+    (1, 9_280),
+    (16, 9_184),
+    (32, 9_536),
+    (64, 9_696),
+    (128, 12_240),
+    (256, 17_808),
+    (2048, 133_464),
+    (4096, 259_920),
+];
+
+/// The same for Llama-3-8B on an A100.
+const LLAMA31_8B_A100_BLOCKS: &[(u64, u64)] = &[
+    (1, 9_696),
+    (16, 10_128),
+    (64, 11_232),
+    (128, 13_184),
+    (256, 19_488),
+    (2048, 143_680),
+    (8192, 543_888),
+];
+
+/// The measured blocks time at `n` tokens; a token count the table lacks stops the build.
+const fn blocks_us(table: &[(u64, u64)], n: u64) -> u64 {
+    let mut i = 0;
+    while i < table.len() {
+        if table[i].0 == n {
+            return table[i].1;
+        }
+        i += 1;
+    }
+    panic!("no blocks time at that token count")
+}
+
 const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point {
     Point {
         profile,
@@ -114,90 +151,85 @@ const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point 
     }
 }
 
-/// A step's transformer layers: blocks at the step's tokens (`blocks_us`, the mlp.csv sum) plus
-/// 32 layers of attention at `attn_us` each (attention.csv). `what` names the point.
-const fn layers(
+/// An attention profile: the replica it stands for, that model's blocks, and its source.
+#[derive(Clone, Copy)]
+struct Kernel {
     profile: Profile,
-    what: &'static str,
-    shape: StepShape,
-    [blocks_us, attn_us]: [u64; 2],
+    blocks: &'static [(u64, u64)],
     source: &'static str,
-) -> Point {
+}
+
+/// FlashAttention on Llama-2-7B (the earlier attention.csv).
+const FA: Kernel = Kernel {
+    profile: LLAMA2_7B_A100,
+    blocks: LLAMA2_7B_A100_BLOCKS,
+    source: VIDUR_FA,
+};
+/// FlashInfer on Llama-3-8B (the earlier attention.csv).
+const FI: Kernel = Kernel {
+    profile: LLAMA31_8B_A100,
+    blocks: LLAMA31_8B_A100_BLOCKS,
+    source: VIDUR_FI,
+};
+/// FlashInfer on Llama-3-8B, vidur's later profile, whose decode batches go past 128 (to 512 at
+/// short contexts).
+const FI_LATER: Kernel = Kernel {
+    source: VIDUR_FI_LATER,
+    ..FI
+};
+
+/// A step's transformer layers: the blocks at the step's tokens (`n`, from the kernel's blocks
+/// table) plus 32 layers of attention at `attn_us` each (attention.csv). `what` names the point.
+const fn layers(k: Kernel, what: &'static str, shape: StepShape, n: u64, attn_us: u64) -> Point {
     Point {
-        profile,
+        profile: k.profile,
         scope: Scope::Layers,
         what,
         shape,
-        published_us: blocks_us + 32 * attn_us,
-        source,
+        published_us: blocks_us(k.blocks, n) + 32 * attn_us,
+        source: k.source,
         not_fitted: None,
     }
 }
 
-/// Decode of `b` sequences of `ctx` tokens, on FlashAttention (Llama-2-7B): `[b, ctx, blocks_us,
+/// A blocks row of the kernel's model, its time from the blocks table.
+const fn blocks_of(k: Kernel, what: &'static str, n: u64) -> Point {
+    blocks(k.profile, what, n, blocks_us(k.blocks, n))
+}
+
+/// Decode of `b` sequences of `ctx` tokens: `[b, ctx, attn_us]`.
+const fn dec(k: Kernel, what: &'static str, [b, ctx, attn_us]: [u64; 3]) -> Point {
+    layers(k, what, decode(b, ctx), b, attn_us)
+}
+
+/// A prefill of `n` prompt tokens after `ctx` cached ones, alone in its step: `[n, ctx,
 /// attn_us]`.
-const fn fa(what: &'static str, [b, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
-    let shape = decode(b, ctx);
-    layers(LLAMA2_7B_A100, what, shape, [blocks_us, attn_us], VIDUR_FA)
-}
-
-/// The same on FlashInfer (Llama-3-8B).
-const fn fi(what: &'static str, [b, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
-    let shape = decode(b, ctx);
-    layers(LLAMA31_8B_A100, what, shape, [blocks_us, attn_us], VIDUR_FI)
-}
-
-/// The same from vidur's later FlashInfer profile of Llama-3-8B, whose decode batches go past
-/// 128 (to 512 at short contexts).
-const fn fi_later(what: &'static str, [b, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
-    let shape = decode(b, ctx);
-    layers(
-        LLAMA31_8B_A100,
-        what,
-        shape,
-        [blocks_us, attn_us],
-        VIDUR_FI_LATER,
-    )
-}
-
-/// A prefill of `n` prompt tokens after `ctx` cached ones, on FlashAttention: `[n, ctx,
-/// blocks_us, attn_us]`.
-const fn fa_prefill(what: &'static str, [n, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
-    let shape = prefill(n, ctx);
-    layers(LLAMA2_7B_A100, what, shape, [blocks_us, attn_us], VIDUR_FA)
-}
-
-/// The same on FlashInfer.
-const fn fi_prefill(what: &'static str, [n, ctx, blocks_us, attn_us]: [u64; 4]) -> Point {
-    let shape = prefill(n, ctx);
-    layers(LLAMA31_8B_A100, what, shape, [blocks_us, attn_us], VIDUR_FI)
+const fn pre(k: Kernel, what: &'static str, [n, ctx, attn_us]: [u64; 3]) -> Point {
+    layers(k, what, prefill(n, ctx), n, attn_us)
 }
 
 /// The points, in the order of the table.
 pub const POINTS: &[Point] = &[
-    blocks(LLAMA2_7B_A100, "1 token", 1, 9_280),
-    blocks(LLAMA2_7B_A100, "16 tokens", 16, 9_184),
-    blocks(LLAMA2_7B_A100, "64 tokens", 64, 9_696),
-    blocks(LLAMA2_7B_A100, "128 tokens", 128, 12_240),
-    blocks(LLAMA2_7B_A100, "256 tokens", 256, 17_808),
-    blocks(LLAMA2_7B_A100, "2,048 tokens", 2048, 133_464),
-    blocks(LLAMA2_7B_A100, "4,096 tokens", 4096, 259_920),
-    fa("decode b=16, context 512", [16, 512, 9_184, 112]),
-    fa("decode b=64, context 512", [64, 512, 9_696, 331]),
-    fa("decode b=128, context 512", [128, 512, 12_240, 607]),
-    fa("decode b=64, context 1,024", [64, 1024, 9_696, 596]),
-    fa("decode b=1, context 2,048", [1, 2048, 9_280, 30]),
-    fa("decode b=16, context 2,048", [16, 2048, 9_184, 343]),
-    fa("decode b=32, context 2,048", [32, 2048, 9_536, 631]),
-    fa("decode b=64, context 2,048", [64, 2048, 9_696, 1_188]),
-    fa("decode b=128, context 2,048", [128, 2048, 12_240, 2_146]),
-    fa_prefill("prefill 128 tokens", [128, 0, 12_240, 19]),
-    fa_prefill("prefill 2,048 tokens", [2048, 0, 133_464, 803]),
-    fa_prefill("prefill 4,096 tokens", [4096, 0, 259_920, 2_777]),
-    fa_prefill(
-        "prefill 2,048 tokens after 2,048",
-        [2048, 2048, 133_464, 1_230],
-    ),
+    blocks_of(FA, "1 token", 1),
+    blocks_of(FA, "16 tokens", 16),
+    blocks_of(FA, "64 tokens", 64),
+    blocks_of(FA, "128 tokens", 128),
+    blocks_of(FA, "256 tokens", 256),
+    blocks_of(FA, "2,048 tokens", 2048),
+    blocks_of(FA, "4,096 tokens", 4096),
+    dec(FA, "decode b=16, context 512", [16, 512, 112]),
+    dec(FA, "decode b=64, context 512", [64, 512, 331]),
+    dec(FA, "decode b=128, context 512", [128, 512, 607]),
+    dec(FA, "decode b=64, context 1,024", [64, 1024, 596]),
+    dec(FA, "decode b=1, context 2,048", [1, 2048, 30]),
+    dec(FA, "decode b=16, context 2,048", [16, 2048, 343]),
+    dec(FA, "decode b=32, context 2,048", [32, 2048, 631]),
+    dec(FA, "decode b=64, context 2,048", [64, 2048, 1_188]),
+    dec(FA, "decode b=128, context 2,048", [128, 2048, 2_146]),
+    pre(FA, "prefill 128 tokens", [128, 0, 19]),
+    pre(FA, "prefill 2,048 tokens", [2048, 0, 803]),
+    pre(FA, "prefill 4,096 tokens", [4096, 0, 2_777]),
+    pre(FA, "prefill 2,048 tokens after 2,048", [2048, 2048, 1_230]),
     blocks(LLAMA2_7B_H100, "1 token", 1, 5_600),
     blocks(LLAMA2_7B_H100, "16 tokens", 16, 5_792),
     blocks(LLAMA2_7B_H100, "64 tokens", 64, 5_856),
@@ -205,29 +237,26 @@ pub const POINTS: &[Point] = &[
     blocks(LLAMA2_7B_H100, "256 tokens", 256, 9_152),
     blocks(LLAMA2_7B_H100, "2,048 tokens", 2048, 40_424),
     blocks(LLAMA2_7B_H100, "4,096 tokens", 4096, 83_208),
-    blocks(LLAMA31_8B_A100, "1 token", 1, 9_696),
-    blocks(LLAMA31_8B_A100, "16 tokens", 16, 10_128),
-    blocks(LLAMA31_8B_A100, "64 tokens", 64, 11_232),
-    blocks(LLAMA31_8B_A100, "128 tokens", 128, 13_184),
-    blocks(LLAMA31_8B_A100, "256 tokens", 256, 19_488),
-    blocks(LLAMA31_8B_A100, "2,048 tokens", 2048, 143_680),
-    blocks(LLAMA31_8B_A100, "8,192 tokens", 8192, 543_888),
-    fi("decode b=16, context 2,048", [16, 2048, 10_128, 114]),
-    fi("decode b=64, context 2,048", [64, 2048, 11_232, 342]),
-    fi("decode b=128, context 2,048", [128, 2048, 13_184, 672]),
-    fi_later("decode b=1, context 1,024", [1, 1024, 9_696, 27]),
-    fi_later("decode b=16, context 1,024", [16, 1024, 10_128, 67]),
-    fi_later("decode b=64, context 1,024", [64, 1024, 11_232, 184]),
-    fi_later("decode b=128, context 1,024", [128, 1024, 13_184, 347]),
-    fi_later("decode b=256, context 1,024", [256, 1024, 19_488, 639]),
-    fi_later("decode b=256, context 416", [256, 416, 19_488, 271]),
-    fi_prefill("prefill 128 tokens", [128, 0, 13_184, 15]),
-    fi_prefill("prefill 2,048 tokens", [2048, 0, 143_680, 314]),
-    fi_prefill("prefill 8,192 tokens", [8192, 0, 543_888, 3_384]),
-    fi_prefill(
-        "prefill 2,048 tokens after 2,048",
-        [2048, 2048, 143_680, 763],
-    ),
+    blocks_of(FI, "1 token", 1),
+    blocks_of(FI, "16 tokens", 16),
+    blocks_of(FI, "64 tokens", 64),
+    blocks_of(FI, "128 tokens", 128),
+    blocks_of(FI, "256 tokens", 256),
+    blocks_of(FI, "2,048 tokens", 2048),
+    blocks_of(FI, "8,192 tokens", 8192),
+    dec(FI, "decode b=16, context 2,048", [16, 2048, 114]),
+    dec(FI, "decode b=64, context 2,048", [64, 2048, 342]),
+    dec(FI, "decode b=128, context 2,048", [128, 2048, 672]),
+    dec(FI_LATER, "decode b=1, context 1,024", [1, 1024, 27]),
+    dec(FI_LATER, "decode b=16, context 1,024", [16, 1024, 67]),
+    dec(FI_LATER, "decode b=64, context 1,024", [64, 1024, 184]),
+    dec(FI_LATER, "decode b=128, context 1,024", [128, 1024, 347]),
+    dec(FI_LATER, "decode b=256, context 1,024", [256, 1024, 639]),
+    dec(FI_LATER, "decode b=256, context 416", [256, 416, 271]),
+    pre(FI, "prefill 128 tokens", [128, 0, 15]),
+    pre(FI, "prefill 2,048 tokens", [2048, 0, 314]),
+    pre(FI, "prefill 8,192 tokens", [8192, 0, 3_384]),
+    pre(FI, "prefill 2,048 tokens after 2,048", [2048, 2048, 763]),
     blocks(LLAMA31_70B_TP4_H100, "1 token", 1, 14_320),
     blocks(LLAMA31_70B_TP4_H100, "16 tokens", 16, 14_520),
     blocks(LLAMA31_70B_TP4_H100, "64 tokens", 64, 15_280),
