@@ -26,7 +26,9 @@ pub use profiles::{
     profile, Precision, Profile, LLAMA2_7B_A100, LLAMA2_7B_H100, LLAMA31_70B_TP4_H100,
     LLAMA31_8B_A100, LLAMA31_8B_H100, PROFILES,
 };
-pub use roofline::{Gpu, ModelShape, Roofline, A100_80GB, H100_SXM, MBU_KV_PCT, MBU_PCT, MFU_PCT};
+pub use roofline::{
+    Gpu, ModelShape, Roofline, A100_80GB, H100_SXM, MBU_KV_PCT, MBU_PCT, MFU_ATTN_PCT, MFU_PCT,
+};
 pub use table::{StepTable, TableError, TABLE_ROWS_MAX};
 
 /// The linear step costs of cancelsim 0.1, in nanoseconds (or tokens per second for prefill).

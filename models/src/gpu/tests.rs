@@ -141,18 +141,19 @@ fn prefill_attention_is_quadratic_in_the_context() {
     // Compute-bound: doubling a long prompt more than doubles its time, by the pairs' share.
     let (t16k, t32k) = (prefill_ns(16_384, 0), prefill_ns(32_768, 0));
     assert!(t32k > 2 * t16k + t16k / 10, "{t16k} {t32k}");
-    // The closed form for 32k tokens: blocks 2 x 6.98e9 FLOPs per token, attention
-    // 4 x 32 x 4096 FLOPs per pair over 32,768 x 32,769 / 2 pairs, at 64 % of 989.4 TFLOP/s.
-    let flops = 32_768.0 * 2.0 * 6_979_321_856.0 + 4.0 * 32.0 * 4096.0 * 32_768.0 * 32_769.0 / 2.0;
-    let expect_ms = flops / (989.4e12 * 0.64) * 1e3;
+    // The closed form for 32k tokens: blocks 2 x 6.98e9 FLOPs per token at 64 % of
+    // 989.4 TFLOP/s, attention 4 x 32 x 4096 FLOPs per pair over 32,768 x 32,769 / 2 pairs at
+    // 37 %.
+    let blocks_ms = 32_768.0 * 2.0 * 6_979_321_856.0 / (989.4e12 * 0.64) * 1e3;
+    let attention_ms = 4.0 * 32.0 * 4096.0 * 32_768.0 * 32_769.0 / 2.0 / (989.4e12 * 0.37) * 1e3;
+    let expect_ms = blocks_ms + attention_ms;
     let ms = t32k as f64 / 1e6;
     assert!(
         (ms / expect_ms - 1.0).abs() < 0.01,
         "{ms} against {expect_ms}"
     );
-    // Attention adds about half again to the blocks' cost at 32k tokens.
-    let blocks_ms = 32_768.0 * 2.0 * 6_979_321_856.0 / (989.4e12 * 0.64) * 1e3;
-    assert!(ms > 1.4 * blocks_ms, "{ms} against {blocks_ms}");
+    // Attention doubles the blocks' cost at 32k tokens.
+    assert!(ms > 2.0 * blocks_ms, "{ms} against {blocks_ms}");
     // A later chunk of the same prompt attends to everything before it.
     assert!(prefill_ns(2048, 30_720) > prefill_ns(2048, 0));
 }
@@ -174,18 +175,10 @@ fn decode_is_bound_by_the_weight_read_at_batch_one() {
 }
 
 /// Fitted points known to miss the target, as `docs/validation.md` reports them, each with the
-/// error it must stay within:
-/// - Llama-2-7B on an H100 at 256 tokens (-16.2 %), at the GPU's ridge point, where vidur's
-///   GEMMs take nearly the sum of compute and weight read while the 70B shards on the same GPU
-///   follow the join;
-/// - Llama-2-7B's prefill of 4,096 tokens on an A100 (-17.5 %): vidur's FlashAttention path
-///   (sarathi's wrapper on `flash_attn_with_kvcache`) computes that prompt's attention at 16 %
-///   of peak, where FlashInfer in the same profiler reaches 35-52 % and the model meets its
-///   rows at the GEMMs' 64 %.
-const KNOWN_MISSES: [(&str, &str, f64); 2] = [
-    ("llama-2-7b-a100", "prefill 4,096 tokens", 18.5),
-    ("llama-2-7b-h100", "256 tokens", 17.0),
-];
+/// error it must stay within: Llama-2-7B on an H100 at 256 tokens (-16.2 %), at the GPU's ridge
+/// point, where vidur's GEMMs take nearly the sum of compute and weight read while the 70B
+/// shards on the same GPU follow the join.
+const KNOWN_MISSES: [(&str, &str, f64); 1] = [("llama-2-7b-h100", "256 tokens", 17.0)];
 
 #[test]
 fn the_fitted_points_meet_the_target_but_the_known_misses() {
@@ -223,30 +216,52 @@ fn the_fitted_points_meet_the_target_but_the_known_misses() {
     assert_eq!(fit_table().lines().count(), POINTS.len() + 2);
 }
 
-/// `MBU_KV_PCT` is what the docs say it is: of the whole percentages, the one with the least
-/// squared error over the decode layers rows a replica can hold (the rows that time the KV
-/// reads; the prefill rows time attention's arithmetic).
-#[test]
-fn the_kv_share_is_the_least_squares_fit_to_the_decode_rows() {
+/// The whole percentage in 10..=100 with the least squared relative error over the fitted layers
+/// rows `rows` selects, when `set` puts that percentage into the profile's roofline and every
+/// other share keeps its value (so the two tests below together say the shares are a coordinate
+/// optimum: neither can move alone to fit its rows better).
+fn least_squares_pct(rows: fn(&StepShape) -> bool, set: fn(&mut Roofline, &Profile, u64)) -> u64 {
     let rows: Vec<_> = POINTS
         .iter()
-        .filter(|p| matches!(p.scope, Scope::Layers) && p.shape.decode_seqs > 0)
+        .filter(|p| matches!(p.scope, Scope::Layers) && rows(&p.shape))
         .filter(|p| p.why_not_fitted().is_none())
         .collect();
-    assert!(rows.len() >= 10, "{} rows", rows.len());
+    assert!(rows.len() >= 4, "{} rows", rows.len());
     let sse = |pct: u64| -> f64 {
         rows.iter()
             .map(|p| {
                 let mut r = super::fit::layers_only(&p.profile);
-                r.achieved_kv_bytes_per_s = p.profile.gpu.hbm_bytes_per_s / 100 * pct;
+                set(&mut r, &p.profile, pct);
                 let e = r.step_ns(p.shape) as f64 / 1e3 / p.published_us as f64 - 1.0;
                 e * e
             })
             .sum()
     };
-    let best = (50..=100).min_by(|a, b| sse(*a).total_cmp(&sse(*b)));
-    let at = super::MBU_KV_PCT;
-    assert_eq!(best, Some(at), "squared error at {at} %: {}", sse(at));
+    let best = (10..=100).min_by(|a, b| sse(*a).total_cmp(&sse(*b)));
+    best.expect("a non-empty range")
+}
+
+/// `MBU_KV_PCT` is what the docs say it is: of the whole percentages, the one with the least
+/// squared error over the decode layers rows a replica can hold (the rows that time the KV
+/// reads; the prefill rows time attention's arithmetic).
+#[test]
+fn the_kv_share_is_the_least_squares_fit_to_the_decode_rows() {
+    let best = least_squares_pct(
+        |s| s.decode_seqs > 0,
+        |r, p, pct| r.achieved_kv_bytes_per_s = p.gpu.hbm_bytes_per_s / 100 * pct,
+    );
+    assert_eq!(best, super::MBU_KV_PCT);
+}
+
+/// `MFU_ATTN_PCT` likewise, over the prefill layers rows: there attention's arithmetic is the
+/// part of the step the blocks rows do not already time.
+#[test]
+fn the_attention_share_is_the_least_squares_fit_to_the_prefill_rows() {
+    let best = least_squares_pct(
+        |s| s.decode_seqs == 0 && s.prefill_tokens > 0,
+        |r, p, pct| r.achieved_attn_flops = p.gpu.peak_flops / 100 * pct,
+    );
+    assert_eq!(best, super::MFU_ATTN_PCT);
 }
 
 /// vidur profiles one layer alone, so its attention table has batches no 80 GB GPU holds. Those
@@ -294,8 +309,8 @@ fn decode_reads_the_weights_and_the_kv_cache_at_their_own_rates() {
     });
     let weights = (6_979_321_856.0 + 525_336_576.0) * 2.0 / (3.35e12 * 0.69);
     let kv = (b * (ctx + 1)) as f64 * 131_072.0 / (3.35e12 * super::MBU_KV_PCT as f64 / 100.0);
-    let flops = b as f64 * 2.0 * 6_979_321_856.0 + (b * ctx) as f64 * 4.0 * 32.0 * 4096.0;
-    let compute = flops / (989.4e12 * 0.64);
+    let compute = b as f64 * 2.0 * 6_979_321_856.0 / (989.4e12 * 0.64)
+        + (b * ctx) as f64 * 4.0 * 32.0 * 4096.0 / (989.4e12 * 0.37);
     let expect_ms = (weights + kv).hypot(compute) * 1e3;
     let ms = ns as f64 / 1e6;
     assert!(

@@ -166,10 +166,10 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "4306d37718817ef1de94bb9771a955c20d4b8702619fa72bda7e68a33eeead63";
+const GOLDEN_DEFAULT: &str = "a3b4c3c7cd8ff9996dc88dbd270d3ab07e1daf9aaceae3fe06c01a5808ff29f8";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "6d8e5e5fcdd55e0c031142c225d9b537c6daeb26f4ea8b6531fbf5a464b34195";
+    "59b4b3af92b2f318e1edc48acefeb0c9817d0c69512ee50c57dabe842ae11900";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(
