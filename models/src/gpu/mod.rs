@@ -27,7 +27,8 @@ pub use profiles::{
     LLAMA31_8B_A100, LLAMA31_8B_H100, PROFILES,
 };
 pub use roofline::{
-    Gpu, ModelShape, Roofline, A100_80GB, H100_SXM, MBU_KV_PCT, MBU_PCT, MFU_ATTN_PCT, MFU_PCT,
+    Gpu, ModelShape, Roofline, Shares, A100_80GB, H100_SXM, MBU_KV_PCT, MBU_PCT, MFU_ATTN_PCT,
+    MFU_PCT, SHARE_PCT_RANGE,
 };
 pub use table::{StepTable, TableError, TABLE_ROWS_MAX};
 

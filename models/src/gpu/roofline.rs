@@ -127,7 +127,55 @@ pub const MBU_KV_PCT: u64 = 76;
 /// a long prompt's attention at about half what the model charges.
 pub const MFU_ATTN_PCT: u64 = 37;
 
+/// Utilisations in whole percent, each replacing the fitted one it names when set: what a user
+/// who knows their kernels (FlashAttention-3 on an H100, say) states instead of a step table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shares {
+    /// Replaces [`MFU_PCT`].
+    pub mfu_pct: Option<u64>,
+    /// Replaces [`MBU_PCT`].
+    pub mbu_pct: Option<u64>,
+    /// Replaces [`MBU_KV_PCT`].
+    pub mbu_kv_pct: Option<u64>,
+    /// Replaces [`MFU_ATTN_PCT`].
+    pub mfu_attn_pct: Option<u64>,
+}
+
+/// The range a share may take, in percent.
+pub const SHARE_PCT_RANGE: std::ops::RangeInclusive<u64> = 1..=100;
+
 impl Roofline {
+    /// This roofline with the shares `s` sets, of `gpu`'s peaks; the rest as they were.
+    pub fn with_shares(mut self, gpu: Gpu, s: Shares) -> Roofline {
+        let all = [s.mfu_pct, s.mbu_pct, s.mbu_kv_pct, s.mfu_attn_pct];
+        assert!(
+            all.iter().flatten().all(|p| SHARE_PCT_RANGE.contains(p)),
+            "shares are validated to 1..=100 %: {s:?}"
+        );
+        let set = |field: &mut u64, pct: Option<u64>, peak: u64| {
+            if let Some(pct) = pct {
+                *field = peak / 100 * pct;
+            }
+        };
+        set(&mut self.achieved_flops, s.mfu_pct, gpu.peak_flops);
+        set(
+            &mut self.achieved_bytes_per_s,
+            s.mbu_pct,
+            gpu.hbm_bytes_per_s,
+        );
+        set(
+            &mut self.achieved_kv_bytes_per_s,
+            s.mbu_kv_pct,
+            gpu.hbm_bytes_per_s,
+        );
+        set(
+            &mut self.achieved_attn_flops,
+            s.mfu_attn_pct,
+            gpu.peak_flops,
+        );
+        self
+    }
+
     /// The constants of `model` on `tp` GPUs of kind `gpu`, at the utilisations above.
     pub const fn derive(model: ModelShape, gpu: Gpu, tp: u64, overhead_ns: u64) -> Roofline {
         Roofline {

@@ -319,3 +319,36 @@ fn decode_reads_the_weights_and_the_kv_cache_at_their_own_rates() {
     );
     assert_eq!(super::MBU_KV_PCT, 76);
 }
+
+/// Stated shares replace the fitted ones they name and nothing else; none leaves the roofline as
+/// it was.
+#[test]
+fn stated_shares_replace_only_what_they_name() {
+    let r = LLAMA31_8B_H100.roofline;
+    let gpu = LLAMA31_8B_H100.gpu;
+    assert_eq!(r.with_shares(gpu, Shares::default()), r);
+    let attention = Shares {
+        mfu_attn_pct: Some(74),
+        ..Shares::default()
+    };
+    let doubled = r.with_shares(gpu, attention);
+    assert_eq!(doubled.achieved_attn_flops, 2 * r.achieved_attn_flops);
+    assert_eq!(
+        Roofline {
+            achieved_attn_flops: r.achieved_attn_flops,
+            ..doubled
+        },
+        r
+    );
+    let all = Shares {
+        mfu_pct: Some(1),
+        mbu_pct: Some(100),
+        mbu_kv_pct: Some(50),
+        mfu_attn_pct: Some(10),
+    };
+    let s = r.with_shares(gpu, all);
+    assert_eq!(s.achieved_flops, 9_894_000_000_000);
+    assert_eq!(s.achieved_bytes_per_s, 3_350_000_000_000);
+    assert_eq!(s.achieved_kv_bytes_per_s, 1_675_000_000_000);
+    assert_eq!(s.achieved_attn_flops, 98_940_000_000_000);
+}

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 
+use super::draw::Draw;
 use super::sense::nonsense;
 use super::{check_with, Runner, SeedResult};
 use crate::dist::Dist;
@@ -24,75 +25,6 @@ pub enum Tier {
     Small = 1,
     /// 5,000 to 50,000 requests, offered up to 3x capacity.
     Big = 2,
-}
-
-/// Draws, with a bias to the edges of each range.
-struct Draw {
-    s: Stream,
-}
-
-impl Draw {
-    fn chance(&mut self, p: f64) -> bool {
-        self.s.uniform_open01() < p
-    }
-
-    fn int(&mut self, lo: u64, hi: u64) -> u64 {
-        match self.s.below(8) {
-            0 => lo,
-            1 => hi,
-            _ => lo + self.s.below(hi - lo + 1),
-        }
-    }
-
-    fn real(&mut self, lo: f64, hi: f64) -> f64 {
-        match self.s.below(8) {
-            0 => lo,
-            1 => hi,
-            _ => lo + (hi - lo) * self.s.uniform_open01(),
-        }
-    }
-
-    /// Log-uniform in `[lo, hi]`, `lo > 0`, with the edges.
-    fn scale(&mut self, lo: f64, hi: f64) -> f64 {
-        match self.s.below(8) {
-            0 => lo,
-            1 => hi,
-            _ => lo * libm::exp(libm::log(hi / lo) * self.s.uniform_open01()),
-        }
-    }
-
-    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
-        xs[self.s.below(xs.len() as u64) as usize].clone()
-    }
-
-    /// A distribution of non-negative values around `typical`, of every kind.
-    fn dist(&mut self, typical: f64, sigma_max: f64) -> Dist {
-        match self.s.below(5) {
-            0 => Dist::Constant(self.real(0.0, 2.0 * typical)),
-            1 => Dist::Exponential {
-                mean: self.scale(typical * 1e-3 + 1e-9, typical * 2.0 + 1e-9),
-            },
-            2 => {
-                let low = self.real(0.0, typical);
-                Dist::Uniform {
-                    low,
-                    high: low + self.real(0.0, typical),
-                }
-            }
-            3 if self.chance(0.5) => Dist::Gamma {
-                mean: self.real(0.0, typical),
-                cv: self.real(0.0, (2.0 * sigma_max).min(10.0)),
-            },
-            3 => Dist::LogNormal {
-                median: self.real(0.0, typical),
-                sigma: self.real(0.0, sigma_max),
-            },
-            _ => {
-                let n = self.int(1, 5) as usize;
-                Dist::Empirical((0..n).map(|_| self.real(0.0, 2.0 * typical)).collect())
-            }
-        }
-    }
 }
 
 /// The scenario of fuzz seed `seed` in tier `tier`. `base_dir` is where trace paths resolve.
@@ -314,19 +246,13 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
             kv_blocks,
         }
     };
-    // The 0.1 linear constants, where the profile has them.
-    let linear = match &profile {
-        ProfileRef::Named(n) => {
-            cancelsim_models::gpu::profile(n).is_some_and(|p| p.linear_v1.is_some())
-        }
-        ProfileRef::Custom { .. } | ProfileRef::Table { .. } => false,
-    };
-    let step_model = (linear && d.chance(0.25)).then_some(StepForm::Linear);
+    let (step_model, roofline) = step_form(d, &profile);
     Cluster {
         replicas: d.int(1, if big { 16 } else { 4 }) as u32,
         router: router(d),
         profile,
         step_model,
+        roofline,
         // From 0.8 every named profile keeps a KV cache at any batched-token budget.
         gpu_memory_utilization: if d.chance(0.3) {
             d.real(0.8, 1.0)
@@ -337,6 +263,30 @@ fn cluster(d: &mut Draw, tier: Tier) -> Cluster {
         // Colocated; `disaggregate` may draw a prefill/decode graph at the end.
         topology: None,
     }
+}
+
+/// The 0.1 linear constants now and then, where the profile has them; else a named roofline
+/// sometimes runs at other utilisations, down to 1 % of a peak.
+fn step_form(d: &mut Draw, profile: &ProfileRef) -> (Option<StepForm>, Option<RooflineShares>) {
+    let ProfileRef::Named(n) = profile else {
+        return (None, None);
+    };
+    let linear = cancelsim_models::gpu::profile(n).is_some_and(|p| p.linear_v1.is_some());
+    if linear && d.chance(0.25) {
+        return (Some(StepForm::Linear), None);
+    }
+    if !d.chance(0.15) {
+        return (None, None);
+    }
+    let mut pct = || d.chance(0.5).then(|| d.int(1, 100));
+    let [mfu_pct, mbu_pct, mbu_kv_pct, mfu_attn_pct] = [pct(), pct(), pct(), pct()];
+    let shares = RooflineShares {
+        mfu_pct,
+        mbu_pct,
+        mbu_kv_pct,
+        mfu_attn_pct,
+    };
+    (None, Some(shares))
 }
 
 fn router(d: &mut Draw) -> Router {

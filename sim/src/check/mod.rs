@@ -7,6 +7,7 @@
 //! `swarm` runs many seeds, each drawing the scenario's parameters from its declared ranges;
 //! `shrink` reduces a failing one to a minimal scenario that still fails.
 
+mod draw;
 pub mod fuzz;
 mod sense;
 mod shrink;

@@ -155,6 +155,12 @@ impl Scenario {
             Err(e) => {
                 let path = e.path().to_string();
                 let spanned = de.span_error(e.into_inner());
+                let comma = matches!(spanned.code, ron::Error::ExpectedComma);
+                let fraction = comma.then(|| fraction_for_whole(text, spanned.span.start, &path));
+                if let Some(m) = fraction.flatten() {
+                    let at = spanned.span.start;
+                    return Err(LoadError(format!("{shown}:{}:{}: {m}", at.line, at.col)));
+                }
                 let field = if path == "." || path == "?" {
                     String::new()
                 } else {
@@ -215,6 +221,40 @@ impl Scenario {
         Scenario::parse(DEFAULT_SCENARIO, DEFAULT_SCENARIO_PATH)
             .expect("the embedded default scenario is valid (tested)")
     }
+}
+
+/// RON reads `8.5` where a whole number belongs as `8` and then a stray `.5`, and calls the dot
+/// an "Expected comma". Say instead which field wants a whole number, and what it got.
+fn fraction_for_whole(text: &str, at: ron::error::Position, path: &str) -> Option<String> {
+    let line = text.lines().nth(at.line.checked_sub(1)?)?;
+    let dot = line.char_indices().nth(at.col.checked_sub(1)?)?.0;
+    let (before, after) = line.split_at(dot);
+    let fraction: String = after
+        .strip_prefix('.')?
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '+' | '_'))
+        .collect();
+    let whole = before.trim_end_matches(|c: char| c.is_ascii_digit() || c == '_');
+    let number = &before[whole.len()..];
+    let key_end = whole.trim_end().strip_suffix(':')?.trim_end();
+    let key_start = key_end
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| c.is_ascii_alphanumeric() || *c == '_')
+        .last()
+        .map_or(key_end.len(), |(i, _)| i);
+    let key = &key_end[key_start..];
+    if number.is_empty() || key.is_empty() {
+        return None;
+    }
+    let parent = path.trim_end_matches('?').trim_end_matches('.');
+    let field = match parent {
+        "" => key.to_string(),
+        p => format!("{p}.{key}"),
+    };
+    Some(format!(
+        "field `{field}` must be a whole number (got {number}.{fraction})"
+    ))
 }
 
 /// An error if the JSON text writes named fields as a list (see `json_shape`).

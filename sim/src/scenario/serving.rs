@@ -174,6 +174,10 @@ pub struct Cluster {
     /// constants of cancelsim 0.1. A `Custom` profile is always linear.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_model: Option<StepForm>,
+    /// The roofline's utilisations, in whole percent, where your kernels differ from the fitted
+    /// ones; unset: the fitted shares. A named profile's roofline only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roofline: Option<RooflineShares>,
     pub scheduler: Scheduler,
     /// Share of each GPU's memory the engine may use (vLLM's `--gpu-memory-utilization`): a named
     /// profile's KV capacity is what is left of it after the weights, the non-torch memory and
@@ -206,6 +210,62 @@ pub enum Router {
     /// `max_outstanding` requests, and goes to the least loaded of those. With
     /// `max_outstanding: 1` and `max_num_seqs: 1`, c replicas are the M/D/c queue.
     SharedQueue { max_outstanding: u32 },
+}
+
+impl Cluster {
+    /// One replica's step model, KV tokens and named profile (see [`ProfileRef::costs`]).
+    pub fn step_costs(
+        &self,
+        batched_tokens: Option<u32>,
+        table: Option<&std::sync::Arc<gpu::StepTable>>,
+    ) -> (StepModel, u64, Option<Profile>) {
+        let (form, shares) = (self.step_model, self.roofline);
+        let utilization = self.gpu_memory_utilization;
+        self.profile
+            .costs(form, shares, utilization, batched_tokens, table)
+    }
+}
+
+/// The roofline's utilisations, each replacing the fitted one it names (README, Cluster).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct RooflineShares {
+    /// The blocks' GEMMs, percent of peak FLOP/s (fitted: 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu_pct: Option<u64>,
+    /// The weight read, percent of HBM bandwidth (fitted: 69).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mbu_pct: Option<u64>,
+    /// The KV-cache traffic, percent of HBM bandwidth (fitted: 76).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mbu_kv_pct: Option<u64>,
+    /// Attention's arithmetic, percent of peak FLOP/s (fitted: 37; FlashAttention-3 reaches up
+    /// to 75 on an H100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu_attn_pct: Option<u64>,
+}
+
+impl RooflineShares {
+    pub fn shares(&self) -> gpu::Shares {
+        gpu::Shares {
+            mfu_pct: self.mfu_pct,
+            mbu_pct: self.mbu_pct,
+            mbu_kv_pct: self.mbu_kv_pct,
+            mfu_attn_pct: self.mfu_attn_pct,
+        }
+    }
+
+    /// Each set share with its field name, in a fixed order.
+    pub fn named(&self) -> [(&'static str, Option<u64>); 4] {
+        [
+            ("mfu_pct", self.mfu_pct),
+            ("mbu_pct", self.mbu_pct),
+            ("mbu_kv_pct", self.mbu_kv_pct),
+            ("mfu_attn_pct", self.mfu_attn_pct),
+        ]
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -284,6 +344,7 @@ impl ProfileRef {
     pub fn costs(
         &self,
         form: Option<StepForm>,
+        shares: Option<RooflineShares>,
         utilization: f64,
         batched_tokens: Option<u32>,
         table: Option<&std::sync::Arc<gpu::StepTable>>,
@@ -297,9 +358,13 @@ impl ProfileRef {
                 unreachable!("not custom, so named")
             };
             let p = gpu::profile(name).expect("validated profile name");
-            let model = p
-                .model(form == Some(StepForm::Linear))
-                .expect("validated step model");
+            let model = match (p.model(form == Some(StepForm::Linear)), shares) {
+                (Some(StepModel::Roofline(r)), Some(s)) => {
+                    StepModel::Roofline(r.with_shares(p.gpu, s.shares()))
+                }
+                (Some(m), None) => m,
+                (m, s) => unreachable!("validated step model and shares: {m:?}, {s:?}"),
+            };
             let ppm = (utilization * 1e6).round() as u64;
             let batched = batched_tokens.unwrap_or(p.max_num_batched_tokens) as u64;
             return (model, p.plan(ppm, batched).kv_tokens, Some(p));

@@ -139,6 +139,7 @@ impl Scenario {
         }
         validate_profile(&c.profile)?;
         validate_step_model(&c.profile, c.step_model)?;
+        validate_shares(c)?;
         validate_scheduler(&c.scheduler)?;
         self.validate_memory()?;
         self.validate_topology()
@@ -386,6 +387,28 @@ fn validate_step_model(p: &ProfileRef, form: Option<StepForm>) -> Check {
         ),
         _ => Ok(()),
     }
+}
+
+/// Roofline shares are whole percentages of a named profile's roofline.
+fn validate_shares(c: &super::Cluster) -> Check {
+    let Some(shares) = c.roofline else {
+        return Ok(());
+    };
+    let roofline =
+        matches!(c.profile, ProfileRef::Named(_)) && c.step_model != Some(StepForm::Linear);
+    if !roofline {
+        let m =
+            "sets a roofline's utilisations: it needs a named profile on the Roofline step model";
+        return err("cluster.roofline", m.into());
+    }
+    for (name, pct) in shares.named() {
+        let range = cancelsim_models::gpu::SHARE_PCT_RANGE;
+        if let Some(pct) = pct.filter(|p| !range.contains(p)) {
+            let m = format!("must be a whole percentage from 1 to 100 (got {pct})");
+            return err(&format!("cluster.roofline.{name}"), m);
+        }
+    }
+    Ok(())
 }
 
 fn validate_profile(p: &ProfileRef) -> Check {

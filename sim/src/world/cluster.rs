@@ -39,9 +39,7 @@ fn configured(s: &Scenario, table: Option<&Arc<StepTable>>) -> Replica {
         Scheduler::Dynamic { .. } => None,
     };
     let c = &s.cluster;
-    let (cost, kv_tokens, profile) =
-        c.profile
-            .costs(c.step_model, c.gpu_memory_utilization, batched, table);
+    let (cost, kv_tokens, profile) = c.step_costs(batched, table);
     let blocks = |block_tokens: u32, explicit: Option<u64>| {
         explicit.unwrap_or_else(|| (kv_tokens / block_tokens as u64).max(1))
     };

@@ -86,6 +86,107 @@ fn misspelt_nested_field_names_its_path() {
     );
 }
 
+/// A roofline share is a whole percentage from 1 to 100 of a named profile's roofline: zero, over
+/// 100, a fraction, a misspelt share and a share on the linear form are each one line.
+#[test]
+fn bad_roofline_shares() {
+    let with = |shares: &str| {
+        GOOD.replace(
+            "scheduler: Continuous",
+            &format!("{shares} scheduler: Continuous"),
+        )
+    };
+    let roofline_line = "s.ron:10:";
+    for (name, shares, expect) in [
+        (
+            "share0",
+            "roofline: (mfu_attn_pct: 0),",
+            vec![
+                roofline_line,
+                "cluster.roofline.mfu_attn_pct",
+                "1 to 100",
+                "got 0",
+            ],
+        ),
+        (
+            "share101",
+            "roofline: (mbu_kv_pct: 101),",
+            vec!["cluster.roofline.mbu_kv_pct", "got 101"],
+        ),
+        (
+            "sharefrac",
+            "roofline: (mfu_pct: 0.5),",
+            vec![
+                roofline_line,
+                "cluster.roofline.mfu_pct",
+                "whole number",
+                "got 0.5",
+            ],
+        ),
+        (
+            "sharetypo",
+            "roofline: (mfu_attention_pct: 50),",
+            vec![roofline_line, "mfu_attention_pct", "`mfu_attn_pct`"],
+        ),
+        (
+            "sharelinear",
+            "step_model: Linear, roofline: (mfu_pct: 50),",
+            vec!["cluster.roofline", "Roofline step model"],
+        ),
+    ] {
+        assert_one_line_error(name, &with(shares), &expect);
+    }
+    let custom = with("roofline: (mfu_pct: 50),").replace(
+        "Named(\"llama-3.1-8b-h100\")",
+        "Custom(c0_ms: 10.0, kv_blocks_16: 1000)",
+    );
+    assert_one_line_error(
+        "sharecustom",
+        &custom,
+        &["cluster.roofline", "named profile"],
+    );
+}
+
+/// RON reads `8.5` as `8` and a stray `.5`: the error names the field and the number, not a
+/// missing comma. (An exponent, `2e2`, RON already refuses at the field.)
+#[test]
+fn a_fraction_where_a_whole_number_belongs() {
+    for (name, from, to, expect) in [
+        (
+            "fracseed",
+            "seed: 3",
+            "seed: 3.5",
+            ["s.ron:3:12", "`seed`", "got 3.5"],
+        ),
+        (
+            "fracseqs",
+            "max_num_seqs: 8",
+            "max_num_seqs: 8.",
+            [
+                "s.ron:10:",
+                "`cluster.scheduler.Continuous.max_num_seqs`",
+                "got 8.",
+            ],
+        ),
+        (
+            "fracreqs",
+            "requests: 200",
+            "requests: 2e2",
+            [
+                "s.ron:5:",
+                "workload.source.Poisson.requests",
+                "Invalid digit",
+            ],
+        ),
+    ] {
+        let mut expect = expect.to_vec();
+        if name != "fracreqs" {
+            expect.push("must be a whole number");
+        }
+        assert_one_line_error(name, &GOOD.replace(from, to), &expect);
+    }
+}
+
 #[test]
 fn wrong_type() {
     let text = GOOD.replace("requests: 200", "requests: \"many\"");
