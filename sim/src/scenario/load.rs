@@ -224,8 +224,13 @@ impl Scenario {
 }
 
 /// RON reads `8.5` where a whole number belongs as `8` and then a stray `.5`, and calls the dot
-/// an "Expected comma". Say instead which field wants a whole number, and what it got.
-fn fraction_for_whole(text: &str, at: ron::error::Position, path: &str) -> Option<String> {
+/// an "Expected comma". Say instead which field wants a whole number (`path` is where the
+/// parser was; a list item has no field), and what it got.
+pub(crate) fn fraction_for_whole(
+    text: &str,
+    at: ron::error::Position,
+    path: &str,
+) -> Option<String> {
     let line = text.lines().nth(at.line.checked_sub(1)?)?;
     let dot = line.char_indices().nth(at.col.checked_sub(1)?)?.0;
     let (before, after) = line.split_at(dot);
@@ -236,7 +241,17 @@ fn fraction_for_whole(text: &str, at: ron::error::Position, path: &str) -> Optio
         .collect();
     let whole = before.trim_end_matches(|c: char| c.is_ascii_digit() || c == '_');
     let number = &before[whole.len()..];
-    let key_end = whole.trim_end().strip_suffix(':')?.trim_end();
+    if number.is_empty() {
+        return None;
+    }
+    let got = format!("must be a whole number (got {number}.{fraction})");
+    let Some(key_end) = whole.trim_end().strip_suffix(':') else {
+        return whole
+            .trim_end()
+            .ends_with(['[', ','])
+            .then(|| format!("a list item {got}"));
+    };
+    let key_end = key_end.trim_end();
     let key_start = key_end
         .char_indices()
         .rev()
@@ -244,17 +259,12 @@ fn fraction_for_whole(text: &str, at: ron::error::Position, path: &str) -> Optio
         .last()
         .map_or(key_end.len(), |(i, _)| i);
     let key = &key_end[key_start..];
-    if number.is_empty() || key.is_empty() {
-        return None;
-    }
     let parent = path.trim_end_matches('?').trim_end_matches('.');
-    let field = match parent {
-        "" => key.to_string(),
-        p => format!("{p}.{key}"),
-    };
-    Some(format!(
-        "field `{field}` must be a whole number (got {number}.{fraction})"
-    ))
+    match (parent, key) {
+        (_, "") => None,
+        ("", key) => Some(format!("field `{key}` {got}")),
+        (p, key) => Some(format!("field `{p}.{key}` {got}")),
+    }
 }
 
 /// An error if the JSON text writes named fields as a list (see `json_shape`).

@@ -23,6 +23,7 @@ use crate::kernel::{Limits, NS_PER_S};
 
 pub use cancel::*;
 pub use checks::*;
+pub(crate) use load::fraction_for_whole;
 pub use load::{outside_data_root, set_data_root, LoadError};
 pub use schema::scenario_schema;
 pub use serving::*;

@@ -213,6 +213,11 @@ pub enum Router {
 }
 
 impl Cluster {
+    /// Whether the step model is a named profile's roofline, which `roofline` shares apply to.
+    pub fn is_named_roofline(&self) -> bool {
+        matches!(self.profile, ProfileRef::Named(_)) && self.step_model != Some(StepForm::Linear)
+    }
+
     /// One replica's step model, KV tokens and named profile (see [`ProfileRef::costs`]).
     pub fn step_costs(
         &self,

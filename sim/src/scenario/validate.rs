@@ -394,9 +394,7 @@ fn validate_shares(c: &super::Cluster) -> Check {
     let Some(shares) = c.roofline else {
         return Ok(());
     };
-    let roofline =
-        matches!(c.profile, ProfileRef::Named(_)) && c.step_model != Some(StepForm::Linear);
-    if !roofline {
+    if !c.is_named_roofline() {
         let m =
             "sets a roofline's utilisations: it needs a named profile on the Roofline step model";
         return err("cluster.roofline", m.into());

@@ -74,6 +74,9 @@ pub enum Axis {
     Requests(Vec<u64>),
     /// `adapter.loss`.
     Loss(Vec<f64>),
+    /// `cluster.roofline.mfu_attn_pct`: attention's share of peak FLOP/s, in whole percent
+    /// (FlashAttention-2 against FlashAttention-3, say).
+    AttentionShare(Vec<u64>),
 }
 
 impl Axis {
@@ -94,6 +97,9 @@ impl Axis {
             Axis::Rate(_) if !rated => {
                 ": the base scenario's source has no rate (a Poisson, Gamma or OnOff source has)"
             }
+            Axis::AttentionShare(_) if !base.cluster.is_named_roofline() => {
+                ": the base scenario's profile is not a named profile on the Roofline step model"
+            }
             _ => " (a value is repeated)",
         }
     }
@@ -107,6 +113,7 @@ impl Axis {
             Axis::Rate(_) => "rate",
             Axis::Requests(_) => "requests",
             Axis::Loss(_) => "loss",
+            Axis::AttentionShare(_) => "mfu_attn_pct",
         }
     }
 
@@ -115,7 +122,7 @@ impl Axis {
             Axis::Fraction(v) | Axis::Rate(v) | Axis::Loss(v) => v.len(),
             Axis::Window(v) | Axis::Replicas(v) => v.len(),
             Axis::Policy(v) => v.len(),
-            Axis::Requests(v) => v.len(),
+            Axis::Requests(v) | Axis::AttentionShare(v) => v.len(),
         }
     }
 
@@ -161,6 +168,10 @@ impl Axis {
             }
             Axis::Loss(v) => {
                 s.adapter.loss = v[i];
+                v[i].to_string()
+            }
+            Axis::AttentionShare(v) => {
+                s.cluster.roofline.get_or_insert_default().mfu_attn_pct = Some(v[i]);
                 v[i].to_string()
             }
         }
@@ -241,7 +252,17 @@ impl Plan {
         let sweep: Sweep = ron::Options::default()
             .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
             .from_str(&text)
-            .map_err(|e| format!("{shown}:{}: {}", e.span.start, e.code))?;
+            .map_err(|e| {
+                let comma = matches!(e.code, ron::Error::ExpectedComma);
+                let fraction = comma
+                    .then(|| crate::scenario::fraction_for_whole(&text, e.span.start, ""))
+                    .flatten();
+                format!(
+                    "{shown}:{}: {}",
+                    e.span.start,
+                    fraction.unwrap_or(e.code.to_string())
+                )
+            })?;
         let points = counts(&sweep).map_err(|e| format!("{shown}: {e}"))?;
         let base = base_scenario(path, &sweep)?;
         let canonical = ron::to_string(&sweep).expect("sweep serialises") + &base.hash();

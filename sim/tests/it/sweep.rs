@@ -380,3 +380,87 @@ fn the_readme_slurm_example_is_the_smoke_tested_script() {
     let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
     assert!(ci.contains("tools/slurm-smoke.sh"));
 }
+
+/// The `AttentionShare` axis sets `cluster.roofline.mfu_attn_pct` and nothing else: the shipped
+/// `attention-kernel` sweep's tasks are the base scenario with that share stated, and a share
+/// left unset on the base stays the fitted one in its other fields.
+#[test]
+fn the_attention_share_axis_states_the_share() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/sweeps/attention-kernel.ron");
+    let plan = cancelsim::sweep::Plan::load(&path).unwrap();
+    assert_eq!(plan.tasks(), 20);
+    for t in 0..plan.tasks() {
+        let (s, values, _) = plan.task(t);
+        let pct: u64 = values[0].parse().unwrap();
+        assert!([37, 75].contains(&pct), "{values:?}");
+        let shares = s.cluster.roofline.expect("the axis states a share");
+        assert_eq!(shares.mfu_attn_pct, Some(pct));
+        assert_eq!(
+            (shares.mfu_pct, shares.mbu_pct, shares.mbu_kv_pct),
+            (None, None, None)
+        );
+        let mut base = s.clone();
+        base.cluster.roofline = None;
+        base.policies = plan.base.policies.clone();
+        base.properties = plan.base.properties.clone();
+        base.expect = plan.base.expect.clone();
+        assert_eq!(
+            base, plan.base,
+            "task {t} differs from its base beyond the axes"
+        );
+    }
+}
+
+/// A share outside 1..=100 %, a fractional one, and the axis on a base scenario without a named
+/// roofline are each refused at load, before any task runs.
+#[test]
+fn a_bad_attention_share_axis_is_refused() {
+    let dir = scratch("bad-share");
+    std::fs::create_dir_all(&dir).unwrap();
+    let scenarios = sweep_file()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    for (name, base, values, want) in [
+        (
+            "zero",
+            "default.ron",
+            "[37, 0]",
+            "must be a whole percentage from 1 to 100 (got 0)",
+        ),
+        (
+            "frac",
+            "default.ron",
+            "[37, 37.5]",
+            "a list item must be a whole number (got 37.5)",
+        ),
+        (
+            "linear",
+            "md1-rho08.ron",
+            "[37]",
+            "needs a named profile on the Roofline step model",
+        ),
+    ] {
+        let path = dir.join(format!("{name}.ron"));
+        let base = scenarios.join(base);
+        let text = format!(
+            "Sweep(name: \"s\", scenario: {:?}, seeds: 1, grid: [AttentionShare({values})])",
+            base.to_str().unwrap()
+        );
+        std::fs::write(&path, text).unwrap();
+        let out = dir.join(format!("out-{name}"));
+        refused(
+            &[
+                "sweep",
+                path.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            want,
+        );
+        assert!(!out.exists(), "{name}: wrote output");
+    }
+}
