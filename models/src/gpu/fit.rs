@@ -52,7 +52,6 @@ pub enum Scope {
 pub struct Point {
     pub profile: Profile,
     pub scope: Scope,
-    pub what: &'static str,
     pub shape: StepShape,
     /// Published value, in microseconds.
     pub published_us: u64,
@@ -139,11 +138,10 @@ const fn blocks_us(table: &[(u64, u64)], n: u64) -> u64 {
     panic!("no blocks time at that token count")
 }
 
-const fn blocks(profile: Profile, what: &'static str, n: u64, us: u64) -> Point {
+const fn blocks(profile: Profile, n: u64, us: u64) -> Point {
     Point {
         profile,
         scope: Scope::Blocks,
-        what,
         shape: tokens(n),
         published_us: us,
         source: VIDUR,
@@ -179,12 +177,11 @@ const FI_LATER: Kernel = Kernel {
 };
 
 /// A step's transformer layers: the blocks at the step's tokens (`n`, from the kernel's blocks
-/// table) plus 32 layers of attention at `attn_us` each (attention.csv). `what` names the point.
-const fn layers(k: Kernel, what: &'static str, shape: StepShape, n: u64, attn_us: u64) -> Point {
+/// table) plus 32 layers of attention at `attn_us` each (attention.csv).
+const fn layers(k: Kernel, shape: StepShape, n: u64, attn_us: u64) -> Point {
     Point {
         profile: k.profile,
         scope: Scope::Layers,
-        what,
         shape,
         published_us: blocks_us(k.blocks, n) + 32 * attn_us,
         source: k.source,
@@ -193,79 +190,78 @@ const fn layers(k: Kernel, what: &'static str, shape: StepShape, n: u64, attn_us
 }
 
 /// A blocks row of the kernel's model, its time from the blocks table.
-const fn blocks_of(k: Kernel, what: &'static str, n: u64) -> Point {
-    blocks(k.profile, what, n, blocks_us(k.blocks, n))
+const fn blocks_of(k: Kernel, n: u64) -> Point {
+    blocks(k.profile, n, blocks_us(k.blocks, n))
 }
 
 /// Decode of `b` sequences of `ctx` tokens: `[b, ctx, attn_us]`.
-const fn dec(k: Kernel, what: &'static str, [b, ctx, attn_us]: [u64; 3]) -> Point {
-    layers(k, what, decode(b, ctx), b, attn_us)
+const fn dec(k: Kernel, [b, ctx, attn_us]: [u64; 3]) -> Point {
+    layers(k, decode(b, ctx), b, attn_us)
 }
 
 /// A prefill of `n` prompt tokens after `ctx` cached ones, alone in its step: `[n, ctx,
 /// attn_us]`.
-const fn pre(k: Kernel, what: &'static str, [n, ctx, attn_us]: [u64; 3]) -> Point {
-    layers(k, what, prefill(n, ctx), n, attn_us)
+const fn pre(k: Kernel, [n, ctx, attn_us]: [u64; 3]) -> Point {
+    layers(k, prefill(n, ctx), n, attn_us)
 }
 
 /// The points, in the order of the table.
 pub const POINTS: &[Point] = &[
-    blocks_of(FA, "1 token", 1),
-    blocks_of(FA, "16 tokens", 16),
-    blocks_of(FA, "64 tokens", 64),
-    blocks_of(FA, "128 tokens", 128),
-    blocks_of(FA, "256 tokens", 256),
-    blocks_of(FA, "2,048 tokens", 2048),
-    blocks_of(FA, "4,096 tokens", 4096),
-    dec(FA, "decode b=16, context 512", [16, 512, 112]),
-    dec(FA, "decode b=64, context 512", [64, 512, 331]),
-    dec(FA, "decode b=128, context 512", [128, 512, 607]),
-    dec(FA, "decode b=64, context 1,024", [64, 1024, 596]),
-    dec(FA, "decode b=1, context 2,048", [1, 2048, 30]),
-    dec(FA, "decode b=16, context 2,048", [16, 2048, 343]),
-    dec(FA, "decode b=32, context 2,048", [32, 2048, 631]),
-    dec(FA, "decode b=64, context 2,048", [64, 2048, 1_188]),
-    dec(FA, "decode b=128, context 2,048", [128, 2048, 2_146]),
-    pre(FA, "prefill 128 tokens", [128, 0, 19]),
-    pre(FA, "prefill 2,048 tokens", [2048, 0, 803]),
-    pre(FA, "prefill 4,096 tokens", [4096, 0, 2_777]),
-    pre(FA, "prefill 2,048 tokens after 2,048", [2048, 2048, 1_230]),
-    blocks(LLAMA2_7B_H100, "1 token", 1, 5_600),
-    blocks(LLAMA2_7B_H100, "16 tokens", 16, 5_792),
-    blocks(LLAMA2_7B_H100, "64 tokens", 64, 5_856),
-    blocks(LLAMA2_7B_H100, "128 tokens", 128, 6_368),
-    blocks(LLAMA2_7B_H100, "256 tokens", 256, 9_152),
-    blocks(LLAMA2_7B_H100, "2,048 tokens", 2048, 40_424),
-    blocks(LLAMA2_7B_H100, "4,096 tokens", 4096, 83_208),
-    blocks_of(FI, "1 token", 1),
-    blocks_of(FI, "16 tokens", 16),
-    blocks_of(FI, "64 tokens", 64),
-    blocks_of(FI, "128 tokens", 128),
-    blocks_of(FI, "256 tokens", 256),
-    blocks_of(FI, "2,048 tokens", 2048),
-    blocks_of(FI, "8,192 tokens", 8192),
-    dec(FI, "decode b=16, context 2,048", [16, 2048, 114]),
-    dec(FI, "decode b=64, context 2,048", [64, 2048, 342]),
-    dec(FI, "decode b=128, context 2,048", [128, 2048, 672]),
-    dec(FI_LATER, "decode b=1, context 1,024", [1, 1024, 27]),
-    dec(FI_LATER, "decode b=16, context 1,024", [16, 1024, 67]),
-    dec(FI_LATER, "decode b=64, context 1,024", [64, 1024, 184]),
-    dec(FI_LATER, "decode b=128, context 1,024", [128, 1024, 347]),
-    dec(FI_LATER, "decode b=256, context 1,024", [256, 1024, 639]),
-    dec(FI_LATER, "decode b=256, context 416", [256, 416, 271]),
-    pre(FI, "prefill 128 tokens", [128, 0, 15]),
-    pre(FI, "prefill 2,048 tokens", [2048, 0, 314]),
-    pre(FI, "prefill 8,192 tokens", [8192, 0, 3_384]),
-    pre(FI, "prefill 2,048 tokens after 2,048", [2048, 2048, 763]),
-    blocks(LLAMA31_70B_TP4_H100, "1 token", 1, 14_320),
-    blocks(LLAMA31_70B_TP4_H100, "16 tokens", 16, 14_520),
-    blocks(LLAMA31_70B_TP4_H100, "64 tokens", 64, 15_280),
-    blocks(LLAMA31_70B_TP4_H100, "256 tokens", 256, 19_200),
-    blocks(LLAMA31_70B_TP4_H100, "2,048 tokens", 2048, 112_060),
+    blocks_of(FA, 1),
+    blocks_of(FA, 16),
+    blocks_of(FA, 64),
+    blocks_of(FA, 128),
+    blocks_of(FA, 256),
+    blocks_of(FA, 2048),
+    blocks_of(FA, 4096),
+    dec(FA, [16, 512, 112]),
+    dec(FA, [64, 512, 331]),
+    dec(FA, [128, 512, 607]),
+    dec(FA, [64, 1024, 596]),
+    dec(FA, [1, 2048, 30]),
+    dec(FA, [16, 2048, 343]),
+    dec(FA, [32, 2048, 631]),
+    dec(FA, [64, 2048, 1_188]),
+    dec(FA, [128, 2048, 2_146]),
+    pre(FA, [128, 0, 19]),
+    pre(FA, [2048, 0, 803]),
+    pre(FA, [4096, 0, 2_777]),
+    pre(FA, [2048, 2048, 1_230]),
+    blocks(LLAMA2_7B_H100, 1, 5_600),
+    blocks(LLAMA2_7B_H100, 16, 5_792),
+    blocks(LLAMA2_7B_H100, 64, 5_856),
+    blocks(LLAMA2_7B_H100, 128, 6_368),
+    blocks(LLAMA2_7B_H100, 256, 9_152),
+    blocks(LLAMA2_7B_H100, 2048, 40_424),
+    blocks(LLAMA2_7B_H100, 4096, 83_208),
+    blocks_of(FI, 1),
+    blocks_of(FI, 16),
+    blocks_of(FI, 64),
+    blocks_of(FI, 128),
+    blocks_of(FI, 256),
+    blocks_of(FI, 2048),
+    blocks_of(FI, 8192),
+    dec(FI, [16, 2048, 114]),
+    dec(FI, [64, 2048, 342]),
+    dec(FI, [128, 2048, 672]),
+    dec(FI_LATER, [1, 1024, 27]),
+    dec(FI_LATER, [16, 1024, 67]),
+    dec(FI_LATER, [64, 1024, 184]),
+    dec(FI_LATER, [128, 1024, 347]),
+    dec(FI_LATER, [256, 1024, 639]),
+    dec(FI_LATER, [256, 416, 271]),
+    pre(FI, [128, 0, 15]),
+    pre(FI, [2048, 0, 314]),
+    pre(FI, [8192, 0, 3_384]),
+    pre(FI, [2048, 2048, 763]),
+    blocks(LLAMA31_70B_TP4_H100, 1, 14_320),
+    blocks(LLAMA31_70B_TP4_H100, 16, 14_520),
+    blocks(LLAMA31_70B_TP4_H100, 64, 15_280),
+    blocks(LLAMA31_70B_TP4_H100, 256, 19_200),
+    blocks(LLAMA31_70B_TP4_H100, 2048, 112_060),
     Point {
         profile: LLAMA31_8B_H100,
         scope: Scope::Step,
-        what: "decode c=1, context 512",
         shape: decode(1, 512),
         published_us: 6_480,
         source: YOBITEL,
@@ -274,7 +270,6 @@ pub const POINTS: &[Point] = &[
     Point {
         profile: LLAMA31_8B_H100,
         scope: Scope::Step,
-        what: "decode c=4, context 512",
         shape: decode(4, 512),
         published_us: 6_590,
         source: YOBITEL,
@@ -283,7 +278,6 @@ pub const POINTS: &[Point] = &[
     Point {
         profile: LLAMA31_8B_H100,
         scope: Scope::Step,
-        what: "decode c=100, context 512",
         shape: decode(100, 512),
         published_us: 7_570,
         source: "NIM 1.8.0 ITL at c=100 (NIM benchmarking page)",
@@ -292,7 +286,6 @@ pub const POINTS: &[Point] = &[
     Point {
         profile: LLAMA31_70B_TP4_H100,
         scope: Scope::Step,
-        what: "decode c=1, context 512",
         shape: decode(1, 512),
         published_us: 13_210,
         source: "NIM 1.3.0 ITL at c=1 (NIM benchmarking page)",
@@ -309,6 +302,37 @@ impl Point {
             Scope::Layers => layers_only(&self.profile).step_ns(self.shape),
         };
         ns as f64 / 1e3
+    }
+
+    /// The point's name in the table, read from its scope and shape, so it cannot say other
+    /// numbers than the point's: "256 tokens", "decode b=16, context 512" (c=, concurrency, for
+    /// an engine's step), "prefill 2,048 tokens after 2,048".
+    pub fn what(&self) -> String {
+        let s = self.shape;
+        let tokens = |n: u64| match n {
+            1 => "1 token".to_string(),
+            n => format!("{} tokens", thousands(n)),
+        };
+        match self.scope {
+            Scope::Blocks => tokens(s.prefill_tokens),
+            _ if s.decode_seqs > 0 => {
+                let seqs = if matches!(self.scope, Scope::Step) {
+                    "c"
+                } else {
+                    "b"
+                };
+                let context = thousands(s.kv_tokens_read / s.decode_seqs);
+                format!("decode {seqs}={}, context {context}", s.decode_seqs)
+            }
+            _ => match s.prefill_ctx_tokens {
+                0 => format!("prefill {}", tokens(s.prefill_tokens)),
+                ctx => format!(
+                    "prefill {} after {}",
+                    tokens(s.prefill_tokens),
+                    thousands(ctx)
+                ),
+            },
+        }
     }
 
     /// Model against published, in percent.
@@ -391,7 +415,7 @@ pub fn fit_table() -> String {
         s += &format!(
             "| {} | {scope} | {} | {:.2} | {:.2} | {:+.1} % | {source} |\n",
             p.profile.name,
-            p.what,
+            p.what(),
             p.published_us as f64 / 1e3,
             p.model_us() / 1e3,
             p.error_pct(),

@@ -28,7 +28,7 @@ pub use profiles::{
 };
 pub use roofline::{
     Gpu, ModelShape, Roofline, Shares, A100_80GB, H100_SXM, MBU_KV_PCT, MBU_PCT, MFU_ATTN_PCT,
-    MFU_PCT, SHARE_PCT_RANGE,
+    MFU_PCT,
 };
 pub use table::{StepTable, TableError, TABLE_ROWS_MAX};
 

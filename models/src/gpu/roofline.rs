@@ -144,14 +144,24 @@ pub struct Shares {
 /// The range a share may take, in percent.
 pub const SHARE_PCT_RANGE: std::ops::RangeInclusive<u64> = 1..=100;
 
+impl Shares {
+    /// The first set share outside [`SHARE_PCT_RANGE`], by its field name, with its value.
+    pub fn out_of_range(&self) -> Option<(&'static str, u64)> {
+        [
+            ("mfu_pct", self.mfu_pct),
+            ("mbu_pct", self.mbu_pct),
+            ("mbu_kv_pct", self.mbu_kv_pct),
+            ("mfu_attn_pct", self.mfu_attn_pct),
+        ]
+        .into_iter()
+        .find_map(|(name, pct)| Some((name, pct?)).filter(|(_, p)| !SHARE_PCT_RANGE.contains(p)))
+    }
+}
+
 impl Roofline {
     /// This roofline with the shares `s` sets, of `gpu`'s peaks; the rest as they were.
     pub fn with_shares(mut self, gpu: Gpu, s: Shares) -> Roofline {
-        let all = [s.mfu_pct, s.mbu_pct, s.mbu_kv_pct, s.mfu_attn_pct];
-        assert!(
-            all.iter().flatten().all(|p| SHARE_PCT_RANGE.contains(p)),
-            "shares are validated to 1..=100 %: {s:?}"
-        );
+        assert_eq!(s.out_of_range(), None, "shares are validated to 1..=100 %");
         let set = |field: &mut u64, pct: Option<u64>, peak: u64| {
             if let Some(pct) = pct {
                 *field = peak / 100 * pct;

@@ -191,15 +191,23 @@ fn the_fitted_points_meet_the_target_but_the_known_misses() {
             let e = p.error_pct();
             let known = KNOWN_MISSES
                 .iter()
-                .find(|(name, what, _)| *name == p.profile.name && *what == p.what);
+                .find(|(name, what, _)| *name == p.profile.name && *what == p.what());
             let bound = known.map_or(TARGET_PCT, |k| k.2);
-            assert!(e.abs() <= bound, "{} {}: {e:+.1} %", p.profile.name, p.what);
+            assert!(
+                e.abs() <= bound,
+                "{} {}: {e:+.1} %",
+                p.profile.name,
+                p.what()
+            );
             if e.abs() > TARGET_PCT {
-                misses.push((p.profile.name, p.what));
+                misses.push((p.profile.name, p.what()));
             }
         }
     }
-    let listed: Vec<_> = KNOWN_MISSES.iter().map(|k| (k.0, k.1)).collect();
+    let listed: Vec<_> = KNOWN_MISSES
+        .iter()
+        .map(|k| (k.0, k.1.to_string()))
+        .collect();
     assert_eq!(misses, listed, "the misses are exactly the known ones");
     assert!(fitted >= 20, "only {fitted} fitted points");
     // Every profile has at least one point of each scope it can be checked at.
@@ -274,7 +282,7 @@ fn a_step_the_replica_cannot_hold_is_shown_but_not_fitted() {
     let find = |name: &str, what: &str| {
         POINTS
             .iter()
-            .find(|p| p.profile.name == name && p.what == what)
+            .find(|p| p.profile.name == name && p.what() == what)
             .unwrap_or_else(|| panic!("{name} {what}"))
     };
     let capacity = find("llama-2-7b-a100", "1 token").kv_capacity_tokens();
@@ -346,6 +354,13 @@ fn stated_shares_replace_only_what_they_name() {
         mbu_kv_pct: Some(50),
         mfu_attn_pct: Some(10),
     };
+    assert_eq!(all.out_of_range(), None);
+    let zero = Shares {
+        mbu_kv_pct: Some(0),
+        mfu_attn_pct: Some(101),
+        ..all
+    };
+    assert_eq!(zero.out_of_range(), Some(("mbu_kv_pct", 0)));
     let s = r.with_shares(gpu, all);
     assert_eq!(s.achieved_flops, 9_894_000_000_000);
     assert_eq!(s.achieved_bytes_per_s, 3_350_000_000_000);

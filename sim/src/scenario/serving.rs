@@ -237,22 +237,23 @@ impl Cluster {
 )]
 #[serde(deny_unknown_fields)]
 pub struct RooflineShares {
-    /// The blocks' GEMMs, percent of peak FLOP/s (fitted: 64).
+    /// The blocks' GEMMs, percent of peak FLOP/s (unset: the fitted MFU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mfu_pct: Option<u64>,
-    /// The weight read, percent of HBM bandwidth (fitted: 69).
+    /// The weight read, percent of HBM bandwidth (unset: the fitted MBU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mbu_pct: Option<u64>,
-    /// The KV-cache traffic, percent of HBM bandwidth (fitted: 76).
+    /// The KV-cache traffic, percent of HBM bandwidth (unset: the fitted MBU_KV).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mbu_kv_pct: Option<u64>,
-    /// Attention's arithmetic, percent of peak FLOP/s (fitted: 37; FlashAttention-3 reaches up
-    /// to 75 on an H100).
+    /// Attention's arithmetic, percent of peak FLOP/s (unset: the fitted MFU_ATTN;
+    /// FlashAttention-3 reaches up to 75 on an H100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mfu_attn_pct: Option<u64>,
 }
 
 impl RooflineShares {
+    /// The same shares as the models crate takes them (it has no serde).
     pub fn shares(&self) -> gpu::Shares {
         gpu::Shares {
             mfu_pct: self.mfu_pct,
@@ -260,16 +261,6 @@ impl RooflineShares {
             mbu_kv_pct: self.mbu_kv_pct,
             mfu_attn_pct: self.mfu_attn_pct,
         }
-    }
-
-    /// Each set share with its field name, in a fixed order.
-    pub fn named(&self) -> [(&'static str, Option<u64>); 4] {
-        [
-            ("mfu_pct", self.mfu_pct),
-            ("mbu_pct", self.mbu_pct),
-            ("mbu_kv_pct", self.mbu_kv_pct),
-            ("mfu_attn_pct", self.mfu_attn_pct),
-        ]
     }
 }
 

@@ -399,14 +399,13 @@ fn validate_shares(c: &super::Cluster) -> Check {
             "sets a roofline's utilisations: it needs a named profile on the Roofline step model";
         return err("cluster.roofline", m.into());
     }
-    for (name, pct) in shares.named() {
-        let range = cancelsim_models::gpu::SHARE_PCT_RANGE;
-        if let Some(pct) = pct.filter(|p| !range.contains(p)) {
-            let m = format!("must be a whole percentage from 1 to 100 (got {pct})");
-            return err(&format!("cluster.roofline.{name}"), m);
-        }
+    match shares.shares().out_of_range() {
+        Some((name, pct)) => err(
+            &format!("cluster.roofline.{name}"),
+            format!("must be a whole percentage from 1 to 100 (got {pct})"),
+        ),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 fn validate_profile(p: &ProfileRef) -> Check {

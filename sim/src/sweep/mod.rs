@@ -97,9 +97,6 @@ impl Axis {
             Axis::Rate(_) if !rated => {
                 ": the base scenario's source has no rate (a Poisson, Gamma or OnOff source has)"
             }
-            Axis::AttentionShare(_) if !base.cluster.is_named_roofline() => {
-                ": the base scenario's profile is not a named profile on the Roofline step model"
-            }
             _ => " (a value is repeated)",
         }
     }
