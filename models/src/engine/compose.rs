@@ -68,7 +68,29 @@ impl Engine {
     /// requester too would free nothing now and throw its in-flight work away, again and again.
     /// False if the requester must wait: for blocks already on their way back, or because no
     /// newer request is left to preempt (an older one will finish, or preempt it).
+    ///
+    /// Nor anyone, when no preemption can ever make the room: the free blocks, those on their
+    /// way back and every other running request's together fall short (the rest of the pool is
+    /// pinned outside the engine, for a transfer or for good). Preempting would throw work away
+    /// for nothing; with a window of 2 it did so for ever, as the victim, admitted again into
+    /// the other slot, was preempted in flight each time, and the replica stepped on instead of
+    /// stalling. Without pinned blocks this never holds: every request fits the pool alone.
     fn make_room(&mut self, i: usize, grow: u64, now_ns: u64, c: &mut Compose) -> bool {
+        if self.take_blocks(grow) {
+            return true;
+        }
+        if self.pinned_blocks > 0 {
+            let (seqs, me) = (&self.seqs, self.running[i]);
+            let others: u64 = self
+                .running
+                .iter()
+                .filter(|&&s| s != me)
+                .map(|&s| seqs[s as usize].blocks)
+                .sum();
+            if self.kv.free_blocks() + self.fenced_pending() + others < grow {
+                return false;
+            }
+        }
         loop {
             if self.take_blocks(grow) {
                 return true;

@@ -1,5 +1,6 @@
 //! The simulator's integration tests, in one binary (one link instead of seven).
 
+mod adversarial;
 mod cancel;
 mod capacity;
 mod check;
