@@ -9,6 +9,11 @@
 //! - the lease runs out (`Reclaim::Lease`: vLLM's NIXL abort timeout, 120 s or 480 s, or a
 //!   30 s lease).
 //!
+//! A lease never frees blocks under a live transfer: while a transfer reads or writes a hold's
+//! blocks (`reading`) its lease is suspended, and when the transfer ends (`read_done`) the lease
+//! runs again, whole, from there. So a lease shorter than the transfer cannot hand a block that
+//! is still being read, or still being written into, to another request (vLLM #32255).
+//!
 //! With `Reclaim::Never`, a lost notice leaks the blocks until the end of the run (vLLM
 //! #46283). With `Completions::FirstFrees`, the first of two pending notices frees the request
 //! and the second finds nothing, which faults the engine (vLLM #46240).
@@ -79,6 +84,21 @@ struct Hold {
     blocks: u64,
     pending: u32,
     deadline_ns: Option<u64>,
+    /// A transfer reads or writes the blocks now: no lease runs, and a cancel waits for its end.
+    busy: bool,
+    /// A cancel came while `busy`.
+    cancelled: bool,
+}
+
+/// What the end of a transfer over a hold's blocks did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadDone {
+    /// Nothing: the request is not held here, or no transfer was reading its blocks.
+    Nothing,
+    /// Its lease (if the stage has leases) runs again, whole, from now.
+    Resumed,
+    /// A cancel came while the transfer ran: the blocks come back now.
+    Returned(Returned),
 }
 
 /// Requests freed by a first notice with another still due, kept to recognise it, at most.
@@ -126,12 +146,7 @@ impl CleanupOwner {
         assert!(pending > 0, "a hold waits for at least one notice");
         assert!(!self.holds.contains_key(&id), "request {id} held twice");
         self.advance(now_ns);
-        let deadline_ns = match self.cfg.reclaim {
-            Reclaim::Never => None,
-            Reclaim::Lease { lease_ns, grace_ns } => {
-                Some(now_ns.saturating_add(lease_ns).saturating_add(grace_ns))
-            }
-        };
+        let deadline_ns = self.lease_from(now_ns);
         if let Some(d) = deadline_ns {
             self.deadlines.insert((d, id));
         }
@@ -141,10 +156,68 @@ impl CleanupOwner {
                 blocks,
                 pending,
                 deadline_ns,
+                busy: false,
+                cancelled: false,
             },
         );
         self.blocks_held += blocks;
         self.blocks_peak = self.blocks_peak.max(self.blocks_held);
+        debug_assert!(
+            self.deadlines.len() <= self.holds.len(),
+            "one deadline per hold, at most"
+        );
+    }
+
+    /// When a lease that starts at `now` runs out, under a lease.
+    fn lease_from(&self, now_ns: u64) -> Option<u64> {
+        match self.cfg.reclaim {
+            Reclaim::Never => None,
+            Reclaim::Lease { lease_ns, grace_ns } => {
+                Some(now_ns.saturating_add(lease_ns).saturating_add(grace_ns))
+            }
+        }
+    }
+
+    /// Whether request `id` is held here.
+    pub fn holds(&self, id: u64) -> bool {
+        self.holds.contains_key(&id)
+    }
+
+    /// A transfer reads or writes `id`'s held blocks from now: its lease stops until the
+    /// transfer ends. Nothing for a request not held.
+    pub fn reading(&mut self, id: u64) {
+        let Some(h) = self.holds.get_mut(&id) else {
+            return;
+        };
+        assert!(
+            !h.busy,
+            "request {id}'s blocks are under one transfer at a time"
+        );
+        h.busy = true;
+        if let Some(d) = h.deadline_ns.take() {
+            let had = self.deadlines.remove(&(d, id));
+            debug_assert!(had, "a deadline is indexed");
+        }
+    }
+
+    /// The transfer over `id`'s blocks ended now: a cancel that came meanwhile frees them now;
+    /// otherwise their lease, if any, runs again from here.
+    pub fn read_done(&mut self, now_ns: u64, id: u64) -> ReadDone {
+        let deadline_ns = self.lease_from(now_ns);
+        let Some(h) = self.holds.get_mut(&id).filter(|h| h.busy) else {
+            return ReadDone::Nothing;
+        };
+        h.busy = false;
+        debug_assert!(h.deadline_ns.is_none(), "no lease runs under a transfer");
+        if h.cancelled {
+            self.advance(now_ns);
+            return ReadDone::Returned(self.take(id, Why::Cancelled).expect("held"));
+        }
+        h.deadline_ns = deadline_ns;
+        if let Some(d) = deadline_ns {
+            self.deadlines.insert((d, id));
+        }
+        ReadDone::Resumed
     }
 
     fn take(&mut self, id: u64, why: Why) -> Option<Returned> {
@@ -169,6 +242,10 @@ impl CleanupOwner {
             }
             return Notice::Ignored;
         };
+        debug_assert!(
+            !h.busy,
+            "a completion notice comes after its transfer ended"
+        );
         h.pending -= 1;
         let more = h.pending;
         match self.cfg.completions {
@@ -185,21 +262,32 @@ impl CleanupOwner {
     }
 
     /// The stage observed a cancel of `id`: its blocks come back if the stage may release on
-    /// one.
+    /// one. Blocks under a live transfer come back only when it ends (`read_done`).
     pub fn cancel(&mut self, now_ns: u64, id: u64) -> Option<Returned> {
         self.advance(now_ns);
         if !self.cfg.release_on_cancel {
             return None;
         }
+        if let Some(h) = self.holds.get_mut(&id).filter(|h| h.busy) {
+            h.cancelled = true;
+            return None;
+        }
         self.take(id, Why::Cancelled)
     }
 
-    /// When `expire` must next be called, if ever.
+    /// The ideal cancel: `id`'s blocks come back now, whatever the stage's rules and whatever
+    /// notices are still due. `None` if it is not held.
+    pub fn release(&mut self, now_ns: u64, id: u64) -> Option<Returned> {
+        self.advance(now_ns);
+        self.take(id, Why::Cancelled)
+    }
+
     /// When the lease of `id`'s hold runs out, if it is held under a lease.
     pub fn deadline_ns(&self, id: u64) -> Option<u64> {
         self.holds.get(&id).and_then(|h| h.deadline_ns)
     }
 
+    /// When `expire` must next be called, if ever.
     pub fn timer_ns(&self) -> Option<u64> {
         self.deadlines.first().map(|&(d, _)| d)
     }
@@ -213,6 +301,7 @@ impl CleanupOwner {
             }
             // Each expiry is accounted at its own deadline.
             self.advance(d.max(self.since_ns));
+            debug_assert!(!self.holds[&id].busy, "no lease runs under a transfer");
             out.push(
                 self.take(id, Why::LeaseExpired)
                     .expect("a deadline has its hold"),
@@ -224,7 +313,8 @@ impl CleanupOwner {
 
     /// The run is over. A hold under a lease is settled as if the lease ran out: its block-ns run
     /// to its deadline, and it comes back `LeaseExpired` (nothing else could have happened to it:
-    /// no event is left). A hold without one is given up, `Abandoned`: never returned.
+    /// no event is left). A hold without one is given up, `Abandoned`: never returned. (A hold
+    /// under a transfer has its lease from now: no transfer outlives a run that ends normally.)
     pub fn release_all(&mut self, now_ns: u64) -> Vec<Returned> {
         self.advance(now_ns);
         let ids: Vec<u64> = self.holds.keys().copied().collect();
@@ -232,7 +322,11 @@ impl CleanupOwner {
             .into_iter()
             .map(|id| {
                 let h = self.holds[&id];
-                let why = match h.deadline_ns {
+                let deadline_ns = match h.busy {
+                    true => self.lease_from(now_ns),
+                    false => h.deadline_ns,
+                };
+                let why = match deadline_ns {
                     Some(d) => {
                         let rest_ns = d.saturating_sub(now_ns) as u128;
                         self.block_ns += h.blocks as u128 * rest_ns;

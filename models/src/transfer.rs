@@ -165,12 +165,25 @@ impl Transfers {
         }
     }
 
-    /// When `land` must next be called, if ever.
+    /// The ideal cancel: transfer `id` ends now, cancelled, whatever the mode (the wire time
+    /// already posted stays spent, as with `AtOnce`). Nothing for a transfer not in flight.
+    pub fn stop(&mut self, now_ns: u64, id: u64) -> Option<Ended> {
+        self.flights
+            .contains_key(&id)
+            .then(|| self.end(now_ns, id, End::Cancelled))
+    }
+
+    /// Whether transfer `id` is in flight (not yet terminal).
+    pub fn in_flight(&self, id: u64) -> bool {
+        self.flights.contains_key(&id)
+    }
+
     /// Whether the wire holds `IN_FLIGHT_MAX` transfers: `start` would refuse another.
     pub fn is_full(&self) -> bool {
         self.flights.len() >= IN_FLIGHT_MAX
     }
 
+    /// When `land` must next be called, if ever.
     pub fn timer_ns(&self) -> Option<u64> {
         self.landing.first().map(|&(t, _)| t)
     }

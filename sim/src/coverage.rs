@@ -74,6 +74,8 @@ marks! {
     TransferCancelled => "transfer.cancelled",
     HandoffWedge => "handoff.wedge",
     TransferFailed => "transfer.failed",
+    HandoffKvReleasedEarly => "handoff.kv_released_before_transfer",
+    HandoffIdealRelease => "handoff.ideal_release",
 }
 
 impl Mark {

@@ -363,6 +363,9 @@ pub struct Targets {
     pub completed: u64,
     pub cancelled: u64,
     pub expired: u64,
+    /// Refused at arrival (a prompt no replica's pool can ever hold): never cancelled, since
+    /// nothing ran.
+    pub rejected: u64,
 }
 
 /// One side's books in `summary.json`.
@@ -389,6 +392,9 @@ pub struct HandoffStats {
     pub transfers_cancelled: u64,
     /// Failed transfers: the decode side computed the prompt again.
     pub transfers_failed: u64,
+    /// Requests whose prompt KV the prefill side gave back (its lease ran out) before their
+    /// transfer could start: the decode side computed the prompt again, with no transfer.
+    pub kv_released_before_transfer: u64,
     pub transfer_bytes: u64,
     pub transfer_wait_s: f64,
     /// Cancelled in the final prefill step, and aborted at its boundary.

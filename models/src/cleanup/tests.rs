@@ -135,3 +135,54 @@ fn an_observed_cancel_returns_the_blocks_where_the_stage_may() {
     assert!(o.expire(200 * S).is_empty());
     assert_eq!(o.notice(201 * S, 1), Notice::Ignored);
 }
+
+#[test]
+fn a_lease_never_frees_blocks_under_a_live_transfer() {
+    // A 1 s lease and a 10 s transfer: the lease stops while the blocks are read, and runs again,
+    // whole, from the transfer's end.
+    let mut o = owner(lease(1, 0), Completions::Counted, false);
+    o.hold(0, 7, 4, 1);
+    o.reading(7);
+    assert_eq!(o.timer_ns(), None, "no lease runs under the transfer");
+    assert!(o.expire(10 * S).is_empty());
+    assert_eq!(o.read_done(10 * S, 7), ReadDone::Resumed);
+    assert_eq!(o.deadline_ns(7), Some(11 * S));
+    assert!(o.expire(11 * S - 1).is_empty());
+    let back = o.expire(11 * S);
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].why, Why::LeaseExpired);
+    assert_eq!(o.block_ns(11 * S), 4 * 11 * S as u128);
+    // A second end of the same transfer, or of one never started, does nothing.
+    assert_eq!(o.read_done(12 * S, 7), ReadDone::Nothing);
+}
+
+#[test]
+fn a_cancel_under_a_live_transfer_frees_at_its_end() {
+    let mut o = owner(Reclaim::Never, Completions::Counted, true);
+    o.hold(0, 1, 8, 1);
+    o.reading(1);
+    assert_eq!(o.cancel(S, 1), None, "still being read");
+    assert_eq!(o.blocks_held(), 8);
+    match o.read_done(3 * S, 1) {
+        ReadDone::Returned(r) => assert_eq!((r.id, r.blocks, r.why), (1, 8, Why::Cancelled)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(o.blocks_held(), 0);
+    assert_eq!(o.block_ns(3 * S), 8 * 3 * S as u128);
+}
+
+#[test]
+fn the_ideal_release_frees_whatever_the_stage_rules() {
+    // No release on a cancel, no lease: only the ideal cancel's release gives these back.
+    let mut o = owner(Reclaim::Never, Completions::Counted, false);
+    o.hold(0, 3, 5, 2);
+    assert_eq!(o.cancel(S, 3), None);
+    let r = o.release(2 * S, 3).expect("held");
+    assert_eq!((r.blocks, r.why), (5, Why::Cancelled));
+    assert_eq!(o.release(2 * S, 3), None, "once");
+    assert_eq!(
+        o.notice(3 * S, 3),
+        Notice::Ignored,
+        "a late notice finds nothing"
+    );
+}

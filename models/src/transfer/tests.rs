@@ -102,3 +102,17 @@ fn a_lost_transfer_fails_when_it_would_have_landed() {
     let s = t.stats();
     assert_eq!((s.started, s.done, s.failed, s.cancelled), (1, 0, 1, 0));
 }
+
+#[test]
+fn the_ideal_stop_ends_a_transfer_now_whatever_the_mode() {
+    let mut t = Transfers::new(link(), CancelMode::AtTransferEnd);
+    t.start(0, 1, 50_000_000, 10, false);
+    assert_eq!(t.cancel(MS / 2, 1), None, "AtTransferEnd lets it run");
+    assert!(t.in_flight(1));
+    let e = t.stop(MS, 1).expect("in flight");
+    assert_eq!((e.end, e.took_ns, e.blocks), (End::Cancelled, MS, 10));
+    assert!(!t.in_flight(1));
+    assert!(t.land(10 * MS).is_empty(), "it never lands");
+    assert_eq!(t.stop(MS, 1), None);
+    assert_eq!(t.stats().cancelled, 1);
+}

@@ -11,12 +11,13 @@ use std::path::PathBuf;
 use rayon::prelude::*;
 
 use super::draw::Draw;
-use super::sense::nonsense;
-use super::{check_with, Runner, SeedResult};
+use super::sense::{nonsense, unfounded};
+use super::{Runner, SeedResult};
 use crate::dist::Dist;
 use crate::kernel::rng::{Purpose, Stream};
 use crate::run::Report;
 use crate::scenario::*;
+use crate::world::RunError;
 
 /// How big the drawn worlds are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -300,9 +301,48 @@ fn router(d: &mut Draw) -> Router {
     }
 }
 
+/// The handoff's mechanisms, every one drawn, for a KV link of this `loss`.
+fn handoff(d: &mut Draw, loss: f64) -> HandoffSpec {
+    // Intents come from storms, deadlines, disconnects, barge-ins and playback: any run may
+    // strand a request. With no loss and the router's notice, every hold gets its notice.
+    let notify_prefill = d.chance(0.5);
+    let calm = loss == 0.0 && notify_prefill;
+    let reclaim = |d: &mut Draw| match d.chance(if calm { 0.3 } else { 0.1 }) {
+        true => ReclaimSpec::Never,
+        false => ReclaimSpec::Lease {
+            lease_ms: d.scale(1.0, 480_000.0),
+            grace_ms: d.real(0.0, 1_000.0),
+        },
+    };
+    let transfer_cancel = d.pick(&[
+        TransferCancel::AtOnce,
+        TransferCancel::AtTransferEnd,
+        TransferCancel::AtTransferEndNoNotice,
+    ]);
+    // A wedge is drawn where a cancel stops a transfer on the wire: with `AtOnce` only.
+    let wedge = d.pick(&[0.0, 0.0, 0.05, 1.0]);
+    HandoffSpec {
+        abort_order: d.pick(&[AbortOrder::BeforeOutput, AbortOrder::AfterOutput]),
+        transfer_cancel,
+        prefill_reclaim: reclaim(d),
+        decode_reclaim: reclaim(d),
+        decode_completions: d.pick(&[CompletionsSpec::Counted, CompletionsSpec::FirstFrees]),
+        notify_prefill,
+        kv_bytes_per_token: d.chance(0.3).then(|| d.int(1, 1 << 20)),
+        // A wedged engine without a hang detector stalls the run by design: always one here.
+        wedge_probability: if transfer_cancel == TransferCancel::AtOnce {
+            wedge
+        } else {
+            0.0
+        },
+        transfer_failure: d.pick(&[0.0, 0.0, 0.1, 1.0]),
+        hang_detector_ms: Some(d.scale(1.0, 300_000.0)),
+    }
+}
+
 /// A prefill/decode graph of 1P1D up to 4P2D, with every handoff mechanism drawn. A reclaim of
-/// `Never` is drawn only where no notice can be missed: elsewhere it holds blocks for good, and
-/// the run stalls by design.
+/// `Never` is drawn mostly where no notice can be missed; elsewhere it may hold blocks for good,
+/// and then the run must stop as stalled (`check_drawn`), at every window.
 fn disaggregate(d: &mut Draw, s: &mut Scenario) {
     if !matches!(s.cluster.scheduler, Scheduler::Continuous { .. }) {
         return;
@@ -311,30 +351,7 @@ fn disaggregate(d: &mut Draw, s: &mut Scenario) {
     s.cluster.replicas = p + dd;
     let some = d.real(0.0, 0.5);
     let loss = d.pick(&[0.0, 0.0, some, 1.0]);
-    // Intents come from storms, deadlines, disconnects, barge-ins and playback: any run may
-    // strand a request. With no loss and the router's notice, every hold gets its notice.
-    let notify_prefill = d.chance(0.5);
-    let calm = loss == 0.0 && notify_prefill;
-    let reclaim = |d: &mut Draw| match calm && d.chance(0.3) {
-        true => ReclaimSpec::Never,
-        false => ReclaimSpec::Lease {
-            lease_ms: d.scale(1.0, 480_000.0),
-            grace_ms: d.real(0.0, 1_000.0),
-        },
-    };
-    let handoff = HandoffSpec {
-        abort_order: d.pick(&[AbortOrder::BeforeOutput, AbortOrder::AfterOutput]),
-        transfer_cancel: d.pick(&[TransferCancel::AtOnce, TransferCancel::AtTransferEnd]),
-        prefill_reclaim: reclaim(d),
-        decode_reclaim: reclaim(d),
-        decode_completions: d.pick(&[CompletionsSpec::Counted, CompletionsSpec::FirstFrees]),
-        notify_prefill,
-        kv_bytes_per_token: d.chance(0.3).then(|| d.int(1, 1 << 20)),
-        // A wedged engine without a hang detector stalls the run by design: always one here.
-        wedge_probability: d.pick(&[0.0, 0.0, 0.05, 1.0]),
-        transfer_failure: d.pick(&[0.0, 0.0, 0.1, 1.0]),
-        hang_detector_ms: Some(d.scale(1.0, 300_000.0)),
-    };
+    let handoff = handoff(d, loss);
     let stage = |name: &str, role, replicas| StageSpec {
         name: name.into(),
         role,
@@ -470,8 +487,9 @@ fn playback(d: &mut Draw) -> PlaybackConfig {
 }
 
 /// Check one drawn scenario: it validates, runs to its end within its limits with no invariant
-/// broken, keeps its properties, and every summary makes sense.
-pub fn check_drawn(runner: Runner, s: &Scenario) -> Result<Report, Vec<String>> {
+/// broken (or stops as stalled, where it may), keeps its properties, and every summary makes
+/// sense, of itself and of its scenario. `Ok(None)`: it stalled, as it may.
+pub fn check_drawn(runner: Runner, s: &Scenario) -> Result<Option<Report>, Vec<String>> {
     if let Err(e) = s.validate() {
         let m = format!(
             "the fuzzer drew an invalid scenario: field `{}` {}",
@@ -479,14 +497,31 @@ pub fn check_drawn(runner: Runner, s: &Scenario) -> Result<Report, Vec<String>> 
         );
         return Err(vec![m]);
     }
-    let report = check_with(runner, s, s.seed, false)?;
-    let runs = std::iter::once(&report.counterfactual).chain(&report.policies);
-    let problems: Vec<String> = runs.flat_map(nonsense).collect();
+    let report = match runner(s, s.seed) {
+        // A hold that can wait for good stalls the run by design: reported as a stall, it
+        // passes; reported as a limit, or where nothing can wait for good, it fails.
+        Err(RunError::Stalled(_)) if may_stall(s) => return Ok(None),
+        Err(e) => return Err(vec![e.to_string()]),
+        Ok(r) => r,
+    };
+    let mut problems = super::judge(s, &report, false);
+    let runs = std::iter::once(&report.counterfactual)
+        .chain(&report.policies)
+        .chain(report.ideal.as_ref());
+    problems.extend(runs.flat_map(nonsense));
+    problems.extend(unfounded(s, &report));
     if problems.is_empty() {
-        Ok(report)
+        Ok(Some(report))
     } else {
         Err(problems)
     }
+}
+
+/// Whether a drawn world may stall by design: a hold that waits for good (a `Never` reclaim and
+/// a notice that can fail to come). Wedges always have a hang detector here.
+fn may_stall(s: &Scenario) -> bool {
+    let (prefill, decode) = super::sense::waits_for_good(s);
+    prefill || decode
 }
 
 /// Fuzz seeds `first..first + n` of `tier` in parallel, collected in seed order. Seeds not yet
@@ -506,7 +541,7 @@ pub fn fuzz_with(
             }
             let s = scenario(seed, tier, base_dir.to_path_buf());
             let (failures, run_hash) = match check_drawn(runner, &s) {
-                Ok(r) => (Vec::new(), Some(r.run_hash)),
+                Ok(r) => (Vec::new(), r.map(|r| r.run_hash)),
                 Err(f) => (f, None),
             };
             Some(SeedResult {

@@ -94,8 +94,10 @@ fn expect_one(e: &Expect, p: &Summary, out: &mut Vec<String>) {
             TargetDisposition::Completed => ("completed", p.targets.completed),
             TargetDisposition::Cancelled => ("cancelled", p.targets.cancelled),
             TargetDisposition::Expired => ("expired", p.targets.expired),
+            TargetDisposition::Rejected => ("rejected", p.targets.rejected),
         };
-        let all = p.targets.completed + p.targets.cancelled + p.targets.expired;
+        let t = &p.targets;
+        let all = t.completed + t.cancelled + t.expired + t.rejected;
         if got != all || all == 0 {
             out.push(format!(
                 "{name}: expected every target {want}, got {got} of {all}"

@@ -106,6 +106,9 @@ const HANDOFF_ROWS: &[(&str, Cell)] = &[
     ("handoff.transfers_failed", |s| {
         hand(s, |h| int(h.transfers_failed))
     }),
+    ("handoff.kv_released_before_transfer", |s| {
+        hand(s, |h| int(h.kv_released_before_transfer))
+    }),
     ("handoff.aborted_at_boundary", |s| {
         hand(s, |h| int(h.aborted_at_boundary))
     }),

@@ -39,6 +39,8 @@ pub enum TargetDisposition {
     Completed,
     Cancelled,
     Expired,
+    /// Refused at arrival: its prompt can never fit a replica's pool.
+    Rejected,
 }
 
 /// The system properties a configuration must keep. Routing (each consumer receives only its own

@@ -89,10 +89,17 @@ pub enum AbortOrder {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum TransferCancel {
-    /// The transfer stops at once; both sides may free.
+    /// The transfer stops at once; both sides may free. Stopping a transfer on the wire is what
+    /// can wedge its sender (`wedge_probability`).
     AtOnce,
     /// The transfer runs to its end (a late RDMA write could land); the blocks stay until then.
+    /// Its completion notifies the prefill side as any transfer's does (vLLM's NIXL READ
+    /// notifies the prefill agent when it completes; with Mooncake's push the sender knows its
+    /// write finished), so the prefill side frees then, unless the notice is lost.
     AtTransferEnd,
+    /// As `AtTransferEnd`, for a connector with no completion notice for a transfer the decode
+    /// side aborted: the prefill side keeps the blocks until `notify_prefill` or its lease.
+    AtTransferEndNoNotice,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -321,6 +328,16 @@ impl HandoffSpec {
             return Err(Invalid {
                 field: field("wedge_probability"),
                 message: format!("must be a probability (got {})", self.wedge_probability),
+            });
+        }
+        if self.wedge_probability > 0.0 && self.transfer_cancel != TransferCancel::AtOnce {
+            return Err(Invalid {
+                field: field("wedge_probability"),
+                message: format!(
+                    "applies only with `transfer_cancel: AtOnce` (got {}): a wedge is drawn when \
+                     a cancel stops a transfer on the wire, and {:?} lets every transfer end",
+                    self.wedge_probability, self.transfer_cancel
+                ),
             });
         }
         if let Some(ms) = self.hang_detector_ms {

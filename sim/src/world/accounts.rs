@@ -178,6 +178,8 @@ impl Accounts {
     pub fn left(&mut self, q: &Req, state: State, finish_and_discard: bool, now_ns: u64) {
         if q.cancel.plan.is_some() {
             match state {
+                // Refused at arrival: finished `Cancelled` in the controller, but never cancelled.
+                _ if q.life.rejected => self.targets.rejected += 1,
                 State::Completed => self.targets.completed += 1,
                 State::Cancelled => self.targets.cancelled += 1,
                 State::Expired => self.targets.expired += 1,

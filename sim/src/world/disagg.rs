@@ -11,7 +11,7 @@
 //! until the transfer's completion arrives. The router drops a request cancelled before the
 //! decode stage took it.
 
-use cancelsim_models::cleanup::{Notice, Returned};
+use cancelsim_models::cleanup::{Notice, ReadDone, Returned};
 use cancelsim_models::protocol::{Abort, BlastRadius, NewRequest, Observed, Scope};
 use cancelsim_models::transfer::End;
 
@@ -26,7 +26,7 @@ use crate::dist::ms_to_ns;
 use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::Class;
 use crate::metrics::HandoffStats;
-use crate::scenario::{CheckpointConfig, Stage};
+use crate::scenario::{CheckpointConfig, Policy, Stage};
 use crate::workload;
 use cancelsim_models::ownership::State;
 
@@ -65,6 +65,11 @@ impl World<'_> {
         let now_ns = self.kernel.now_ns();
         let q = &self.requests[tag];
         let (id, prompt) = (q.id, q.prompt as u64);
+        if q.cancel.intent_ns.is_some() && self.cancel.policy() == Some(&Policy::Ideal) {
+            // The ideal aborts at once, so its final prefill step's output is discarded.
+            let what = "the ideal cancel left a cancelled request's blocks pinned for its transfer";
+            return Err(Stop::broken(vec![id], what));
+        }
         let blocks = self.cluster.blocks_for(prefill, prompt);
         if !self.cluster.pin(prefill, blocks) {
             let what = "a prefilled request's blocks were not free to keep for its transfer";
@@ -93,6 +98,10 @@ impl World<'_> {
     /// The request reaches the decode stage. The router drops it if its client is gone: the
     /// prefill side's blocks then wait for a notice that never comes, unless the router tells it.
     pub(super) fn on_handoff(&mut self, request: u64, tag: Tag) -> Step {
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        if !h.flights.contains_key(&request) {
+            return Ok(()); // the ideal cancel took it back in its gap
+        }
         debug_assert!(
             self.requests.live(request, tag),
             "in handoff, so in the world"
@@ -141,6 +150,16 @@ impl World<'_> {
                 return Ok(());
             };
             let f = h.flights[&id];
+            if !h.owner(f.prefill).holds(id) {
+                // The prefill side gave the KV back (its lease ran out while this request waited
+                // for receive blocks): there is nothing to read, so the decode side computes it.
+                h.queue(decode).pop_front();
+                h.flights.remove(&id);
+                h.stats.kv_released_before_transfer += 1;
+                self.accounts.coverage.hit(Mark::HandoffKvReleasedEarly);
+                self.decode_admit(f, false)?;
+                continue;
+            }
             // A full wire (a million transfers queued on one sender) waits like a full pool.
             if h.wire(f.prefill).is_full() || !self.cluster.pin(decode, f.blocks_decode) {
                 h.stats.receive_waits += 1;
@@ -148,6 +167,8 @@ impl World<'_> {
                 return Ok(());
             }
             h.queue(decode).pop_front();
+            // Its blocks are read from now: no lease frees them under the transfer.
+            h.owner(f.prefill).reading(id);
             let p = h.cfg.transfer_failure;
             let draw = || Stream::keyed(h.seed(), Purpose::Handoff, id, key::TRANSFER_FAILS);
             let fails = p > 0.0 && draw().uniform_open01() < p;
@@ -185,13 +206,30 @@ impl World<'_> {
     /// (which computes its prompt again if the transfer `failed`) and the prefill side is told;
     /// an aborted one's completions go to the decode side's owner.
     fn transfer_ended(&mut self, id: u64, failed: bool) -> Step {
+        let now_ns = self.kernel.now_ns();
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         let f = h.flights.remove(&id).expect("a transfer has its flight");
+        // Both sides' leases run again, whole, from the transfer's end; a cancel that came
+        // during it frees now.
+        for side in [f.prefill, f.decode] {
+            let h = self.handoff.as_mut().expect("a prefill/decode world");
+            match h.owner(side).read_done(now_ns, id) {
+                ReadDone::Nothing => {}
+                ReadDone::Resumed => self.lease_timer(side, id)?,
+                ReadDone::Returned(r) => self.give_back(side, r)?,
+            }
+        }
         if f.aborted {
             self.notice(id, f.decode, key::NOTICE_RECEIVED, false)?;
             let h = self.handoff.as_mut().expect("a prefill/decode world");
             if h.second_completion() {
                 self.notice(id, f.decode, key::NOTICE_SENT, false)?;
+            }
+            // The read completed: its completion notice reaches the prefill side too, unless
+            // the connector has none for an aborted request.
+            let h = self.handoff.as_mut().expect("a prefill/decode world");
+            if h.notifies_aborted_transfer() && !h.stops_on_the_wire() {
+                self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false)?;
             }
             return Ok(());
         }
@@ -317,11 +355,20 @@ impl World<'_> {
 
     /// An abort for `request` reaches `replica`. True if the handoff took it (the request is
     /// between the stages); false if it goes to the replica's engine as usual.
-    pub(super) fn handoff_abort(&mut self, request: u64, replica: u32, scope: Scope) -> Step<bool> {
+    pub(super) fn handoff_abort(
+        &mut self,
+        request: u64,
+        replica: u32,
+        abort: &Abort,
+    ) -> Step<bool> {
         let now_ns = self.kernel.now_ns();
         let Some(h) = self.handoff.as_mut() else {
             return Ok(false);
         };
+        if abort.ideal {
+            return self.ideal_handoff_abort(request);
+        }
+        let scope = abort.scope;
         let Some(&f) = h.flights.get(&request) else {
             if self.cluster.is_prefill(replica) {
                 // Maybe still on the engine: whether it gets there before its last step ends
@@ -350,6 +397,52 @@ impl World<'_> {
         Ok(true) // a second delivery of an abort the decode stage handled changes nothing
     }
 
+    /// The ideal cancel of `request`: every block it holds for the handoff, on either side,
+    /// comes back now, and its transfer stops; nothing waits for a notice or a lease, and no
+    /// sender wedges. True if the request was between the stages (no engine has it); false if
+    /// an engine does, which handles the abort at once too.
+    fn ideal_handoff_abort(&mut self, request: u64) -> Step<bool> {
+        let now_ns = self.kernel.now_ns();
+        // A hold may outlive its flight: a completion notice still on its way to the prefill.
+        for replica in 0..self.cluster.len() as u32 {
+            let h = self.handoff.as_mut().expect("a prefill/decode world");
+            if let Some(r) = h.owner(replica).release(now_ns, request) {
+                self.accounts.coverage.hit(Mark::HandoffIdealRelease);
+                self.give_back(replica, r)?;
+            }
+        }
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
+        let Some(f) = h.flights.remove(&request) else {
+            return Ok(false);
+        };
+        match f.phase {
+            Phase::Gap => {}
+            Phase::Receiving => h.queue(f.decode).retain(|&x| x != request),
+            Phase::OnWire => {
+                let stopped = h.wire(f.prefill).stop(now_ns, request);
+                debug_assert!(stopped.is_some(), "a flight on the wire has its transfer");
+                self.accounts.coverage.hit(Mark::TransferCancelled);
+                self.cluster.unpin(f.decode, f.blocks_decode);
+                self.cluster.request_pass(&mut self.kernel, f.decode)?;
+            }
+        }
+        if f.phase != Phase::Gap {
+            h.stats.aborted_awaiting_kv += 1;
+        }
+        self.requests[f.tag].life.in_handoff = false;
+        let o = Observed {
+            id: request,
+            tag: f.tag,
+            in_scope: true,
+        };
+        self.on_observed(o)?;
+        if f.phase != Phase::Gap {
+            self.try_receive(f.decode)?;
+        }
+        self.try_finalize(f.tag)?;
+        Ok(true)
+    }
+
     /// The decode stage aborts a request awaiting its KV: it keeps the receive blocks until
     /// the transfer's completion, or its lease, returns them.
     fn decode_abort(&mut self, request: u64, f: Flight) -> Step {
@@ -368,9 +461,14 @@ impl World<'_> {
                 h.flights.get_mut(&request).expect("on the wire").aborted = true;
                 // The decode side no longer holds them as the request's own: its owner does.
                 let ended = h.wire(f.prefill).cancel(now_ns, request).is_some();
+                if !ended {
+                    // A late write can still land in them: no lease frees them until it ends.
+                    h.owner(f.decode).reading(request);
+                }
                 self.accounts.coverage.hit(Mark::TransferCancelled);
-                self.maybe_wedge(f.prefill, request)?;
                 if ended {
+                    // Stopped on the wire, which may wedge the sender.
+                    self.maybe_wedge(f.prefill, request)?;
                     self.transfer_ended(request, false)?;
                 }
                 self.lease_timer(f.decode, request)?;

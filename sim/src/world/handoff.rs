@@ -78,7 +78,9 @@ impl Handoff {
             .unwrap_or_default();
         let mode = match cfg.transfer_cancel {
             TransferCancel::AtOnce => CancelMode::AtOnce,
-            TransferCancel::AtTransferEnd => CancelMode::AtTransferEnd,
+            TransferCancel::AtTransferEnd | TransferCancel::AtTransferEndNoNotice => {
+                CancelMode::AtTransferEnd
+            }
         };
         let (p, d) = (pd.prefill_replicas, pd.decode_replicas);
         let owners = (0..p + d)
@@ -113,6 +115,16 @@ impl Handoff {
     /// Whether a decode-side hold waits for two completions and faults on the second.
     pub fn second_completion(&self) -> bool {
         self.cfg.decode_completions == CompletionsSpec::FirstFrees
+    }
+
+    /// Whether the end of a transfer the decode side aborted notifies the prefill side.
+    pub fn notifies_aborted_transfer(&self) -> bool {
+        self.cfg.transfer_cancel != TransferCancel::AtTransferEndNoNotice
+    }
+
+    /// Whether a cancel stops a transfer on the wire (and so may wedge its sender).
+    pub fn stops_on_the_wire(&self) -> bool {
+        self.cfg.transfer_cancel == TransferCancel::AtOnce
     }
 
     pub fn aborts_first(&self) -> bool {

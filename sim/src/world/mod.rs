@@ -324,7 +324,7 @@ impl<'s> World<'s> {
     fn on_cancel_deliver(&mut self, request: u64, replica: u32, scope: Scope, attempt: u8) -> Step {
         let abort = self.cancel.abort(request, scope, attempt);
         self.accounts.coverage.hit(scope_mark(scope));
-        if self.handoff_abort(request, replica, scope)? {
+        if self.handoff_abort(request, replica, &abort)? {
             return Ok(());
         }
         Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)

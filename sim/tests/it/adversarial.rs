@@ -1,12 +1,88 @@
 //! One regression test per finding of the adversarial pass ("right on every graph, bounded under
 //! every load"): each failed before its fix, on the smallest world that showed it.
 
-use cancelsim::run;
+use cancelsim::run::{self, Report};
 use cancelsim::scenario::Scenario;
 use cancelsim::world::RunError;
 
 fn scenario(text: &str) -> Scenario {
     Scenario::parse(text, "<adversarial>").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn report(text: &str) -> Report {
+    let s = scenario(text);
+    run::report(&s, s.seed).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// 1P1D of Llama-3.1-8B/H100 with 3,000 blocks a side and a 25 Gb/s link (a 1,024-token prompt's
+/// KV takes 43 ms on the wire), 1 % of the link's notices lost, 30 s leases on both sides: a
+/// burst of 400 requests, with the given handoff fields, cancellation and policies.
+fn pd_burst(handoff: &str, rest: &str) -> String {
+    format!(
+        r#"Scenario(name: "pd-burst", seed: 1,
+    workload: (source: Poisson(rate_per_s: 200.0, requests: 400),
+        prompt_tokens: Constant(1024.0), output_tokens: Constant(128.0)),
+    cluster: (replicas: 2, profile: Named("llama-3.1-8b-h100"),
+        scheduler: Continuous(kv_blocks: Some(3000)),
+        topology: Some((
+            stages: [(name: "router", role: Router), (name: "prefill", role: Prefill),
+                (name: "decode", role: Decode), (name: "playback", role: Playback)],
+            links: [(from: "router", to: "prefill"),
+                (from: "prefill", to: "decode", latency_ms: 0.5, bandwidth_gbps: 25.0,
+                    loss: 0.01),
+                (from: "decode", to: "playback")],
+            handoff: (prefill_reclaim: Lease(lease_ms: 30000.0, grace_ms: 0.0),
+                decode_reclaim: Lease(lease_ms: 30000.0, grace_ms: 0.0){handoff}),
+        ))),
+    {rest})"#
+    )
+}
+
+#[test]
+fn item_1_the_ideal_cancel_frees_a_requests_handoff_blocks_at_its_intent() {
+    // Half the burst cancelled as its KV leaves (in the P-to-D gap), or once the decode stage has
+    // taken it. Per-request cancel tells nobody on the prefill side, so those blocks stay until
+    // the 30 s lease. The ideal used to keep them just as long: per-request's capacity cost was
+    // 0 while it pinned the prefill pool, and the ideal held 362,376 block-s there, 7x the
+    // counterfactual's.
+    // (Once the decode stage has it, its transfer's end would tell the prefill side, unless the
+    // connector has no such notice; this one has none.)
+    for (stage, handoff) in [
+        ("KvTransfer", ""),
+        (
+            "AwaitingRemoteKv",
+            ", transfer_cancel: AtTransferEndNoNotice",
+        ),
+    ] {
+        let r = report(&pd_burst(
+            handoff,
+            &format!(
+                "cancellation: (fraction: 0.5, stage: {stage}), \
+                 policies: [PerRequest, FinishAndDiscard]"
+            ),
+        ));
+        let ideal = r.ideal.as_ref().expect("an ideal baseline");
+        let (cf, pr) = (&r.counterfactual, &r.policies[0]);
+        let held = |s: &cancelsim::metrics::Summary| s.handoff.unwrap().prefill.retained_block_s;
+        assert!(
+            held(ideal) <= held(cf),
+            "{stage}: the ideal held {} prefill block-s, the counterfactual {}",
+            held(ideal),
+            held(cf)
+        );
+        let h = ideal.handoff.unwrap();
+        assert_eq!((h.stranded, h.decode.retained_block_s), (0, 0.0), "{h:?}");
+        assert!(h.prefill.returned_cancelled > 0, "{h:?}");
+        let cost = pr.capacity_cost.as_ref().unwrap();
+        assert!(
+            held(pr) > 2.0 * held(cf),
+            "{stage}: the policy pins the pool"
+        );
+        assert!(
+            cost.makespan_s > 1.0 && cost.gpu_busy_s > 0.0,
+            "{stage}: pinning the prefill pool costs per-request capacity: {cost:?}"
+        );
+    }
 }
 
 /// 3P2D with 64-block pools, conversations whose turns carry their history, 1 % of the notices
@@ -50,4 +126,157 @@ fn item_3_a_stall_is_a_stall_at_every_window() {
             ),
         }
     }
+}
+
+/// 1P1D with a 25 Gb/s link (43 ms a 1,024-token prompt), no loss; every request cancelled 1 ms
+/// after the decode stage took it, so its abort reaches the decode stage while the KV is on the
+/// wire. The leases are shorter than the transfers.
+fn short_leases(transfer_cancel: &str) -> String {
+    format!(
+        r#"Scenario(name: "short-leases", seed: 1,
+    workload: (source: Poisson(rate_per_s: 5.0, requests: 40),
+        prompt_tokens: Constant(1024.0), output_tokens: Constant(16.0)),
+    cluster: (replicas: 2, profile: Named("llama-3.1-8b-h100"),
+        scheduler: Continuous(kv_blocks: Some(3000)),
+        topology: Some((
+            stages: [(name: "router", role: Router), (name: "prefill", role: Prefill),
+                (name: "decode", role: Decode), (name: "playback", role: Playback)],
+            links: [(from: "router", to: "prefill"),
+                (from: "prefill", to: "decode", latency_ms: 0.5, bandwidth_gbps: 25.0),
+                (from: "decode", to: "playback")],
+            handoff: (transfer_cancel: {transfer_cancel},
+                prefill_reclaim: Lease(lease_ms: 5.0, grace_ms: 0.0),
+                decode_reclaim: Lease(lease_ms: 0.0, grace_ms: 0.0)),
+        ))),
+    cancellation: (fraction: 0.5, stage: AwaitingRemoteKv, delay_ms: Constant(1.0)),
+    policies: [PerRequest], adapter: (rpc_latency_ms: Constant(0.5)))"#
+    )
+}
+
+#[test]
+fn item_4_no_lease_frees_blocks_under_a_live_transfer() {
+    // The 5 ms prefill lease used to run out under every 43 ms transfer (the KV given back while
+    // being read), and the 0 ms decode lease freed an aborted request's receive blocks while the
+    // transfer still wrote into them. A lease now runs from the transfer's end.
+    let r = report(&short_leases("AtTransferEnd"));
+    for p in std::iter::once(&r.counterfactual).chain(&r.policies) {
+        let h = p.handoff.unwrap();
+        assert_eq!(h.transfers_started, 40, "{}: {h:?}", p.policy);
+        assert_eq!(h.prefill.returned_lease, 0, "{}: {h:?}", p.policy);
+        assert_eq!(h.prefill.returned_completed, 40, "{}: {h:?}", p.policy);
+    }
+    let h = r.policies[0].handoff.unwrap();
+    assert!(h.aborted_awaiting_kv > 5, "{h:?}");
+    assert_eq!(h.decode.returned_lease, h.aborted_awaiting_kv, "{h:?}");
+    // Each aborted request's 64 receive blocks stay until its transfer ends: at least the 42 ms
+    // of wire time left after the abort (43 ms, less the 0.5 ms gap and the 1.5 ms to abort).
+    let floor_s = h.aborted_awaiting_kv as f64 * 64.0 * 0.040;
+    assert!(
+        h.decode.retained_block_s >= floor_s,
+        "receive blocks held {} block-s, at least {floor_s} while written",
+        h.decode.retained_block_s
+    );
+}
+
+#[test]
+fn item_4_a_lease_that_ran_out_before_the_transfer_leaves_the_decode_side_to_compute() {
+    // A lease of 0 on the prefill side gives the KV back in the gap, before any transfer could
+    // read it: the decode side computes the prompt itself, and nothing reads freed blocks.
+    let text = short_leases("AtTransferEnd").replace("lease_ms: 5.0", "lease_ms: 0.0");
+    let r = report(&text);
+    let h = r.counterfactual.handoff.unwrap();
+    assert_eq!(h.transfers_started, 0, "{h:?}");
+    assert_eq!(h.kv_released_before_transfer, 40, "{h:?}");
+    assert_eq!(h.prefill.returned_lease, 40, "{h:?}");
+    assert_eq!(r.counterfactual.requests.completed, 40);
+}
+
+#[test]
+fn item_5_an_aborted_transfer_that_runs_to_its_end_notifies_the_prefill_side() {
+    // Under `AtTransferEnd` the decode side's read completes, and its completion notice frees
+    // the prefill side's blocks (vLLM's NIXL READ notifies the prefill agent). It used to leave
+    // them to the lease: 30 s for every aborted request. A connector with no such notice is
+    // named as such, and keeps the old behaviour.
+    let cancel =
+        "cancellation: (fraction: 0.5, stage: AwaitingRemoteKv, delay_ms: Constant(1.0)), \
+                  policies: [PerRequest], adapter: (rpc_latency_ms: Constant(0.5))";
+    let lossless = |t: &str| pd_burst(t, cancel).replace("loss: 0.01", "loss: 0.0");
+    let r = report(&lossless(", transfer_cancel: AtTransferEnd"));
+    let h = r.policies[0].handoff.unwrap();
+    assert!(h.transfers_cancelled > 20, "{h:?}");
+    // Only those aborted before their transfer began wait for the lease (nothing was read).
+    let before_the_wire = h.aborted_awaiting_kv - h.transfers_cancelled;
+    assert_eq!(h.prefill.returned_lease, before_the_wire, "{h:?}");
+    let r = report(&lossless(", transfer_cancel: AtTransferEndNoNotice"));
+    let h = r.policies[0].handoff.unwrap();
+    assert!(h.prefill.returned_lease >= h.aborted_awaiting_kv, "{h:?}");
+}
+
+#[test]
+fn item_5_a_wedge_needs_a_transfer_stopped_on_the_wire() {
+    // Nothing is cancelled on the wire under `AtTransferEnd`, so nothing can wedge its sender.
+    for t in ["AtTransferEnd", "AtTransferEndNoNotice"] {
+        let text = pd_burst(
+            &format!(", transfer_cancel: {t}, wedge_probability: 0.5"),
+            "",
+        );
+        let e = Scenario::parse(&text, "w.ron").unwrap_err().to_string();
+        assert!(
+            e.contains("cluster.topology.handoff.wedge_probability")
+                && e.contains("transfer_cancel: AtOnce"),
+            "{e}"
+        );
+        assert!(e.starts_with("w.ron:"), "names the line: {e}");
+    }
+    let text = pd_burst(", transfer_cancel: AtOnce, wedge_probability: 0.5", "");
+    assert!(Scenario::parse(&text, "w.ron").is_ok());
+}
+
+#[test]
+fn item_2_a_rejected_target_is_not_a_cancelled_one() {
+    // Five targets whose prompts the pool can never hold: rejected at arrival, never cancelled.
+    // `targets: Cancelled` used to pass with nothing cancelled.
+    let text = r#"Scenario(name: "rejected-targets", seed: 1,
+    workload: (source: Poisson(rate_per_s: 10.0, requests: 5),
+        prompt_tokens: Constant(4000.0), output_tokens: Constant(8.0)),
+    cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 100), scheduler: Continuous()),
+    cancellation: (fraction: 1.0, stage: Decode), policies: [PerRequest],
+    expect: [(policy: "per_request", targets: Cancelled)])"#;
+    let s = scenario(text);
+    let r = run::report(&s, s.seed).unwrap();
+    let p = &r.policies[0];
+    assert_eq!((p.requests.rejected, p.requests.cancelled), (5, 0));
+    assert_eq!(
+        (p.targets.rejected, p.targets.cancelled),
+        (5, 0),
+        "{:?}",
+        p.targets
+    );
+    let fails = cancelsim::check::judge(&s, &r, true);
+    assert!(
+        fails
+            .iter()
+            .any(|f| f.contains("expected every target cancelled, got 0 of 5")),
+        "{fails:?}"
+    );
+    let rejected = text.replace("targets: Cancelled", "targets: Rejected");
+    let s = scenario(&rejected);
+    assert!(cancelsim::check::judge(&s, &r, true).is_empty());
+    // On a prefill/decode graph: the prompt fits the prefill pool (1,590 tokens and one), but not
+    // the decode pool with its output (1,690 tokens in 1,600).
+    let pd = pd_burst(
+        "",
+        "cancellation: (fraction: 1.0, stage: Decode), policies: [PerRequest]",
+    )
+    .replace("requests: 400", "requests: 5")
+    .replace("Constant(1024.0)", "Constant(1590.0)")
+    .replace("Constant(128.0)", "Constant(100.0)")
+    .replace("kv_blocks: Some(3000)", "kv_blocks: Some(100)");
+    let p = &report(&pd).policies[0];
+    assert_eq!(
+        (p.targets.rejected, p.targets.cancelled),
+        (5, 0),
+        "{:?}",
+        p.targets
+    );
 }
