@@ -38,6 +38,9 @@ pub(crate) struct CancelState {
     pub evidence_ns: [Option<u64>; 6],
     /// Counted in the client's cancels in flight (an intent the backend has not acted on yet).
     pub in_flight: bool,
+    /// Counted in the client's cancels awaiting an attempt's outcome: sent, and not yet
+    /// acknowledged, out of budget or fallen back. Only these make a timeout matter.
+    pub awaiting: bool,
 }
 
 impl CancelState {
@@ -78,6 +81,8 @@ pub(crate) struct CancelClient<'s> {
     rpc: CancelRpc,
     /// Intents the backend has neither observed nor released yet.
     in_flight: u64,
+    /// Cancels awaiting an attempt's outcome (`CancelState::awaiting`).
+    awaiting: u64,
     /// The stages a `Random` storm picks from: a prefill/decode graph has two more places, and
     /// the colocated draws stay as they were.
     lifecycle: &'static [Stage],
@@ -97,6 +102,7 @@ impl<'s> CancelClient<'s> {
             aborts_batch,
             rpc: CancelRpc::default(),
             in_flight: 0,
+            awaiting: 0,
             lifecycle: match scenario.prefill_decode() {
                 Some(_) => &Stage::LIFECYCLE_DISAGGREGATED,
                 None => Stage::LIFECYCLE,
@@ -196,8 +202,9 @@ impl<'s> CancelClient<'s> {
         };
         k.schedule_in(delay, Class::Control, submit)?;
         if let Policy::PerRequestWithFallback { fallback_after_ms } = policy {
+            // Weak, as the timeout: it matters only while an attempt is awaited.
             let at = ms_to_ns(*fallback_after_ms);
-            k.schedule_in(at, Class::Control, Event::Fallback { request: id, tag })?;
+            k.schedule_weak_in(at, Class::Control, Event::Fallback { request: id, tag })?;
         }
         Ok(())
     }
@@ -211,7 +218,23 @@ impl<'s> CancelClient<'s> {
 
     pub fn fall_back(&mut self, st: &mut CancelState) {
         st.fallback = true;
+        self.settle(st);
         self.rpc.fallbacks += 1;
+    }
+
+    /// No attempt of this request's cancel is awaited any more: its timers change nothing now.
+    /// Also as the request leaves, so the count follows the requests in the world.
+    pub fn settle(&mut self, st: &mut CancelState) {
+        if std::mem::take(&mut st.awaiting) {
+            assert!(self.awaiting > 0, "an awaited cancel was counted");
+            self.awaiting -= 1;
+        }
+    }
+
+    /// Cancels awaiting an attempt's outcome: while any is, its timeout or fallback timer can
+    /// still change the run, so the run goes on through them.
+    pub fn awaiting(&self) -> u64 {
+        self.awaiting
     }
 
     /// The scope the adapter's cancel goes through, by policy.
@@ -239,6 +262,9 @@ impl<'s> CancelClient<'s> {
     ) -> Scheduled {
         let scope = self.scope(handle);
         st.attempts = attempt + 1;
+        if !std::mem::replace(&mut st.awaiting, true) {
+            self.awaiting += 1;
+        }
         self.rpc.attempts += 1;
         let a = &self.scenario.adapter;
         let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, request, attempt as u64 + 1);
@@ -269,7 +295,10 @@ impl<'s> CancelClient<'s> {
             tag,
             attempt,
         };
-        k.schedule_in(ms_to_ns(a.timeout_ms), Class::Control, timeout)?;
+        // Weak: once the attempt is acknowledged the timeout changes nothing, and a timeout
+        // longer than the run (`timeout_ms: 1e9`) must not keep a finished run alive. While the
+        // attempt is awaited, the run goes on through it (`awaiting`).
+        k.schedule_weak_in(ms_to_ns(a.timeout_ms), Class::Control, timeout)?;
         Ok(())
     }
 
@@ -316,6 +345,7 @@ impl<'s> CancelClient<'s> {
             return Ok(Some(false));
         }
         st.exhausted = true;
+        self.settle(st);
         self.rpc.budget_exhausted += 1;
         if matches!(self.policy, Some(Policy::PerRequestWithFallback { .. })) {
             self.fall_back(st);
@@ -330,6 +360,7 @@ impl<'s> CancelClient<'s> {
             Ack::Late
         } else if !st.acked {
             st.acked = true;
+            self.settle(st);
             self.rpc.acks += 1;
             Ack::First
         } else {

@@ -558,6 +558,11 @@ impl World<'_> {
             h.aborts_seen.remove(&self.requests[tag].id);
         }
         self.requests[tag].chunks.drop_stream();
+        debug_assert!(
+            !self.requests[tag].cancel.awaiting || self.cancel.policy().is_none(),
+            "a request leaves once its cancel settled"
+        );
+        self.cancel.settle(&mut self.requests[tag].cancel);
         let q = &self.requests[tag];
         // Failed before admission without a cancel of its own (a killed engine, say): it waited
         // for admission until now, and the time to recover must see it.

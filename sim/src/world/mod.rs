@@ -194,8 +194,9 @@ impl<'s> World<'s> {
         let started = self.arrivals.begin(&mut self.kernel, self.scenario);
         started.map_err(|e| self.stopped(e))?;
         loop {
-            let (accounts, handoff) = (&self.accounts, &self.handoff);
-            let go_on = || disagg::waits_on_leases(accounts, handoff.as_ref());
+            let (accounts, handoff, cancel) = (&self.accounts, &self.handoff, &self.cancel);
+            let go_on =
+                || cancel.awaiting() > 0 || disagg::waits_on_leases(accounts, handoff.as_ref());
             let event = self.kernel.next_event_or(go_on)?;
             let Some(event) = event else {
                 break;

@@ -280,3 +280,50 @@ fn item_2_a_rejected_target_is_not_a_cancelled_one() {
         p.targets
     );
 }
+
+/// 100 requests on one flat 10 ms step, 20 % cancelled mid-decode, with the given adapter and
+/// policies.
+fn timers(adapter: &str, policies: &str) -> String {
+    format!(
+        r#"Scenario(name: "timers", seed: 1,
+    workload: (source: Poisson(rate_per_s: 20.0, requests: 100),
+        prompt_tokens: Constant(32.0), output_tokens: Constant(20.0)),
+    cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 1000), scheduler: Continuous()),
+    cancellation: (fraction: 0.2, stage: Decode),
+    policies: {policies}, adapter: {adapter})"#
+    )
+}
+
+#[test]
+fn item_8_a_timer_that_can_change_nothing_keeps_no_run_alive() {
+    // Every attempt is acknowledged within a millisecond, so a 1e9 ms timeout (11.6 days) or
+    // fallback bound can change nothing; they used to run every run to `limits.max_time_s`.
+    let r = report(&timers(
+        "(timeout_ms: 1e9)",
+        "[PerRequest, PerRequestWithFallback(fallback_after_ms: 1e9)]",
+    ));
+    for p in &r.policies {
+        assert!(p.requests.cancelled > 5, "{}", p.policy);
+        assert_eq!(p.cancel_rpc.acks, p.requests.cancelled, "{}", p.policy);
+        assert!(
+            p.virtual_time_s < 60.0,
+            "{}: ran {} s",
+            p.policy,
+            p.virtual_time_s
+        );
+    }
+    // An attempt still awaited keeps the run going through its timeouts: every attempt lost,
+    // each target's cancel runs out of its three attempts, 3 x 2 s after its intent.
+    let r = report(&timers(
+        "(loss: 1.0, timeout_ms: 2000.0, max_attempts: 3)",
+        "[PerRequest]",
+    ));
+    let p = &r.policies[0];
+    assert_eq!(
+        p.cancel_rpc.budget_exhausted, p.requests.cancelled,
+        "{:?}",
+        p.cancel_rpc
+    );
+    assert_eq!(p.cancel_rpc.attempts, 3 * p.requests.cancelled);
+    assert!(p.virtual_time_s > 6.0, "ran {} s", p.virtual_time_s);
+}
