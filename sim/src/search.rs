@@ -22,9 +22,15 @@ pub struct Slo {
 pub enum Knob {
     /// The open-loop arrival rate, between these bounds (req/s), to this relative precision.
     Rate { low: f64, high: f64, precision: f64 },
-    /// The replica count, from 1 up to this.
-    Replicas { max: u32 },
+    /// The replica count, from 1 up to this: `cluster.replicas`, or on a prefill/decode graph
+    /// the replicas of the serving stage at this index of `cluster.topology.stages` (the others
+    /// keep theirs).
+    Replicas { max: u32, stage: Option<usize> },
 }
+
+/// A run holds a steady state when it has at least this many times the requests that are in the
+/// system at once (N ≥ 10 L, so that its ramp-up and drain are a small part of it).
+pub const STEADY_TURNOVER_MIN: f64 = 10.0;
 
 /// One candidate tried: its value, whether it passed, and the bounds it was judged on.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -34,6 +40,16 @@ pub struct Probe {
     pub ttft_p99_ms_upper: f64,
     pub e2e_p99_ms_upper: f64,
     pub sibling_survival_lower: f64,
+    /// Requests per run, and the mean number in the system at once (Little's L), over the seeds.
+    pub requests_mean: f64,
+    pub in_system_mean: f64,
+}
+
+impl Probe {
+    /// Whether its runs hold a steady state: N ≥ `STEADY_TURNOVER_MIN` × L.
+    pub fn steady(&self) -> bool {
+        self.requests_mean >= STEADY_TURNOVER_MIN * self.in_system_mean
+    }
 }
 
 /// A policy's answer: the best value that meets the SLO (None: not even the easiest candidate
@@ -42,6 +58,14 @@ pub struct Probe {
 pub struct Answer {
     pub policy: String,
     pub best: Option<f64>,
+    /// The answer is the search's own bound, not the system's: the highest rate passed (the
+    /// capacity is at least `best`), or even `max` replicas failed (more are needed).
+    pub at_ceiling: bool,
+    /// Even the lowest rate failed: the capacity is below it.
+    pub at_floor: bool,
+    /// The runs at `best` (or, with none, at the last candidate) hold a steady state; if not,
+    /// the scenario is too short for the rates probed, and the answer measures a ramp-up.
+    pub steady: bool,
     pub probes: Vec<Probe>,
 }
 
@@ -82,6 +106,24 @@ pub fn set_rate(s: &mut Scenario, rate: f64) -> Result<(), String> {
     Ok(())
 }
 
+/// Give the serving stage at index `i` of `s`'s graph `n` replicas, and `cluster.replicas` the
+/// serving stages' new sum.
+pub fn set_stage_replicas(s: &mut Scenario, i: usize, n: u32) -> Result<(), String> {
+    use crate::scenario::RoleSpec::{Colocated, Decode, Prefill};
+    let t = (s.cluster.topology.as_mut()).ok_or("a stage's replicas need a stage graph")?;
+    let stage = t.stages.get_mut(i).ok_or("no such stage")?;
+    if !matches!(stage.role, Colocated | Prefill | Decode) {
+        return Err(format!("stage `{}` runs no replicas", stage.name));
+    }
+    stage.replicas = n;
+    let serving = t
+        .stages
+        .iter()
+        .filter(|s| matches!(s.role, Colocated | Prefill | Decode));
+    s.cluster.replicas = serving.map(|s| s.replicas).sum();
+    Ok(())
+}
+
 /// Run `policy` on `s` with its knob at `value`, on `seeds`, and judge it.
 fn probe(
     s: &Scenario,
@@ -94,9 +136,14 @@ fn probe(
     let mut s = s.clone();
     s.policies = vec![policy.clone()];
     s.expect.clear();
+    // Properties may name the other policies, which this copy does not run.
+    s.properties
+        .sibling_isolation
+        .retain(|p| *p == policy.label());
     match knob {
         Knob::Rate { .. } => set_rate(&mut s, value)?,
-        Knob::Replicas { .. } => s.cluster.replicas = value as u32,
+        Knob::Replicas { stage: None, .. } => s.cluster.replicas = value as u32,
+        Knob::Replicas { stage: Some(i), .. } => set_stage_replicas(&mut s, i, value as u32)?,
     }
     s.validate()
         .map_err(|e| format!("field `{}` {}", e.field, e.message))?;
@@ -108,8 +155,13 @@ fn probe(
     let of = |f: fn(&Summary) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
     let ttft = bound(&of(|p| p.ttft_ms.p99), true);
     let e2e = bound(&of(|p| p.e2e_ms.p99), true);
-    let survival = bound(&of(|p| p.sibling_survival.rate), false);
+    // A rate lies in [0, 1], and so does any bound that means something for it (so a survival
+    // SLO of 0 always holds).
+    let survival = bound(&of(|p| p.sibling_survival.rate), false).clamp(0.0, 1.0);
+    let mean = |xs: Vec<f64>| xs.iter().sum::<f64>() / xs.len() as f64;
     Ok(Probe {
+        requests_mean: mean(of(|p| p.requests.scheduled as f64)),
+        in_system_mean: mean(of(|p| p.littles_law.mean_in_system)),
         value,
         passed: ttft <= slo.ttft_p99_ms
             && e2e <= slo.e2e_p99_ms
@@ -133,17 +185,28 @@ pub fn search(s: &Scenario, knob: Knob, seeds: &[u64], slo: Slo) -> Result<Vec<A
                 probes.push(p);
                 Ok(passed)
             };
-            let best = match knob {
+            let (best, at_ceiling, at_floor) = match knob {
                 Knob::Rate {
                     low,
                     high,
                     precision,
-                } => bisect(&mut try_at, low, high, precision)?,
-                Knob::Replicas { max } => scan(&mut try_at, max)?,
+                } => {
+                    let best = bisect(&mut try_at, low, high, precision)?;
+                    (best, best == Some(high), best.is_none())
+                }
+                Knob::Replicas { max, .. } => {
+                    let best = scan(&mut try_at, max)?;
+                    (best, best.is_none(), false)
+                }
             };
+            let at_best = probes.iter().rev().find(|p| Some(p.value) == best);
+            let steady = at_best.or(probes.last()).is_none_or(Probe::steady);
             Ok(Answer {
                 policy: policy.label(),
                 best,
+                at_ceiling,
+                at_floor,
+                steady,
                 probes,
             })
         })

@@ -30,6 +30,10 @@ pub struct Args {
     /// Search the replica count instead, from 1 up to this.
     #[arg(long, conflicts_with = "rate")]
     pub replicas_max: Option<u32>,
+    /// On a prefill/decode graph, the stage whose replicas `--replicas-max` scans (the others
+    /// keep theirs), by its name in `cluster.topology.stages`.
+    #[arg(long, requires = "replicas_max")]
+    pub stage: Option<String>,
     /// Cancel fraction to search at (default: the scenario's).
     #[arg(long)]
     pub cancel_fraction: Option<f64>,
@@ -54,7 +58,8 @@ fn knob(args: &Args, s: &Scenario) -> Result<Knob, String> {
                 cancelsim::scenario::REPLICAS_MAX
             ));
         }
-        return Ok(Knob::Replicas { max });
+        let stage = stage_of(s, args.stage.as_deref())?;
+        return Ok(Knob::Replicas { max, stage });
     }
     let (low, high) = match &args.rate {
         Some(v) => (v[0], v[1]),
@@ -78,6 +83,42 @@ fn knob(args: &Args, s: &Scenario) -> Result<Knob, String> {
         high,
         precision: args.precision,
     })
+}
+
+/// The index of the serving stage a replica scan moves: the one named, or a graph's only one.
+fn stage_of(s: &Scenario, name: Option<&str>) -> Result<Option<usize>, String> {
+    use cancelsim::scenario::RoleSpec::{Colocated, Decode, Prefill};
+    let Some(t) = &s.cluster.topology else {
+        return match name {
+            Some(n) => Err(format!(
+                "--stage {n}: the scenario has no stage graph; --replicas-max alone scans \
+                 cluster.replicas"
+            )),
+            None => Ok(None),
+        };
+    };
+    let serving: Vec<(usize, &str)> = (t.stages.iter().enumerate())
+        .filter(|(_, st)| matches!(st.role, Colocated | Prefill | Decode))
+        .map(|(i, st)| (i, st.name.as_str()))
+        .collect();
+    let names = serving
+        .iter()
+        .map(|(_, n)| *n)
+        .collect::<Vec<_>>()
+        .join(", ");
+    match name {
+        Some(n) => match serving.iter().find(|(_, m)| *m == n) {
+            Some((i, _)) => Ok(Some(*i)),
+            None => Err(format!(
+                "--stage {n}: no serving stage has that name (the serving stages: {names})"
+            )),
+        },
+        None if serving.len() == 1 => Ok(Some(serving[0].0)),
+        None => Err(format!(
+            "--replicas-max on this graph needs --stage NAME, the stage whose replicas it scans \
+             (the serving stages: {names})"
+        )),
+    }
 }
 
 pub fn main(args: Args) -> Outcome {
@@ -138,16 +179,50 @@ pub fn main(args: Args) -> Outcome {
         Knob::Rate { .. } => "largest rate (req/s)",
         Knob::Replicas { .. } => "fewest replicas",
     };
-    say!("{:<28} {:>22} {:>8}", "policy", best_name, "probes");
+    say!("{:<28} {:>38} {:>8}", "policy", best_name, "probes");
     for a in &answers {
-        let best = a
-            .best
-            .map_or("none meets the SLO".to_string(), |b| match knob {
-                Knob::Rate { .. } => format!("{b:.3}"),
-                Knob::Replicas { .. } => format!("{b:.0}"),
-            });
-        say!("{:<28} {:>22} {:>8}", a.policy, best, a.probes.len());
+        say!(
+            "{:<28} {:>38} {:>8}",
+            a.policy,
+            best_text(a, knob),
+            a.probes.len()
+        );
+    }
+    for a in answers.iter().filter(|a| !a.steady) {
+        eprintln!("warning: {}", transient(a));
     }
     say!("searched in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// A policy's answer as the table prints it: the search's own bounds said as bounds.
+fn best_text(a: &search::Answer, knob: Knob) -> String {
+    match (knob, a.best) {
+        (Knob::Rate { high, .. }, Some(b)) if a.at_ceiling => {
+            format!("at least {b:.3} (the search's ceiling, {high})")
+        }
+        (Knob::Rate { .. }, Some(b)) => format!("{b:.3}"),
+        (Knob::Rate { low, .. }, None) => format!("below {low:.3} (the search's floor)"),
+        (Knob::Replicas { .. }, Some(b)) => format!("{b:.0}"),
+        (Knob::Replicas { max, .. }, None) => format!("more than {max} (the search's ceiling)"),
+    }
+}
+
+/// Why an answer measured a ramp-up rather than a steady state.
+fn transient(a: &search::Answer) -> String {
+    let at = a.probes.iter().rev().find(|p| Some(p.value) == a.best);
+    let p = at
+        .or(a.probes.last())
+        .expect("a search probes at least once");
+    format!(
+        "{}: at {} each run has {:.0} requests and holds about {:.0} at once, fewer than {} times \
+         as many: it measures a ramp-up, not a steady state, so the answer rises with the load \
+         probed; give the scenario at least {:.0} requests",
+        a.policy,
+        p.value,
+        p.requests_mean,
+        p.in_system_mean,
+        search::STEADY_TURNOVER_MIN,
+        (search::STEADY_TURNOVER_MIN * p.in_system_mean).ceil()
+    )
 }

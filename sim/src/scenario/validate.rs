@@ -127,6 +127,21 @@ impl Scenario {
 
     fn validate_cluster(&self) -> Check {
         let c = &self.cluster;
+        if let Some(t) = &c.topology {
+            // Each stage's count is named by its stage (1 to REPLICAS_MAX), before their sum.
+            t.build()?;
+            use super::RoleSpec::{Colocated, Decode, Prefill};
+            let serving =
+                (t.stages.iter()).filter(|s| matches!(s.role, Colocated | Prefill | Decode));
+            let total: u64 = serving.map(|s| s.replicas as u64).sum();
+            if total > REPLICAS_MAX as u64 {
+                let m = format!(
+                    "must be at most {REPLICAS_MAX} replicas in all (the serving stages have \
+                     {total})"
+                );
+                return err("cluster.topology.stages", m);
+            }
+        }
         if c.replicas == 0 || c.replicas > REPLICAS_MAX {
             let m = format!("must be between 1 and {REPLICAS_MAX} (got {})", c.replicas);
             return err("cluster.replicas", m);

@@ -313,7 +313,16 @@ fn capacity_search_finds_the_stability_boundary() {
         sibling_survival_min: 1.0,
     };
     let s = Scenario::parse(&ron(250.0), "<inline>").unwrap();
-    let found = search(&s, Knob::Replicas { max: 6 }, &[1, 2, 3], slo).unwrap();
+    let found = search(
+        &s,
+        Knob::Replicas {
+            max: 6,
+            stage: None,
+        },
+        &[1, 2, 3],
+        slo,
+    )
+    .unwrap();
     assert_eq!(found[0].best, Some(3.0), "{:?}", found[0].probes);
     let s = Scenario::parse(&ron(50.0), "<inline>").unwrap();
     let knob = Knob::Rate {
