@@ -118,12 +118,42 @@ pub struct PrefixCache {
     lru: BTreeMap<u64, u64>,
     stamp_next: u64,
     pub stats: PrefixStats,
+    /// While watched, every key whose presence or freeness changed, in order: what a reader of
+    /// an earlier lookup must look at again (the engine's waiting front, `engine::run`).
+    changes: Vec<u64>,
+    watched: bool,
 }
+
+/// Changes kept for a watcher, at most: past them it looks everything up again.
+pub const CHANGES_MAX: usize = 1 << 16;
 
 impl PrefixCache {
     /// Cached blocks free in the pool.
     pub fn evictable(&self) -> u64 {
         self.lru.len() as u64
+    }
+
+    /// Journal the keys that change from now on (`take_changes`), or stop.
+    pub fn watch(&mut self, on: bool) {
+        self.watched = on;
+        if !on {
+            self.changes.clear();
+        }
+    }
+
+    /// The keys whose presence or freeness changed since the last call, in order; `None` if
+    /// more than `CHANGES_MAX` did (look everything up again).
+    pub fn take_changes(&mut self, into: &mut Vec<u64>) -> Option<()> {
+        into.clear();
+        let overflow = self.changes.len() > CHANGES_MAX;
+        std::mem::swap(into, &mut self.changes);
+        (!overflow).then_some(())
+    }
+
+    fn changed(&mut self, key: u64) {
+        if self.watched && self.changes.len() <= CHANGES_MAX {
+            self.changes.push(key);
+        }
     }
 
     pub fn contains(&self, key: u64) -> bool {
@@ -146,6 +176,7 @@ impl PrefixCache {
             let (_, key) = self.lru.pop_first().expect("an evictable block");
             self.blocks.remove(&key);
             self.stats.evictions += 1;
+            self.changed(key);
         }
         let ok = kv.try_alloc(n);
         debug_assert!(ok);
@@ -156,12 +187,14 @@ impl PrefixCache {
     /// if no one held it.
     pub fn hit(&mut self, kv: &mut KvPool, key: u64) {
         let c = self.blocks.get_mut(&key).expect("a cached block");
-        if c.refs == 0 {
-            self.lru.remove(&c.stamp);
+        c.refs += 1;
+        if c.refs == 1 {
+            let stamp = c.stamp;
+            self.lru.remove(&stamp);
             let ok = kv.try_alloc(1);
             assert!(ok, "an evictable block is free in the pool");
+            self.changed(key);
         }
-        c.refs += 1;
     }
 
     /// A request computed block `key` in a block it holds: cache it, referenced once. False if
@@ -171,6 +204,7 @@ impl PrefixCache {
             return false;
         }
         self.blocks.insert(key, Cached { refs: 1, stamp: 0 });
+        self.changed(key);
         true
     }
 
@@ -183,8 +217,10 @@ impl PrefixCache {
         if c.refs == 0 {
             c.stamp = self.stamp_next;
             self.stamp_next += 1;
-            self.lru.insert(c.stamp, key);
+            let stamp = c.stamp;
+            self.lru.insert(stamp, key);
             kv.free(1);
+            self.changed(key);
         }
     }
 }

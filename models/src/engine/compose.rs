@@ -111,25 +111,18 @@ impl Engine {
     /// it starts from (its remote KV, or its prefix found cached), the cached blocks it reuses
     /// and how many of those no one holds (they leave the free pool), and its new blocks.
     /// `None` if its prompt does not fit the step's budget (without chunked prefill).
-    fn admission(&self, slot: u32, budget: u32) -> Option<Admission> {
+    fn admission(&mut self, slot: u32, budget: u32) -> Option<Admission> {
         let seq = &self.seqs[slot as usize];
         debug_assert_eq!(seq.ctx, 0);
         // A prompt whose KV arrived from a prefill stage starts with a decode token.
         let kv_ready = seq.kv_ready && seq.incarnation == 0;
         let bt = self.cfg.block_tokens as u64;
-        let (mut hit_blocks, mut taking) = (0u64, 0u64);
-        if let (Some(cache), false) = (&self.cache, kv_ready) {
-            // The longest cached run of leading blocks, short of the last prompt token: one
-            // token is always computed, to sample from.
-            while hit_blocks < (seq.need as u64 - 1) / bt {
-                let key = seq.content.key(bt, hit_blocks);
-                if !cache.contains(key) {
-                    break;
-                }
-                taking += cache.is_free(key) as u64;
-                hit_blocks += 1;
-            }
-        }
+        // The longest cached run of leading blocks (`run.rs`).
+        let (hit_blocks, taking) = match kv_ready {
+            true => (0, 0),
+            false => self.cached_run(slot),
+        };
+        let seq = &self.seqs[slot as usize];
         let held = if kv_ready {
             seq.need
         } else {
@@ -162,6 +155,7 @@ impl Engine {
             && (self.running.len() as u32) < self.cfg.max_num_seqs
         {
             let Some(slot) = self.waiting.front(&self.seqs) else {
+                self.forget_run();
                 break;
             };
             let Some(a) = self.admission(slot, c.budget) else {

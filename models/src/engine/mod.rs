@@ -23,6 +23,7 @@
 mod books;
 mod abort;
 mod compose;
+mod run;
 mod seq;
 mod waiting;
 
@@ -119,6 +120,8 @@ pub struct Engine {
     /// Pending aborts of the ideal cancel (handled at once): counted, so a pass with none
     /// pending never scans the pending aborts (a backend that rarely checks piles them up).
     ideal_pending: u32,
+    /// The waiting front's cached run, kept between steps (`run.rs`).
+    run_memo: run::RunMemo,
 }
 
 impl Engine {
@@ -154,6 +157,7 @@ impl Engine {
             preempted_last: false,
             cache: prefix_caching.then(PrefixCache::default),
             ideal_pending: 0,
+            run_memo: run::RunMemo::default(),
         }
     }
 

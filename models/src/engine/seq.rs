@@ -230,6 +230,8 @@ pub struct EngineStats {
     /// Prompt tokens looked up in the prefix cache at admission, and those found there.
     pub prefix_query_tokens: u64,
     pub prefix_hit_tokens: u64,
+    /// Cache keys looked up to find waiting requests' cached runs (the work of admission).
+    pub prefix_lookups: u64,
 }
 
 /// Terminated runtime ids remembered at most per engine (the runtime's tombstone retention). A late

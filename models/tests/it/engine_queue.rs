@@ -205,3 +205,34 @@ fn a_preempted_request_reuses_its_cached_blocks_and_finishes_sooner() {
     );
     assert_eq!(warm[&2].tokens_ns.len(), 40);
 }
+
+#[test]
+fn a_waiting_requests_cached_run_costs_what_changed_not_what_it_holds() {
+    // Two 4,000-token requests on 400 blocks: the newer is preempted, and waits with its run of
+    // cached blocks while the older grows into the pool, evicting that run from its tail. Each
+    // step looks at the waiting front again; scanning its run every time cost O(blocks held)
+    // per step (about 250 lookups a step here), where the journal of changed keys costs O(blocks
+    // changed): a few per step, and one pass over the run per preemption.
+    let mut c = cfg(1);
+    c.kv_blocks = 400;
+    c.prefix_caching = true;
+    let mut e = Engine::new(c);
+    let t = drive(&mut e, &[(0, req(1, 16, 4000)), (0, req(2, 16, 4000))]);
+    assert_eq!(t[&1].tokens_ns.len(), 4000);
+    assert_eq!(t[&2].tokens_ns.len(), 4000);
+    let s = e.stats();
+    eprintln!(
+        "{} lookups, {} steps, {} preemptions",
+        s.prefix_lookups, s.steps, s.preemptions
+    );
+    assert!(s.preemptions > 0, "{s:?}");
+    // Every block any incarnation held, looked up a few times, and a few lookups per step.
+    let blocks_held = (s.preemptions + 2) * 400;
+    assert!(
+        s.prefix_lookups <= 4 * blocks_held + 4 * s.steps,
+        "{} lookups over {} steps and {} preemptions",
+        s.prefix_lookups,
+        s.steps,
+        s.preemptions
+    );
+}
