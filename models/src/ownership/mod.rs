@@ -330,7 +330,11 @@ impl<K: Identity> Owners<K> {
             .rows
             .get_mut(identity)
             .ok_or(OwnershipError::UnknownRequest)?;
-        row.ledger.record(level, at)
+        // Validate on a copy, then keep it: a rejected record changes nothing, not even the box.
+        let mut ledger = row.ledger.as_deref().copied().unwrap_or_default();
+        ledger.record(level, at)?;
+        **row.ledger.get_or_insert_with(Box::default) = ledger;
+        Ok(())
     }
 
     /// Advance the retention clock to `now_ns` and evict terminal records older than the age bound.

@@ -231,7 +231,9 @@ pub(super) struct Row {
     pub(super) revision: Option<u64>,
     pub(super) payload: Payload,
     pub(super) final_output: bool,
-    pub(super) ledger: Ledger,
+    /// Boxed at its first evidence: most requests never have a cancel, and a record is kept for
+    /// every request in the system (96 bytes less each).
+    pub(super) ledger: Option<Box<Ledger>>,
 }
 
 impl Row {
@@ -242,7 +244,7 @@ impl Row {
             revision: None,
             payload: Payload::empty(),
             final_output: false,
-            ledger: Ledger::default(),
+            ledger: None,
         }
     }
 
@@ -253,7 +255,7 @@ impl Row {
             revision: self.revision,
             payload: self.payload.clone(),
             final_output: self.final_output,
-            ledger: self.ledger,
+            ledger: self.ledger.as_deref().copied().unwrap_or_default(),
         }
     }
 }

@@ -46,6 +46,7 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
         max_events: 100_000_000,
         max_time_s: 1e7,
         max_queue_len: 10_000_000,
+        max_in_system: IN_SYSTEM_MAX_DEFAULT,
     };
     s.workload = workload(&mut d, tier);
     s.cluster = cluster(&mut d, tier);

@@ -63,6 +63,11 @@ pub enum LimitError {
         limit: u64,
         time_ns: u64,
     },
+    /// `limits.max_in_system` requests were in the system when another arrived.
+    InSystem {
+        limit: u64,
+        time_ns: u64,
+    },
 }
 
 impl fmt::Display for LimitError {
@@ -81,6 +86,13 @@ impl fmt::Display for LimitError {
             LimitError::QueueLen { limit, time_ns } => write!(
                 f,
                 "event queue reached limits.max_queue_len = {limit} at virtual time {} s",
+                fmt_s(time_ns)
+            ),
+            LimitError::InSystem { limit, time_ns } => write!(
+                f,
+                "run reached limits.max_in_system = {limit} requests in the system at once at \
+                 virtual time {} s: arrivals outrun service; raise the limit if the machine has \
+                 the memory (about 0.8 KB a request)",
                 fmt_s(time_ns)
             ),
             LimitError::RouterQueue { limit, time_ns } => write!(

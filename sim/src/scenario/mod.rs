@@ -97,6 +97,19 @@ pub struct LimitsConfig {
     pub max_events: u64,
     pub max_time_s: f64,
     pub max_queue_len: u64,
+    /// Requests in the system at once (arrived, not yet gone), at most: every per-request
+    /// structure (the world's, the controller's, the replicas' waiting queues) is bounded by
+    /// it. Unstated, it is not serialised, so the scenario hash stays what it was.
+    #[serde(skip_serializing_if = "is_in_system_default")]
+    pub max_in_system: u64,
+}
+
+/// Requests in the system at once, by default: 2^20, about 0.8 GB of per-request state at the
+/// limit, so a run that piles up requests stops with a limit error well within a 24 GB machine.
+pub const IN_SYSTEM_MAX_DEFAULT: u64 = 1 << 20;
+
+fn is_in_system_default(n: &u64) -> bool {
+    *n == IN_SYSTEM_MAX_DEFAULT
 }
 
 impl Default for LimitsConfig {
@@ -106,6 +119,7 @@ impl Default for LimitsConfig {
             max_events: d.events_max,
             max_time_s: (d.time_ns_max / NS_PER_S) as f64,
             max_queue_len: d.queue_len_max,
+            max_in_system: IN_SYSTEM_MAX_DEFAULT,
         }
     }
 }

@@ -117,6 +117,10 @@ impl Scenario {
         if l.max_queue_len == 0 {
             return err("limits.max_queue_len", "must be > 0".into());
         }
+        if !(1..=REQUESTS_MAX).contains(&l.max_in_system) {
+            let m = format!("must be 1 to {REQUESTS_MAX} (got {})", l.max_in_system);
+            return err("limits.max_in_system", m);
+        }
         positive("limits.max_time_s", l.max_time_s)?;
         if l.max_time_s > 1e9 {
             let m = format!("must be <= 1e9 s (got {})", l.max_time_s);

@@ -34,8 +34,9 @@ pub(crate) struct CancelState {
     pub collateral: bool,
     /// Harmed by someone else's cancel (killed or corrupted): a sibling.
     pub sibling: bool,
-    /// Its evidence timeline, by level.
-    pub evidence_ns: [Option<u64>; 6],
+    /// Its evidence timeline, by level (`u64::MAX`: unknown), boxed at its first evidence:
+    /// most requests have none.
+    evidence_ns: Option<Box<[u64; 6]>>,
     /// Counted in the client's cancels in flight (an intent the backend has not acted on yet).
     pub in_flight: bool,
     /// Counted in the client's cancels awaiting an attempt's outcome: sent, and not yet
@@ -57,7 +58,8 @@ impl CancelState {
     }
 
     pub fn evidence(&self, level: EvidenceLevel) -> Option<u64> {
-        self.evidence_ns[level as usize]
+        let at = self.evidence_ns.as_ref()?[level as usize];
+        (at != u64::MAX).then_some(at)
     }
 }
 
@@ -463,11 +465,14 @@ pub(crate) fn evidence(
     (level, at): (EvidenceLevel, Timestamp),
     now_ns: u64,
 ) -> Result<bool, Stop> {
-    let slot = &mut st.evidence_ns[level as usize];
-    if slot.is_some() {
+    debug_assert!(now_ns != u64::MAX, "the end of time is no evidence");
+    let slot = &mut st
+        .evidence_ns
+        .get_or_insert_with(|| Box::new([u64::MAX; 6]))[level as usize];
+    if *slot != u64::MAX {
         return Ok(false);
     }
-    *slot = Some(now_ns);
+    *slot = now_ns;
     // The record of a request in the world is never evicted, so its ledger is always there.
     match owners.record_evidence(&id, level, at) {
         Ok(()) => Ok(true),

@@ -15,7 +15,7 @@ use super::requests::{Req, Tag, TurnRef};
 use super::{arrivals, World};
 use crate::coverage::Mark;
 use crate::dist::ms_to_ns;
-use crate::kernel::Class;
+use crate::kernel::{Class, LimitError};
 use crate::scenario::Stage;
 use crate::workload::{self, Arrival};
 
@@ -138,6 +138,14 @@ impl World<'_> {
     /// A request arrives: it starts in the controller, may get a storm plan, and is routed.
     pub(super) fn arrive(&mut self, a: Arrival, conv: Option<TurnRef>) -> Step {
         let now_ns = self.kernel.now_ns();
+        let limit = self.scenario.limits.max_in_system;
+        if self.requests.live_count() >= limit {
+            return Err(LimitError::InSystem {
+                limit,
+                time_ns: now_ns,
+            }
+            .into());
+        }
         self.arrivals.hash(&a);
         self.accounts.counts.scheduled += 1;
         let (owner, generation) = conv.unwrap_or((a.id, 0));

@@ -95,7 +95,7 @@ impl Req {
 
     /// Its evidence timeline in virtual ns (unknown: `None`).
     pub fn evidence_ns(&self, level: EvidenceLevel) -> Option<u64> {
-        self.cancel.evidence_ns[level as usize]
+        self.cancel.evidence(level)
     }
 
     /// Who its chunks belong to, as the playback sink needs it.
