@@ -155,7 +155,13 @@ impl Scenario {
             Err(e) => {
                 let path = e.path().to_string();
                 let spanned = de.span_error(e.into_inner());
-                let comma = matches!(spanned.code, ron::Error::ExpectedComma);
+                // After `Some(8`, the stray `.5` is an "Expected closing `)`" instead.
+                let comma = matches!(
+                    spanned.code,
+                    ron::Error::ExpectedComma
+                        | ron::Error::ExpectedOptionEnd
+                        | ron::Error::ExpectedStructLikeEnd
+                );
                 let fraction = comma.then(|| fraction_for_whole(text, spanned.span.start, &path));
                 if let Some(m) = fraction.flatten() {
                     let at = spanned.span.start;
@@ -244,6 +250,8 @@ pub(crate) fn fraction_for_whole(
     if number.is_empty() {
         return None;
     }
+    // `field: Some(8.5)` is the same field as the implicit `field: 8.5`.
+    let whole = whole.strip_suffix("Some(").unwrap_or(whole);
     let got = format!("must be a whole number (got {number}.{fraction})");
     let Some(key_end) = whole.trim_end().strip_suffix(':') else {
         return whole

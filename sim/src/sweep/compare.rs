@@ -22,22 +22,47 @@ const COMPARED: [&str; 7] = [
     "e2e_p99_ms",
 ];
 
+/// What a compared path holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A sweep directory (`results.csv`) or a sweep's CSV file.
+    Sweep,
+    /// A run directory (`summary.json`).
+    Run,
+}
+
 /// The rows of a sweep's `results.csv`, a run directory's `summary.json`, or a CSV file.
 fn load(p: &Path) -> Result<Vec<Row>, String> {
+    load_kind(p).map(|(_, rows)| rows)
+}
+
+/// `load`, and what the path held.
+fn load_kind(p: &Path) -> Result<(Kind, Vec<Row>), String> {
     let f = if p.is_dir() && p.join("results.csv").exists() {
         p.join("results.csv")
     } else if p.is_dir() && p.join("summary.json").exists() {
-        return summary_rows(&p.join("summary.json"));
+        return Ok((Kind::Run, summary_rows(&p.join("summary.json"))?));
+    } else if p.is_dir() {
+        return Err(format!(
+            "{}: neither a sweep (no results.csv) nor a run directory (no summary.json)",
+            p.display()
+        ));
     } else {
         p.to_path_buf()
     };
-    let file = std::fs::File::open(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+    Ok((Kind::Sweep, csv_rows(&f)?))
+}
+
+/// The rows of a CSV table (a sweep's results).
+fn csv_rows(f: &Path) -> Result<Vec<Row>, String> {
+    let file = std::fs::File::open(f).map_err(|e| format!("{}: {e}", f.display()))?;
     let limited = std::io::Read::take(file, crate::input::TABLE_BYTES_MAX);
     let mut r = csv::Reader::from_reader(crate::input::LineLimit::new(limited, 1 << 20));
-    let headers = r.headers().map_err(|e| e.to_string())?.clone();
+    let at = |e: csv::Error| format!("{}: {e}", f.display());
+    let headers = r.headers().map_err(at)?.clone();
     r.records()
         .map(|rec| {
-            let rec = rec.map_err(|e| e.to_string())?;
+            let rec = rec.map_err(at)?;
             Ok(headers
                 .iter()
                 .zip(rec.iter())
@@ -152,7 +177,20 @@ fn no_pairs(ra: &[Row], rb: &[Row], within: bool) -> String {
 pub fn comparison(pairing: Pairing) -> Result<Comparison, String> {
     let (a_name, b_name, diffs) = match pairing {
         Pairing::Sweeps(a, b) => {
-            let (ra, rb) = (load(a)?, load(b)?);
+            let ((ka, ra), (kb, rb)) = (load_kind(a)?, load_kind(b)?);
+            if ka != kb {
+                let what = |k| match k {
+                    Kind::Sweep => "a sweep",
+                    Kind::Run => "a run directory",
+                };
+                return Err(format!(
+                    "{} is {} and {} is {}: compare two sweeps, or two run directories",
+                    a.display(),
+                    what(ka),
+                    b.display(),
+                    what(kb)
+                ));
+            }
             let diffs = paired(&index(&ra, false), &index(&rb, false));
             if diffs.is_empty() {
                 return Err(no_pairs(&ra, &rb, false));

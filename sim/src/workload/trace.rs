@@ -200,6 +200,18 @@ impl TraceReader {
             return Ok(None);
         };
         let r: Row = serde_json::from_str(&line).map_err(|e| self.err(&format!("bad row: {e}")))?;
+        // One id per block of the prompt: a row whose ids disagree with its length would share
+        // tokens it does not have, or miss some it has.
+        let blocks = (r.input_length as u64).div_ceil(MOONCAKE_BLOCK_TOKENS);
+        if !r.hash_ids.is_empty() && r.hash_ids.len() as u64 != blocks {
+            let m = format!(
+                "hash_ids has {} block ids, but input_length {} needs {blocks} (one per {} tokens)",
+                r.hash_ids.len(),
+                r.input_length,
+                MOONCAKE_BLOCK_TOKENS
+            );
+            return Err(self.err(&m));
+        }
         let t = r.timestamp as i128 * 1_000_000;
         self.prefix_ids = r.hash_ids;
         Ok(Some((t, r.input_length, r.output_length)))

@@ -488,3 +488,89 @@ fn a_stage_with_too_many_replicas_is_named_by_its_stage() {
         "{e}"
     );
 }
+
+#[test]
+fn a_fraction_in_an_explicit_some_is_named_like_the_implicit_form() {
+    // `Some(37.5)` got "Expected closing `)`"; the implicit `37.5` already got the good line.
+    let base = r#"Scenario(name: "f", workload: (source: Poisson(rate_per_s: 1.0, requests: 1)),
+    cluster: (profile: Named("llama-3.1-8b-h100"), ROOF scheduler: Continuous()))"#;
+    for form in [
+        "roofline: Some((mfu_attn_pct: Some(37.5))),",
+        "roofline: (mfu_attn_pct: 37.5),",
+    ] {
+        let e = Scenario::parse(&base.replace("ROOF", form), "f.ron")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("f.ron:2:")
+                && e.contains("mfu_attn_pct` must be a whole number (got 37.5)"),
+            "{form}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_mooncake_row_whose_block_ids_disagree_with_its_length_is_refused_at_its_line() {
+    // 9 block ids for a 100-token prompt (one 512-token block) used to be taken silently.
+    let dir = crate::scratch::Scratch::new("adversarial", "mooncake-ids", true);
+    let rows = "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2]}\n\
+                {\"timestamp\": 10, \"input_length\": 100, \"output_length\": 5, \"hash_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}\n";
+    std::fs::write(dir.join("t.jsonl"), rows).unwrap();
+    let s = format!(
+        r#"Scenario(name: "m", workload: (source: Trace(path: "t.jsonl", format: MooncakeJsonl)),
+        cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#
+    );
+    std::fs::write(dir.join("s.ron"), s).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args(["run", "s.ron", "--no-write"])
+        .current_dir(&*dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("t.jsonl:2")
+            && err.contains("hash_ids has 9 block ids")
+            && err.contains("needs 1 (one per 512 tokens)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn compare_names_what_a_path_is_when_it_cannot_compare_it() {
+    let dir = crate::scratch::Scratch::new("adversarial", "compare-kinds", true);
+    let compare = |a: &str, b: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+            .args(["compare", a, b])
+            .current_dir(&*dir)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    std::fs::create_dir_all(dir.join("empty")).unwrap();
+    std::fs::create_dir_all(dir.join("run")).unwrap();
+    std::fs::create_dir_all(dir.join("sweep")).unwrap();
+    // A plain directory used to get "Is a directory (os error 21)", with no path.
+    let (code, err) = compare("empty", "empty");
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("empty: neither a sweep") && err.contains("summary.json"),
+        "{err}"
+    );
+    // A sweep beside a run directory used to be refused with a message about seeds.
+    std::fs::write(
+        dir.join("sweep/results.csv"),
+        "run_policy,seed,leaked_gpu_s\nper_request,1,0.5\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("run/summary.json"), "{}").unwrap();
+    let (code, err) = compare("sweep", "run");
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("sweep is a sweep and run is a run directory"),
+        "{err}"
+    );
+}
