@@ -574,3 +574,33 @@ fn compare_names_what_a_path_is_when_it_cannot_compare_it() {
         "{err}"
     );
 }
+
+#[test]
+fn item_6_requests_in_the_system_are_bounded_by_a_named_limit() {
+    // The full-size flood (1e8 requests at 1e9 req/s, stopped at 2^20 under 1 GB) is the
+    // `backlog` test; here the same limit, small.
+    let text = r#"Scenario(name: "flood", seed: 1, limits: (max_in_system: 100),
+    workload: (source: Poisson(rate_per_s: 1e9, requests: 1000)),
+    cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#;
+    let s = scenario(text);
+    match run::report(&s, 1) {
+        Err(RunError::Limit(e)) => {
+            let m = e.to_string();
+            assert!(m.contains("limits.max_in_system = 100 requests"), "{m}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("1,000 requests at once fit a limit of 100"),
+    }
+    // Within it, the same run finishes (the field, unstated, leaves the scenario hash alone).
+    let roomy = scenario(&text.replace("max_in_system: 100", "max_in_system: 1000"));
+    assert!(run::report(&roomy, 1).is_ok());
+    let unstated = scenario(&text.replace("limits: (max_in_system: 100),", ""));
+    assert!(!ron::to_string(&unstated).unwrap().contains("max_in_system"));
+    let e = Scenario::parse(&text.replace(": 100)", ": 0)"), "l.ron")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("limits.max_in_system") && e.contains("got 0"),
+        "{e}"
+    );
+}
