@@ -130,17 +130,7 @@ pub fn main(args: Args) -> Outcome {
         c.fraction = f;
         c.requests.clear();
     }
-    let slo = Slo {
-        ttft_p99_ms: args.ttft_p99_ms,
-        e2e_p99_ms: args.e2e_p99_ms,
-        sibling_survival_min: args.sibling_survival,
-    };
-    let finite = [slo.ttft_p99_ms, slo.e2e_p99_ms, slo.sibling_survival_min];
-    if finite.iter().any(|x| !x.is_finite() || *x < 0.0) || slo.sibling_survival_min > 1.0 {
-        return Err(Fail::input(
-            "the SLO needs finite latencies >= 0 and a survival in [0, 1]",
-        ));
-    }
+    let slo = slo_of(&args)?;
     if args.seeds == 0 || args.seeds > 1000 || args.first_seed.checked_add(args.seeds).is_none() {
         return Err(Fail::input(
             "--seeds must be between 1 and 1000, and end before 2^64",
@@ -156,6 +146,9 @@ pub fn main(args: Args) -> Outcome {
     };
     if let Some(p) = &args.plot {
         cancelsim::output::search_plot::draw(p, &answers, slo, what).map_err(Fail::io)?;
+    }
+    for a in answers.iter().filter(|a| !a.steady) {
+        eprintln!("warning: {}", transient(a));
     }
     if args.json {
         let doc = serde_json::json!({ "scenario": s.name, "knob": what, "slo": slo, "seeds": seeds, "answers": answers });
@@ -188,11 +181,24 @@ pub fn main(args: Args) -> Outcome {
             a.probes.len()
         );
     }
-    for a in answers.iter().filter(|a| !a.steady) {
-        eprintln!("warning: {}", transient(a));
-    }
     say!("searched in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The SLO the arguments state, if it makes sense.
+fn slo_of(args: &Args) -> Result<Slo, Fail> {
+    let slo = Slo {
+        ttft_p99_ms: args.ttft_p99_ms,
+        e2e_p99_ms: args.e2e_p99_ms,
+        sibling_survival_min: args.sibling_survival,
+    };
+    let finite = [slo.ttft_p99_ms, slo.e2e_p99_ms, slo.sibling_survival_min];
+    if finite.iter().any(|x| !x.is_finite() || *x < 0.0) || slo.sibling_survival_min > 1.0 {
+        return Err(Fail::input(
+            "the SLO needs finite latencies >= 0 and a survival in [0, 1]",
+        ));
+    }
+    Ok(slo)
 }
 
 /// A policy's answer as the table prints it: the search's own bounds said as bounds.

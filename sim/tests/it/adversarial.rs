@@ -516,10 +516,8 @@ fn a_mooncake_row_whose_block_ids_disagree_with_its_length_is_refused_at_its_lin
     let rows = "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2]}\n\
                 {\"timestamp\": 10, \"input_length\": 100, \"output_length\": 5, \"hash_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}\n";
     std::fs::write(dir.join("t.jsonl"), rows).unwrap();
-    let s = format!(
-        r#"Scenario(name: "m", workload: (source: Trace(path: "t.jsonl", format: MooncakeJsonl)),
-        cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#
-    );
+    let s = r#"Scenario(name: "m", workload: (source: Trace(path: "t.jsonl", format: MooncakeJsonl)),
+        cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#;
     std::fs::write(dir.join("s.ron"), s).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cancelsim"))
         .args(["run", "s.ron", "--no-write"])
