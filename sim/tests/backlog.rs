@@ -3,36 +3,14 @@
 //! requests take a while unoptimised); `.ci/run` runs it in release:
 //! `cargo test --release --test backlog -- --ignored --nocapture`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use cancelsim::kernel::LimitError;
 use cancelsim::scenario::Scenario;
 use cancelsim::world::RunError;
 
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(p, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+mod counting;
+use counting::{LIVE, PEAK};
 
 /// The heap's peak while `f` runs, in bytes above what was live before it. One at a time: the
 /// count is the process's.

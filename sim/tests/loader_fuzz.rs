@@ -11,10 +11,9 @@
 //! `CANCELSIM_FUZZ_S=600 cargo test --release --test loader_fuzz -- --nocapture`. A failing
 //! input is written to the temp directory and named in the failure.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rand_chacha::rand_core::{Rng, SeedableRng};
@@ -25,29 +24,8 @@ use cancelsim::scenario::Scenario;
 use cancelsim::sweep::Plan;
 
 /// Counts live and peak heap bytes, so each input's peak can be bounded.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+mod counting;
+use counting::{LIVE, PEAK};
 
 /// Heap one input may take beyond what was live before it.
 const PEAK_BYTES_MAX: usize = 256 << 20;

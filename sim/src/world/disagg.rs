@@ -429,18 +429,23 @@ impl World<'_> {
         if f.phase != Phase::Gap {
             h.stats.aborted_awaiting_kv += 1;
         }
-        self.requests[f.tag].life.in_handoff = false;
-        let o = Observed {
-            id: request,
-            tag: f.tag,
-            in_scope: true,
-        };
-        self.on_observed(o)?;
+        self.observed_between(request, f.tag)?;
         if f.phase != Phase::Gap {
             self.try_receive(f.decode)?;
         }
         self.try_finalize(f.tag)?;
         Ok(true)
+    }
+
+    /// A request between the stages is no longer in the handoff, and its abort is observed.
+    fn observed_between(&mut self, request: u64, tag: Tag) -> Step {
+        self.requests[tag].life.in_handoff = false;
+        let o = Observed {
+            id: request,
+            tag,
+            in_scope: true,
+        };
+        self.on_observed(o)
     }
 
     /// The decode stage aborts a request awaiting its KV: it keeps the receive blocks until
@@ -477,13 +482,7 @@ impl World<'_> {
         if self.handoff.as_ref().is_some_and(|h| h.cfg.notify_prefill) {
             self.notice(request, f.prefill, key::NOTICE_CANCEL, true)?;
         }
-        self.requests[f.tag].life.in_handoff = false;
-        let o = Observed {
-            id: request,
-            tag: f.tag,
-            in_scope: true,
-        };
-        self.on_observed(o)?;
+        self.observed_between(request, f.tag)?;
         self.try_finalize(f.tag)
     }
 

@@ -14,27 +14,38 @@ fn report(text: &str) -> Report {
     run::report(&s, s.seed).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// 1P1D of Llama-3.1-8B/H100 with 3,000 blocks a side and a 25 Gb/s link (a 1,024-token prompt's
-/// KV takes 43 ms on the wire), 1 % of the link's notices lost, 30 s leases on both sides: a
-/// burst of 400 requests, with the given handoff fields, cancellation and policies.
-fn pd_burst(handoff: &str, rest: &str) -> String {
+/// 1P1D of Llama-3.1-8B/H100 with 3,000 blocks a side and a 25 Gb/s KV link (a 1,024-token
+/// prompt's KV takes 43 ms on the wire): the given workload, link fields, handoff and the rest.
+fn one_p_one_d(workload: &str, link: &str, handoff: &str, rest: &str) -> String {
     format!(
-        r#"Scenario(name: "pd-burst", seed: 1,
-    workload: (source: Poisson(rate_per_s: 200.0, requests: 400),
-        prompt_tokens: Constant(1024.0), output_tokens: Constant(128.0)),
+        r#"Scenario(name: "pd", seed: 1,
+    workload: ({workload}),
     cluster: (replicas: 2, profile: Named("llama-3.1-8b-h100"),
         scheduler: Continuous(kv_blocks: Some(3000)),
         topology: Some((
             stages: [(name: "router", role: Router), (name: "prefill", role: Prefill),
                 (name: "decode", role: Decode), (name: "playback", role: Playback)],
             links: [(from: "router", to: "prefill"),
-                (from: "prefill", to: "decode", latency_ms: 0.5, bandwidth_gbps: 25.0,
-                    loss: 0.01),
+                (from: "prefill", to: "decode", latency_ms: 0.5, bandwidth_gbps: 25.0{link}),
                 (from: "decode", to: "playback")],
-            handoff: (prefill_reclaim: Lease(lease_ms: 30000.0, grace_ms: 0.0),
-                decode_reclaim: Lease(lease_ms: 30000.0, grace_ms: 0.0){handoff}),
+            handoff: ({handoff}),
         ))),
     {rest})"#
+    )
+}
+
+/// A burst of 400 requests on `one_p_one_d`, 1 % of the link's notices lost, 30 s leases on
+/// both sides, with more handoff fields, cancellation and policies.
+fn pd_burst(handoff: &str, rest: &str) -> String {
+    one_p_one_d(
+        "source: Poisson(rate_per_s: 200.0, requests: 400), \
+         prompt_tokens: Constant(1024.0), output_tokens: Constant(128.0)",
+        ", loss: 0.01",
+        &format!(
+            "prefill_reclaim: Lease(lease_ms: 30000.0, grace_ms: 0.0), \
+             decode_reclaim: Lease(lease_ms: 30000.0, grace_ms: 0.0){handoff}"
+        ),
+        rest,
     )
 }
 
@@ -128,28 +139,21 @@ fn item_3_a_stall_is_a_stall_at_every_window() {
     }
 }
 
-/// 1P1D with a 25 Gb/s link (43 ms a 1,024-token prompt), no loss; every request cancelled 1 ms
-/// after the decode stage took it, so its abort reaches the decode stage while the KV is on the
-/// wire. The leases are shorter than the transfers.
+/// `one_p_one_d` with no loss; every request cancelled 1 ms after the decode stage took it, so
+/// its abort reaches the decode stage while the KV is on the wire. The leases are shorter than
+/// the transfers.
 fn short_leases(transfer_cancel: &str) -> String {
-    format!(
-        r#"Scenario(name: "short-leases", seed: 1,
-    workload: (source: Poisson(rate_per_s: 5.0, requests: 40),
-        prompt_tokens: Constant(1024.0), output_tokens: Constant(16.0)),
-    cluster: (replicas: 2, profile: Named("llama-3.1-8b-h100"),
-        scheduler: Continuous(kv_blocks: Some(3000)),
-        topology: Some((
-            stages: [(name: "router", role: Router), (name: "prefill", role: Prefill),
-                (name: "decode", role: Decode), (name: "playback", role: Playback)],
-            links: [(from: "router", to: "prefill"),
-                (from: "prefill", to: "decode", latency_ms: 0.5, bandwidth_gbps: 25.0),
-                (from: "decode", to: "playback")],
-            handoff: (transfer_cancel: {transfer_cancel},
-                prefill_reclaim: Lease(lease_ms: 5.0, grace_ms: 0.0),
-                decode_reclaim: Lease(lease_ms: 0.0, grace_ms: 0.0)),
-        ))),
-    cancellation: (fraction: 0.5, stage: AwaitingRemoteKv, delay_ms: Constant(1.0)),
-    policies: [PerRequest], adapter: (rpc_latency_ms: Constant(0.5)))"#
+    one_p_one_d(
+        "source: Poisson(rate_per_s: 5.0, requests: 40), \
+         prompt_tokens: Constant(1024.0), output_tokens: Constant(16.0)",
+        "",
+        &format!(
+            "transfer_cancel: {transfer_cancel}, \
+             prefill_reclaim: Lease(lease_ms: 5.0, grace_ms: 0.0), \
+             decode_reclaim: Lease(lease_ms: 0.0, grace_ms: 0.0)"
+        ),
+        "cancellation: (fraction: 0.5, stage: AwaitingRemoteKv, delay_ms: Constant(1.0)), \
+         policies: [PerRequest], adapter: (rpc_latency_ms: Constant(0.5))",
     )
 }
 
