@@ -85,8 +85,15 @@ enum Command {
         gpu_memory_utilization: f64,
         /// Instead, print a step-time table (the `Table` profile's CSV) sampled from this
         /// profile's roofline: a template to replace with your own measurements.
-        #[arg(long, value_name = "PROFILE")]
+        #[arg(long, value_name = "PROFILE", conflicts_with_all = ["check", "against"])]
         table: Option<String>,
+        /// Instead, set a measured step-time table (a `Table` CSV, as `tools/profile` writes)
+        /// beside a profile's roofline, point by point, with the relative error.
+        #[arg(long, value_name = "TABLE", requires = "against")]
+        check: Option<PathBuf>,
+        /// The named profile to check `--check`'s table against.
+        #[arg(long, value_name = "PROFILE", requires = "check")]
+        against: Option<String>,
     },
     /// Print an input format's JSON Schema: scenario files (RON or JSON) or the op log.
     Schema {
@@ -150,12 +157,17 @@ fn main() -> ExitCode {
         Some(Command::Check(args)) => cli::check::main(args),
         Some(Command::Capacity(args)) => cli::capacity::main(args),
         Some(Command::Profiles {
-            gpu_memory_utilization,
-            table: None,
-        }) => cli::profiles::profiles(gpu_memory_utilization),
-        Some(Command::Profiles {
             table: Some(name), ..
         }) => cli::profiles::table(&name),
+        Some(Command::Profiles {
+            check: Some(path),
+            against: Some(name),
+            ..
+        }) => cli::profiles::check(&path, &name),
+        Some(Command::Profiles {
+            gpu_memory_utilization,
+            ..
+        }) => cli::profiles::profiles(gpu_memory_utilization),
     };
     cli::exit(outcome)
 }

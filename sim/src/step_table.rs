@@ -30,8 +30,37 @@ pub fn load(path: &Path) -> Result<Arc<StepTable>, String> {
     parse(&text, &shown).map(Arc::new)
 }
 
+/// One measured row: `(prefill_tokens, decode_seqs, kv_tokens, step_ns)`.
+pub type Row = (u64, u64, u64, u64);
+
+/// A table's rows as read, checked as [`load`] checks them, and the model shape its header names.
+pub struct Rows {
+    /// In file order.
+    pub rows: Vec<Row>,
+    /// The first word after `# model shape` in a comment line, if one is there.
+    pub model_shape: Option<String>,
+}
+
+/// The rows of the table at `path`, for `profiles --check`.
+pub fn load_rows(path: &Path) -> Result<Rows, String> {
+    let shown = crate::input::shown(path);
+    let text = crate::input::read_text(path, TABLE_BYTES_MAX)
+        .map_err(|e| format!("{shown}: cannot read step table: {e}"))?;
+    let (_, rows) = parse_rows(&text, &shown)?;
+    let model_shape = text.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("# model shape ")?;
+        rest.split_whitespace().next().map(str::to_string)
+    });
+    Ok(Rows { rows, model_shape })
+}
+
 /// Parse table text; `shown` names its origin in messages.
 pub fn parse(text: &str, shown: &str) -> Result<StepTable, String> {
+    parse_rows(text, shown).map(|(table, _)| table)
+}
+
+/// The table and its rows.
+fn parse_rows(text: &str, shown: &str) -> Result<(StepTable, Vec<Row>), String> {
     let mut rows = Vec::new();
     let mut lines_of_rows = Vec::new();
     let mut header = false;
@@ -60,10 +89,11 @@ pub fn parse(text: &str, shown: &str) -> Result<StepTable, String> {
     if !header {
         return Err(format!("{shown}: empty step table: no header `{HEADER}`"));
     }
-    StepTable::new(&rows).map_err(|e| match e.row {
+    let table = StepTable::new(&rows).map_err(|e| match e.row {
         Some(r) => format!("{shown}:{}:1: {}", lines_of_rows[r], e.message),
         None => format!("{shown}: the table {}", e.message),
-    })
+    })?;
+    Ok((table, rows))
 }
 
 /// One data row: three whole numbers and a step time in ms (finite, > 0, below an hour).

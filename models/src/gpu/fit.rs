@@ -30,7 +30,10 @@
 //!   such write. The model pays that write at the KV share of bandwidth.
 //! - **Step**: an engine's measured time per output token, against the whole step.
 //!
-//! A point is *fitted* when the target (within 15 %) applies. Points from another runtime or
+//! - **Database**: vLLM's kernels measured by NVIDIA's AIConfigurator, per GPU (see
+//!   [`super::aic`]): the rows the H100's, H200's and B200's shares are fitted to.
+//!
+//! A point is *fitted* when the target (within 10 %) applies. Points from another runtime or
 //! precision are shown with their error and the reason they are not fitted, and so is a step
 //! whose KV cache the replica cannot hold (vidur times one layer alone, so its profile has
 //! batches no 80 GB GPU can run).
@@ -60,8 +63,93 @@ pub struct Point {
     pub not_fitted: Option<&'static str>,
 }
 
-/// The fit target: every fitted point within this relative error.
-pub const TARGET_PCT: f64 = 15.0;
+/// The fit target: every fitted point within this relative error, or a [`KNOWN_MISSES`] row.
+pub const TARGET_PCT: f64 = 10.0;
+
+/// A fitted point past the target, named: (profile, point, bound in percent, why).
+pub type Miss = (&'static str, &'static str, f64, &'static str);
+
+/// The fitted points known to miss the target, each within its own bound, with the reason.
+pub const KNOWN_MISSES: &[Miss] = &[
+    (
+        "llama-2-7b-a100",
+        "decode b=64, context 1,024",
+        11.0,
+        TWO_KERNELS,
+    ),
+    ("llama-2-7b-a100", "prefill 2,048 tokens", 11.0, TWO_KERNELS),
+    ("llama-2-7b-a100", "prefill 4,096 tokens", 14.0, TWO_KERNELS),
+    (
+        "llama-3.1-8b-a100",
+        "prefill 8,192 tokens",
+        12.0,
+        TWO_KERNELS,
+    ),
+    (
+        "llama-3.1-8b-h100",
+        "decode c=1, context 512",
+        13.0,
+        WHOLE_STEP,
+    ),
+    (
+        "llama-3.1-8b-h100",
+        "decode c=4, context 512",
+        13.0,
+        WHOLE_STEP,
+    ),
+    ("llama-3.1-8b-h100", "512 tokens", 11.0, RIDGE),
+    (
+        "llama-3.1-8b-h100",
+        "decode b=16, context 1,024",
+        12.0,
+        FLOOR,
+    ),
+    ("llama-3.1-70b-tp4-h100", "256 tokens", 13.0, RIDGE),
+    ("llama-3.1-70b-tp4-h100", "8,192 tokens", 18.0, WIDE_GEMMS),
+    (
+        "llama-3.1-8b-h200",
+        "decode b=1, context 1,024",
+        12.0,
+        FLOOR,
+    ),
+    (
+        "llama-3.1-8b-h200",
+        "decode b=16, context 1,024",
+        14.0,
+        FLOOR,
+    ),
+    ("llama-3.1-70b-tp4-h200", "8,192 tokens", 13.0, WIDE_GEMMS),
+    (
+        "llama-3.1-8b-b200",
+        "decode b=1, context 1,024",
+        16.0,
+        FLOOR,
+    ),
+];
+
+/// One attention share for two kernels: vidur's FlashAttention path computes a prompt's
+/// attention at 16 % of the A100's peak, FlashInfer at 35-52 %.
+const TWO_KERNELS: &str = "one attention share for two kernels (FlashAttention 16 %, FlashInfer \
+     35-52 % of peak)";
+/// An engine's whole step against the kernels' fit.
+const WHOLE_STEP: &str = "a whole engine step: the scheduling, sampling and launch gaps between \
+     the kernels (about 0.8 ms), which the roofline does not charge";
+/// The GEMMs' ridge point, where the smooth join rounds the corner less than the kernels do.
+const RIDGE: &str = "at the GEMMs' ridge point, where the kernels take more than the join";
+/// An attention call at a few sequences: too few tiles to fill the GPU.
+const FLOOR: &str = "an attention call at 1-16 sequences reads below the fitted bandwidth (10-36 \
+     µs a layer: too few tiles to fill the GPU)";
+/// The 70B shard's wider GEMMs at many tokens.
+const WIDE_GEMMS: &str = "the 70B shard's GEMMs at 8,192 tokens reach 70-73 % of peak, the \
+     8B's 76 %, and one MFU serves both";
+
+/// Every point of the table, in its order: the published ones, then the database's
+/// ([`super::aic`]).
+pub fn points() -> Vec<Point> {
+    let mut all = PUBLISHED.to_vec();
+    all.extend(super::aic::points());
+    all
+}
 
 const fn tokens(n: u64) -> StepShape {
     StepShape {
@@ -149,6 +237,18 @@ const fn blocks(profile: Profile, n: u64, us: u64) -> Point {
     }
 }
 
+/// Why vidur's H100 rows are shown but not fitted.
+const VIDUR_H100: &str = "vidur's H100 GEMMs run at 64 % of peak where vLLM 0.24.0's measured \
+     ones run at 84 %: the H100's shares follow the newer measurement";
+
+/// A blocks row of vidur's H100 profile: shown, not fitted ([`VIDUR_H100`]).
+const fn blocks_h100(profile: Profile, n: u64, us: u64) -> Point {
+    Point {
+        not_fitted: Some(VIDUR_H100),
+        ..blocks(profile, n, us)
+    }
+}
+
 /// An attention profile: the replica it stands for, that model's blocks, and its source.
 #[derive(Clone, Copy)]
 struct Kernel {
@@ -205,8 +305,8 @@ const fn pre(k: Kernel, [n, ctx, attn_us]: [u64; 3]) -> Point {
     layers(k, prefill(n, ctx), n, attn_us)
 }
 
-/// The points, in the order of the table.
-pub const POINTS: &[Point] = &[
+/// vidur's and the engines' points, in the order of the table.
+const PUBLISHED: &[Point] = &[
     blocks_of(FA, 1),
     blocks_of(FA, 16),
     blocks_of(FA, 64),
@@ -227,13 +327,13 @@ pub const POINTS: &[Point] = &[
     pre(FA, [2048, 0, 803]),
     pre(FA, [4096, 0, 2_777]),
     pre(FA, [2048, 2048, 1_230]),
-    blocks(LLAMA2_7B_H100, 1, 5_600),
-    blocks(LLAMA2_7B_H100, 16, 5_792),
-    blocks(LLAMA2_7B_H100, 64, 5_856),
-    blocks(LLAMA2_7B_H100, 128, 6_368),
-    blocks(LLAMA2_7B_H100, 256, 9_152),
-    blocks(LLAMA2_7B_H100, 2048, 40_424),
-    blocks(LLAMA2_7B_H100, 4096, 83_208),
+    blocks_h100(LLAMA2_7B_H100, 1, 5_600),
+    blocks_h100(LLAMA2_7B_H100, 16, 5_792),
+    blocks_h100(LLAMA2_7B_H100, 64, 5_856),
+    blocks_h100(LLAMA2_7B_H100, 128, 6_368),
+    blocks_h100(LLAMA2_7B_H100, 256, 9_152),
+    blocks_h100(LLAMA2_7B_H100, 2048, 40_424),
+    blocks_h100(LLAMA2_7B_H100, 4096, 83_208),
     blocks_of(FI, 1),
     blocks_of(FI, 16),
     blocks_of(FI, 64),
@@ -254,11 +354,11 @@ pub const POINTS: &[Point] = &[
     pre(FI, [2048, 0, 314]),
     pre(FI, [8192, 0, 3_384]),
     pre(FI, [2048, 2048, 763]),
-    blocks(LLAMA31_70B_TP4_H100, 1, 14_320),
-    blocks(LLAMA31_70B_TP4_H100, 16, 14_520),
-    blocks(LLAMA31_70B_TP4_H100, 64, 15_280),
-    blocks(LLAMA31_70B_TP4_H100, 256, 19_200),
-    blocks(LLAMA31_70B_TP4_H100, 2048, 112_060),
+    blocks_h100(LLAMA31_70B_TP4_H100, 1, 14_320),
+    blocks_h100(LLAMA31_70B_TP4_H100, 16, 14_520),
+    blocks_h100(LLAMA31_70B_TP4_H100, 64, 15_280),
+    blocks_h100(LLAMA31_70B_TP4_H100, 256, 19_200),
+    blocks_h100(LLAMA31_70B_TP4_H100, 2048, 112_060),
     Point {
         profile: LLAMA31_8B_H100,
         scope: Scope::Step,
@@ -353,6 +453,13 @@ impl Point {
         self.profile.plan(ppm, batched).kv_tokens
     }
 
+    /// The named miss this point is, if it is one.
+    pub fn known_miss(&self) -> Option<&'static Miss> {
+        KNOWN_MISSES
+            .iter()
+            .find(|m| m.0 == self.profile.name && m.1 == self.what())
+    }
+
     /// Why the target does not apply to this point; `None`: it does.
     pub fn why_not_fitted(&self) -> Option<String> {
         let (held, capacity) = (self.kv_tokens(), self.kv_capacity_tokens());
@@ -381,7 +488,7 @@ fn thousands(n: u64) -> String {
 }
 
 /// The profile's roofline for the blocks alone: no head weights, no KV traffic, no overhead.
-fn blocks_only(p: &Profile) -> Roofline {
+pub(super) fn blocks_only(p: &Profile) -> Roofline {
     let mut shape = p.shape;
     shape.head_params = 0;
     shape.kv_elem_bytes = 0;
@@ -402,15 +509,16 @@ pub fn fit_table() -> String {
         "| profile | scope | point | published ms | model ms | error | source |\n\
          |---|---|---|---:|---:|---:|---|\n",
     );
-    for p in POINTS {
+    for p in points() {
         let scope = match p.scope {
             Scope::Blocks => "blocks",
             Scope::Layers => "layers",
             Scope::Step => "step",
         };
-        let source = match p.why_not_fitted() {
-            None => p.source.to_string(),
-            Some(why) => format!("{}; not fitted: {why}", p.source),
+        let source = match (p.why_not_fitted(), p.known_miss()) {
+            (Some(why), _) => format!("{}; not fitted: {why}", p.source),
+            (None, Some(miss)) => format!("{}; known miss: {}", p.source, miss.3),
+            (None, None) => p.source.to_string(),
         };
         s += &format!(
             "| {} | {scope} | {} | {:.2} | {:.2} | {:+.1} % | {source} |\n",

@@ -2,7 +2,7 @@
 //! start-up (`determine_num_available_blocks`) and vidur's `MemoryPlanner` does:
 //!
 //! ```text
-//! usable   = total device memory × gpu_memory_utilization        (per GPU)
+//! usable   = total device memory × gpu_memory_utilization        (per GPU, `Gpu::memory_bytes`)
 //! kv bytes = usable − weights / TP − non-torch memory − activation peak
 //! blocks   = TP × kv bytes / (block tokens × KV bytes per token)
 //! ```
@@ -19,10 +19,6 @@
 use super::Profile;
 
 const GIB: u64 = 1 << 30;
-
-/// Device memory that PyTorch reports for an 80 GB H100 (vLLM's log: 79.22 GiB), taken for the
-/// 80 GB A100 too.
-pub const DEVICE_BYTES_80GB: u64 = 79_22 * GIB / 100;
 
 /// Memory outside PyTorch's allocator per GPU: 1.79 GiB alone, 3.58 GiB with tensor-parallel
 /// peers (NCCL).
@@ -64,7 +60,8 @@ impl Profile {
         debug_assert!(utilization_ppm > 0 && utilization_ppm <= 1_000_000);
         let s = &self.shape;
         let params = s.block_params + s.head_params + s.embedding_params;
-        let usable_bytes = (DEVICE_BYTES_80GB as u128 * utilization_ppm as u128 / 1_000_000) as u64;
+        let usable_bytes =
+            (self.gpu.memory_bytes as u128 * utilization_ppm as u128 / 1_000_000) as u64;
         let weight_bytes = params * s.weight_bytes / self.tp;
         let non_torch_bytes = non_torch_bytes(self.tp);
         let activation_bytes = activation_bytes(batched_tokens, s.d_model);

@@ -13,6 +13,7 @@
 //!
 //! All times are integer nanoseconds and the arithmetic is integer, so it is portable.
 
+pub mod aic;
 pub mod fit;
 mod memory;
 mod profiles;
@@ -21,14 +22,15 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use memory::{MemoryPlan, DEVICE_BYTES_80GB, UTILIZATION_DEFAULT};
+pub use memory::{MemoryPlan, UTILIZATION_DEFAULT};
 pub use profiles::{
-    profile, Precision, Profile, LLAMA2_7B_A100, LLAMA2_7B_H100, LLAMA31_70B_TP4_H100,
-    LLAMA31_8B_A100, LLAMA31_8B_H100, PROFILES,
+    profile, Precision, Profile, LLAMA2_7B_A100, LLAMA2_7B_H100, LLAMA31_70B_TP4_B200,
+    LLAMA31_70B_TP4_H100, LLAMA31_70B_TP4_H200, LLAMA31_8B_A100, LLAMA31_8B_B200, LLAMA31_8B_H100,
+    LLAMA31_8B_H200, PROFILES,
 };
 pub use roofline::{
-    Gpu, ModelShape, Roofline, Shares, A100_80GB, H100_SXM, MBU_KV_PCT, MBU_PCT, MFU_ATTN_PCT,
-    MFU_PCT,
+    Fitted, Gpu, ModelShape, Roofline, Shares, A100_80GB, B200_SXM, H100_SXM, H200_SXM, MBU_KV_PCT,
+    MBU_PCT, MFU_ATTN_PCT, MFU_PCT,
 };
 pub use table::{StepTable, TableError, TABLE_ROWS_MAX};
 

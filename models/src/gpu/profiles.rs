@@ -2,7 +2,7 @@
 //! both step models. Every constant says where it comes from; the fit of the roofline against
 //! published step times is the table in `docs/validation.md` (kept in sync by a test).
 
-use super::roofline::{Gpu, ModelShape, Roofline, A100_80GB, H100_SXM};
+use super::roofline::{Gpu, ModelShape, Roofline, A100_80GB, B200_SXM, H100_SXM, H200_SXM};
 use super::{StepCost, StepModel};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,7 +196,7 @@ pub const LLAMA2_7B_A100: Profile = Profile {
 };
 
 /// Llama-2-7B, bf16, one H100 SXM 80 GB: capacity as on the A100 (same memory), vLLM's H100
-/// defaults.
+/// defaults. (No H200 or B200 profile of Llama-2-7B: a model of 2023 on GPUs of 2024-25.)
 pub const LLAMA2_7B_H100: Profile = Profile {
     name: "llama-2-7b-h100",
     precision: Precision::Bf16,
@@ -210,12 +210,69 @@ pub const LLAMA2_7B_H100: Profile = Profile {
     max_num_batched_tokens: 8192,
 };
 
-pub const PROFILES: [Profile; 5] = [
+/// A profile of `shape` on `tp` GPUs of kind `gpu` with vLLM's batch defaults for GPUs of 70 GiB
+/// or more that are not A100s (1,024 sequences, 8,192 tokens) and no 0.1 linear constants.
+const fn profile_on(
+    name: &'static str,
+    shape: ModelShape,
+    gpu: Gpu,
+    tp: u64,
+    overhead_ns: u64,
+) -> Profile {
+    Profile {
+        name,
+        precision: Precision::Bf16,
+        shape,
+        gpu,
+        tp,
+        roofline: Roofline::derive(shape, gpu, tp, overhead_ns),
+        linear_v1: None,
+        kv_bytes_per_token: shape.kv_bytes_per_token(),
+        max_num_seqs: 1024,
+        max_num_batched_tokens: 8192,
+    }
+}
+
+/// Llama-3.1-8B, bf16, one H200 SXM 141 GB: its shares fitted to vLLM 0.24.0's kernels on an
+/// H200; twice the H100's KV cache (108 GiB against 53, `cancelsim profiles`).
+pub const LLAMA31_8B_H200: Profile = profile_on("llama-3.1-8b-h200", LLAMA31_8B, H200_SXM, 1, 0);
+
+/// Llama-3.1-8B, bf16, one B200 SXM 180 GB: its shares fitted to vLLM 0.24.0's kernels on a
+/// B200.
+pub const LLAMA31_8B_B200: Profile = profile_on("llama-3.1-8b-b200", LLAMA31_8B, B200_SXM, 1, 0);
+
+/// Llama-3.1-70B, bf16, tensor parallel over four H200s: the H100 TP4 profile's 2 ms of
+/// all-reduce (NVLink 4 on both).
+pub const LLAMA31_70B_TP4_H200: Profile = profile_on(
+    "llama-3.1-70b-tp4-h200",
+    LLAMA31_70B,
+    H200_SXM,
+    4,
+    TP4_ALL_REDUCE_NS,
+);
+
+/// Llama-3.1-70B, bf16, tensor parallel over four B200s. The all-reduce is taken at the H100's
+/// 2 ms, though NVLink 5 doubles the bandwidth: at a step's few-MB messages the all-reduce is
+/// latency-bound, and no measurement of it on a B200 was found.
+pub const LLAMA31_70B_TP4_B200: Profile = profile_on(
+    "llama-3.1-70b-tp4-b200",
+    LLAMA31_70B,
+    B200_SXM,
+    4,
+    TP4_ALL_REDUCE_NS,
+);
+
+/// The named profiles. Never renumber: `cancelsim profiles` lists them in this order.
+pub const PROFILES: [Profile; 9] = [
     LLAMA31_8B_H100,
     LLAMA31_8B_A100,
     LLAMA31_70B_TP4_H100,
     LLAMA2_7B_A100,
     LLAMA2_7B_H100,
+    LLAMA31_8B_H200,
+    LLAMA31_8B_B200,
+    LLAMA31_70B_TP4_H200,
+    LLAMA31_70B_TP4_B200,
 ];
 
 pub fn profile(name: &str) -> Option<Profile> {

@@ -53,7 +53,7 @@ impl ModelShape {
     }
 }
 
-/// One GPU's datasheet figures.
+/// One GPU's datasheet figures, and the utilisations of them fitted to its measured kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gpu {
     pub name: &'static str,
@@ -61,20 +61,101 @@ pub struct Gpu {
     pub peak_flops: u64,
     /// HBM bandwidth, bytes/s.
     pub hbm_bytes_per_s: u64,
+    /// Device memory as PyTorch reports it (what vLLM's `gpu_memory_utilization` is a share of).
+    pub memory_bytes: u64,
+    /// The shares of the peaks its kernels reach: see [`Fitted`].
+    pub fitted: Fitted,
 }
 
-/// NVIDIA A100 SXM 80 GB: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e (A100 datasheet).
+/// What a GPU's measured kernels reach: the shares of its peaks, in whole percent, and a
+/// per-sequence cost, each a least-squares fit (the tests say to which rows of the fit table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fitted {
+    /// The blocks' GEMMs, of the FLOP/s peak.
+    pub mfu_pct: u64,
+    /// The weight read, of HBM bandwidth.
+    pub mbu_pct: u64,
+    /// The KV-cache reads and writes, of HBM bandwidth.
+    pub mbu_kv_pct: u64,
+    /// Attention's (query, key) arithmetic, of the FLOP/s peak.
+    pub mfu_attn_pct: u64,
+    /// A decode sequence's cost beyond its bytes and FLOPs, per step: the attention kernel's
+    /// per-sequence work (its block table, its own tile), which the roofline's bytes do not
+    /// time. Fitted jointly with `mbu_kv_pct` on the decode rows.
+    pub per_seq_ns: u64,
+}
+
+const GIB: u64 = 1 << 30;
+
+/// NVIDIA A100 SXM 80 GB: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e (A100 datasheet); memory
+/// as PyTorch reports the H100 80 GB (vLLM's log: 79.22 GiB). Shares fitted to vidur's profile
+/// (the module's constants below).
 pub const A100_80GB: Gpu = Gpu {
     name: "A100-SXM-80GB",
     peak_flops: 312_000_000_000_000,
     hbm_bytes_per_s: 2_039_000_000_000,
+    memory_bytes: 79_22 * GIB / 100,
+    fitted: Fitted {
+        mfu_pct: MFU_PCT,
+        mbu_pct: MBU_PCT,
+        mbu_kv_pct: MBU_KV_PCT,
+        mfu_attn_pct: MFU_ATTN_PCT,
+        per_seq_ns: 0,
+    },
 };
 
-/// NVIDIA H100 SXM 80 GB: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3 (H100 datasheet).
+/// NVIDIA H100 SXM 80 GB: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3 (H100 datasheet); 79.22 GiB
+/// as PyTorch reports it (vLLM's log). Shares fitted to vLLM 0.24.0's measured kernels in
+/// AIConfigurator's database (the `aic` rows of the fit table): cuBLAS GEMMs through
+/// `torch.nn.functional.linear`, FlashAttention-3 (`vllm_flash_attn_fa3`).
 pub const H100_SXM: Gpu = Gpu {
     name: "H100-SXM-80GB",
     peak_flops: 989_400_000_000_000,
     hbm_bytes_per_s: 3_350_000_000_000,
+    memory_bytes: 79_22 * GIB / 100,
+    fitted: Fitted {
+        mfu_pct: 84,
+        mbu_pct: 79,
+        mbu_kv_pct: 78,
+        mfu_attn_pct: 41,
+        per_seq_ns: 4_500,
+    },
+};
+
+/// NVIDIA H200 SXM 141 GB: 989.4 TFLOP/s dense bf16 (the H100's die), 4.8 TB/s HBM3e (H200
+/// datasheet). Memory: 141 GiB less the 0.78 GiB an 80 GB part keeps from PyTorch (80 GiB
+/// nominal, 79.22 reported): 140.22 GiB. Shares fitted as the H100's, to vLLM 0.24.0's kernels
+/// on an H200 (FlashAttention-3).
+pub const H200_SXM: Gpu = Gpu {
+    name: "H200-SXM-141GB",
+    peak_flops: 989_400_000_000_000,
+    hbm_bytes_per_s: 4_800_000_000_000,
+    memory_bytes: 14_022 * GIB / 100,
+    fitted: Fitted {
+        mfu_pct: 83,
+        mbu_pct: 73,
+        mbu_kv_pct: 74,
+        mfu_attn_pct: 42,
+        per_seq_ns: 5_700,
+    },
+};
+
+/// NVIDIA B200 SXM 180 GB: 2.25 PFLOP/s dense bf16, 7.7 TB/s HBM3e (HGX B200 datasheet, per
+/// GPU; AIConfigurator's system file takes the same). Memory: 180 GiB less 0.78 GiB, 179.22 GiB.
+/// Shares fitted to vLLM 0.24.0's kernels on a B200 (FlashInfer's TensorRT-LLM prefill and decode
+/// kernels, `vllm_flashinfer_trtllm*`).
+pub const B200_SXM: Gpu = Gpu {
+    name: "B200-SXM-180GB",
+    peak_flops: 2_250_000_000_000_000,
+    hbm_bytes_per_s: 7_700_000_000_000,
+    memory_bytes: 17_922 * GIB / 100,
+    fitted: Fitted {
+        mfu_pct: 71,
+        mbu_pct: 65,
+        mbu_kv_pct: 80,
+        mfu_attn_pct: 41,
+        per_seq_ns: 1_800,
+    },
 };
 
 /// The roofline's constants for one replica, per GPU of its tensor-parallel group.
@@ -102,8 +183,8 @@ pub struct Roofline {
     pub per_seq_ns: u64,
 }
 
-/// Model-FLOPs and memory-bandwidth utilisation, in percent, fitted to vidur's profiled GEMM
-/// times (`microsoft/vidur` `data/profiling/compute/{a100,h100}/meta-llama/Llama-2-7b-hf/mlp.csv`):
+/// The A100's shares. Model-FLOPs and memory-bandwidth utilisation, in percent, fitted to
+/// vidur's profiled GEMM times (`microsoft/vidur` `data/profiling/compute/{a100,h100}/meta-llama/Llama-2-7b-hf/mlp.csv`):
 /// the blocks of Llama-2-7B at 4,096 tokens run at 64.5 % (A100) and 63.8 % (H100) of peak, and
 /// at one token read their weights at 69.0 % (A100) and 68.7 % (H100) of HBM bandwidth.
 pub const MFU_PCT: u64 = 64;
@@ -114,17 +195,14 @@ pub const MBU_PCT: u64 = 69;
 /// the fit table) over the steps a replica can hold; a test checks it is the best whole
 /// percentage. Two kernels bracket it: FlashAttention on Llama-2-7B (32 KV heads) reads the
 /// cache at 57-89 % of peak there, rising with the bytes a layer reads, and FlashInfer on
-/// Llama-3-8B (8 KV heads) at 51-83 % from batch 16 up. No H100 profile of these head layouts was found; the
-/// H100 profiles use the same share (docs/validation.md gives the one H100 figure found).
+/// Llama-3-8B (8 KV heads) at 51-83 % from batch 16 up. The H100, H200 and B200 have their own
+/// shares, fitted to vLLM's measured kernels (their constants above).
 pub const MBU_KV_PCT: u64 = 76;
 
 /// FLOPs utilisation of attention's arithmetic, in percent: the least-squares fit to vidur's
 /// profiled prefill attention on an A100 (the prefill "layers" rows of the fit table); a test
 /// checks it is the best whole percentage. Two kernels bracket it there: vidur's FlashAttention
-/// path computes a prompt's attention at 16 % of peak, FlashInfer at 35-52 %. On an H100 it is
-/// FlashAttention-2's figure: "only 35 % utilization on the H100" (the FlashAttention-3 paper,
-/// Shah et al. 2024), whose own kernel reaches 75 % in bf16; a runtime on FlashAttention-3 pays
-/// a long prompt's attention at about half what the model charges.
+/// path computes a prompt's attention at 16 % of peak, FlashInfer at 35-52 %.
 pub const MFU_ATTN_PCT: u64 = 37;
 
 /// Utilisations in whole percent, each replacing the fitted one it names when set: what a user
@@ -186,19 +264,19 @@ impl Roofline {
         self
     }
 
-    /// The constants of `model` on `tp` GPUs of kind `gpu`, at the utilisations above.
+    /// The constants of `model` on `tp` GPUs of kind `gpu`, at the GPU's fitted utilisations.
     pub const fn derive(model: ModelShape, gpu: Gpu, tp: u64, overhead_ns: u64) -> Roofline {
         Roofline {
             linear_flops: 2 * model.block_params / tp,
             pair_flops: 4 * model.layers * model.d_model / tp,
             weight_bytes: (model.block_params + model.head_params) * model.weight_bytes / tp,
             kv_bytes: model.kv_bytes_per_token() / tp,
-            achieved_flops: gpu.peak_flops / 100 * MFU_PCT,
-            achieved_attn_flops: gpu.peak_flops / 100 * MFU_ATTN_PCT,
-            achieved_bytes_per_s: gpu.hbm_bytes_per_s / 100 * MBU_PCT,
-            achieved_kv_bytes_per_s: gpu.hbm_bytes_per_s / 100 * MBU_KV_PCT,
+            achieved_flops: gpu.peak_flops / 100 * gpu.fitted.mfu_pct,
+            achieved_attn_flops: gpu.peak_flops / 100 * gpu.fitted.mfu_attn_pct,
+            achieved_bytes_per_s: gpu.hbm_bytes_per_s / 100 * gpu.fitted.mbu_pct,
+            achieved_kv_bytes_per_s: gpu.hbm_bytes_per_s / 100 * gpu.fitted.mbu_kv_pct,
             overhead_ns,
-            per_seq_ns: 0,
+            per_seq_ns: gpu.fitted.per_seq_ns,
         }
     }
 

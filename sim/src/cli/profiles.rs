@@ -58,7 +58,7 @@ pub fn profiles(utilization: f64) -> Outcome {
         );
     }
     println!(
-        "kv: what is left of {utilization} of 79.22 GiB per GPU after weights, runtime and the \
+        "kv: what is left of {utilization} of each GPU's memory after weights, runtime and the \
          activation peak (step_256: 256 decodes of 1,024-token context)"
     );
     Ok(())
@@ -69,25 +69,86 @@ const PREFILL: [u64; 5] = [0, 128, 512, 2048, 8192];
 const SEQS: [u64; 6] = [0, 1, 16, 64, 256, 1024];
 const KV: [u64; 4] = [0, 16_384, 131_072, 1_048_576];
 
-/// `profiles --table NAME`: the profile's roofline sampled on a grid, as a `Table` CSV.
-pub fn table(name: &str) -> Outcome {
-    let Some(p) = gpu::profile(name) else {
+/// The named profile, or the one-line refusal that lists the known names.
+fn named(name: &str) -> Result<gpu::Profile, Fail> {
+    gpu::profile(name).ok_or_else(|| {
         let known: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
-        let m = format!("unknown profile {name:?}; known: {}", known.join(", "));
+        Fail::input(format!(
+            "unknown profile {name:?}; known: {}",
+            known.join(", ")
+        ))
+    })
+}
+
+/// The step a table row stands for: one prompt of `prefill` tokens from nothing cached, and
+/// `seqs` decodes reading `kv` KV tokens in all.
+fn row_shape(prefill: u64, seqs: u64, kv: u64) -> StepShape {
+    let mut shape = StepShape::default();
+    shape.add_prefill(0, prefill);
+    shape.decode_seqs = seqs;
+    shape.kv_tokens_read = kv;
+    shape
+}
+
+/// `profiles --check TABLE --against NAME`: each measured point beside the profile's roofline,
+/// with the relative error, then the median and largest error. A table whose header names
+/// another model shape than the profile's (its `# model shape` line, as `tools/profile`
+/// writes it), or none, is refused.
+pub fn check(path: &std::path::Path, name: &str) -> Outcome {
+    let p = named(name)?;
+    let measured = cancelsim::step_table::load_rows(path).map_err(Fail::input)?;
+    let shown = cancelsim::input::shown(path);
+    let Some(shape) = measured.model_shape.as_deref() else {
+        let m = format!("{shown}: names no model shape (a `# model shape NAME` line, as tools/profile writes); cannot check it against {name}");
         return Err(Fail::input(m));
     };
+    if !name.starts_with(&format!("{shape}-")) {
+        let m = format!("{shown}: measures the model shape {shape:?}, not {name}'s");
+        return Err(Fail::input(m));
+    }
+    let model = p.model(false).expect("every profile has a roofline");
+    println!("prefill_tokens,decode_seqs,kv_tokens,measured_ms,roofline_ms,error_pct");
+    let mut errors = Vec::new();
+    for &(prefill, seqs, kv, ns) in &measured.rows {
+        let model_ms = model.step_ns(row_shape(prefill, seqs, kv)) as f64 / 1e6;
+        let ms = ns as f64 / 1e6;
+        // A step with no work in it (no prompt, no decode) is never run; its time is a filler.
+        if prefill + seqs == 0 {
+            println!("{prefill},{seqs},{kv},{ms:.4},{model_ms:.4},-");
+            continue;
+        }
+        let e = (model_ms / ms - 1.0) * 100.0;
+        errors.push(e.abs());
+        println!("{prefill},{seqs},{kv},{ms:.4},{model_ms:.4},{e:+.1}");
+    }
+    errors.sort_by(f64::total_cmp);
+    let Some(&max) = errors.last() else {
+        return Err(Fail::input(format!(
+            "{shown}: no step with work in it to check"
+        )));
+    };
+    let median = errors[errors.len() / 2];
+    eprintln!(
+        "{name} against {shown}: {} points, |error| median {median:.1} %, max {max:.1} % \
+         (steps with no work in them are left out)",
+        errors.len()
+    );
+    Ok(())
+}
+
+/// `profiles --table NAME`: the profile's roofline sampled on a grid, as a `Table` CSV.
+pub fn table(name: &str) -> Outcome {
+    let p = named(name)?;
     let model = p.model(false).expect("every profile has a roofline");
     println!("# {name}'s roofline sampled by `cancelsim profiles --table {name}`: a template;");
     println!("# replace step_ms with times measured on your GPU (see README, Table profiles).");
+    let shape = name.rsplit_once('-').map_or(name, |(m, _)| m);
+    println!("# model shape {shape}");
     println!("{}", cancelsim::step_table::HEADER);
     for prefill in PREFILL {
         for seqs in SEQS {
             for kv in KV {
-                let mut shape = StepShape::default();
-                shape.add_prefill(0, prefill);
-                shape.decode_seqs = seqs;
-                shape.kv_tokens_read = kv;
-                let ms = model.step_ns(shape) as f64 / 1e6;
+                let ms = model.step_ns(row_shape(prefill, seqs, kv)) as f64 / 1e6;
                 println!("{prefill},{seqs},{kv},{ms:.4}");
             }
         }

@@ -276,7 +276,8 @@ pub enum StepForm {
 #[serde(deny_unknown_fields)]
 pub enum ProfileRef {
     /// One of `llama-3.1-8b-h100`, `llama-3.1-8b-a100`, `llama-3.1-70b-tp4-h100`,
-    /// `llama-2-7b-a100`, `llama-2-7b-h100`.
+    /// `llama-2-7b-a100`, `llama-2-7b-h100`, `llama-3.1-8b-h200`, `llama-3.1-8b-b200`,
+    /// `llama-3.1-70b-tp4-h200`, `llama-3.1-70b-tp4-b200` (`cancelsim profiles` lists them).
     Named(String),
     /// Your own step costs (see ARCHITECTURE.md for the formula).
     Custom {

@@ -433,6 +433,31 @@ fn profiles_lists_the_planned_capacity_and_refuses_a_bad_share() {
     );
 }
 
+/// `profiles --check`: the template table against its own profile is exact, against another GPU
+/// it is not, and a table of another model's shape, or of none, is refused in one line.
+#[test]
+fn profiles_check_sets_a_table_beside_a_roofline_and_refuses_another_shape() {
+    let dir = scratch("profiles-check");
+    let table = dir.join("t.csv");
+    let out = cancelsim(&["profiles", "--table", "llama-3.1-8b-h100"], &dir);
+    std::fs::write(&table, &out.stdout).unwrap();
+    let t = table.to_str().unwrap();
+    let check = |against: &str| cancelsim(&["profiles", "--check", t, "--against", against], &dir);
+    let same = check("llama-3.1-8b-h100");
+    assert!(same.status.success());
+    let summary = String::from_utf8_lossy(&same.stderr).to_string();
+    assert!(summary.contains("median 0.0 %, max 0.0 %"), "{summary}");
+    let rows = String::from_utf8(same.stdout).unwrap();
+    assert_eq!(rows.lines().count(), 1 + 5 * 6 * 4, "{rows}");
+    let other = String::from_utf8_lossy(&check("llama-3.1-8b-b200").stderr).to_string();
+    assert!(!other.contains("max 0.0 %"), "{other}");
+    assert_one_line_error_of(&check("llama-2-7b-h100"));
+    let text = String::from_utf8_lossy(&out.stdout).replace("# model shape", "# model");
+    std::fs::write(&table, text).unwrap();
+    assert_one_line_error_of(&check("llama-3.1-8b-h100"));
+    assert_one_line_error_of(&check("no-such-profile"));
+}
+
 fn assert_one_line_error_of(out: &Output) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");

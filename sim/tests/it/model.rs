@@ -166,10 +166,10 @@ fn golden_run_hashes() {
     }
 }
 
-const GOLDEN_DEFAULT: &str = "a3b4c3c7cd8ff9996dc88dbd270d3ab07e1daf9aaceae3fe06c01a5808ff29f8";
+const GOLDEN_DEFAULT: &str = "9da57bf1a4775691b4ce1b8e8015c6306d8c43d102426d326181e743ce65bf05";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "59b4b3af92b2f318e1edc48acefeb0c9817d0c69512ee50c57dabe842ae11900";
+    "59b5f120b16926ddf49d425233699058ac856ff0b6b11391382d13b4fc082606";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(

@@ -338,10 +338,10 @@ fn capacity_search_finds_the_stability_boundary() {
 }
 
 /// `cluster.roofline` reaches the engine. A lone 8,192-token prompt on the 8B/H100 profile is
-/// one prefill step, and its TTFT is that step's closed form: the blocks' FLOPs at 64 % of
-/// 989.4 TFLOP/s plus attention's 8,192 x 8,193 / 2 pairs at the attention share, joined with
-/// the weight read (15.0 GB at 69 % of 3.35 TB/s) and the prompt's KV write at 76 %. Stating the
-/// share at 74 % instead of the fitted 37 % halves the attention term and nothing else.
+/// one prefill step, and its TTFT is that step's closed form: the blocks' FLOPs at the H100's
+/// 84 % of 989.4 TFLOP/s plus attention's 8,192 x 8,193 / 2 pairs at the attention share, joined
+/// with the weight read (15.0 GB at 79 % of 3.35 TB/s) and the prompt's KV write at 78 %. Stating
+/// the share at 82 % instead of the fitted 41 % halves the attention term and nothing else.
 #[test]
 fn roofline_shares_set_in_the_scenario_reach_the_step() {
     let ttft_ms = |shares: &str| {
@@ -357,16 +357,16 @@ fn roofline_shares_set_in_the_scenario_reach_the_step() {
     };
     let closed_ms = |attention_pct: f64| {
         let n = 8192.0;
-        let blocks = n * 2.0 * 6_979_321_856.0 / (989.4e12 * 0.64);
+        let blocks = n * 2.0 * 6_979_321_856.0 / (989.4e12 * 0.84);
         let attention = n * (n + 1.0) / 2.0 * 4.0 * 32.0 * 4096.0 / (989.4e12 * attention_pct);
-        let weights = (6_979_321_856.0 + 525_336_576.0) * 2.0 / (3.35e12 * 0.69);
-        let kv = n * 131_072.0 / (3.35e12 * 0.76);
+        let weights = (6_979_321_856.0 + 525_336_576.0) * 2.0 / (3.35e12 * 0.79);
+        let kv = n * 131_072.0 / (3.35e12 * 0.78);
         (blocks + attention).hypot(weights + kv) * 1e3
     };
     for (shares, pct) in [
-        ("", 0.37),
-        ("roofline: (mfu_attn_pct: 37),", 0.37),
-        ("roofline: (mfu_attn_pct: 74),", 0.74),
+        ("", 0.41),
+        ("roofline: (mfu_attn_pct: 41),", 0.41),
+        ("roofline: (mfu_attn_pct: 82),", 0.82),
     ] {
         let (got, want) = (ttft_ms(shares), closed_ms(pct));
         assert!(
