@@ -182,6 +182,78 @@ fn vidur() -> String {
     t
 }
 
+/// AI Simulate's figures (aisimulate 0.13.0.dev202610270000000085, `aisimulate predict`, its
+/// `prediction.json`: TTFT p50, p99, E2E p50, p99, ms) for the four traces and fleets, beside
+/// cancelsim's on the same scenario; then one request alone, to set their step costs side by side.
+fn aisim() -> String {
+    let mut t = String::from(
+        "| trace | workers | quantity | AI Simulate | cancelsim | difference |\n\
+         |---|---:|---|---:|---:|---:|\n",
+    );
+    let runs = [
+        (
+            "Mooncake conv",
+            4,
+            "aisim-mooncake",
+            [511.3, 8223.4, 5053.0, 29569.1],
+        ),
+        (
+            "Mooncake conv",
+            1,
+            "aisim-mooncake-1",
+            [2371095.0, 4283230.6, 2393458.6, 4306622.0],
+        ),
+        (
+            "Azure conv",
+            4,
+            "aisim-azure-conv",
+            [30.0, 103.9, 883.9, 4083.9],
+        ),
+        (
+            "Azure conv",
+            1,
+            "aisim-azure-conv-1",
+            [34.1, 173.2, 1150.5, 5213.1],
+        ),
+    ];
+    let names = ["TTFT p50", "TTFT p99", "E2E p50", "E2E p99"];
+    for (trace, workers, file, theirs) in runs {
+        let s = counterfactual(file);
+        let ours = [s.ttft_ms.p50, s.ttft_ms.p99, s.e2e_ms.p50, s.e2e_ms.p99];
+        for (i, what) in names.into_iter().enumerate() {
+            let d = (ours[i] / theirs[i] - 1.0) * 100.0;
+            t += &format!(
+                "| {trace} | {workers} | {what} | {:.1} ms | {:.1} ms | {d:+.1} % |\n",
+                theirs[i], ours[i]
+            );
+        }
+    }
+    t += "\n| one request alone, prompt | AI Simulate: prefill, decode step | cancelsim | \
+          difference |\n|---:|---:|---:|---:|\n";
+    // AI Simulate's TTFT and (E2E - TTFT) / 100 for one request of 101 output tokens.
+    for (prompt, prefill, step) in [
+        (128, 7.615, 6.128),
+        (2048, 43.508, 6.238),
+        (8192, 199.719, 6.398),
+    ] {
+        let s = counterfactual(&format!(
+            "Scenario(name: \"one\", seed: 1, workload: (source: Poisson(rate_per_s: 1.0, \
+             requests: 1), prompt_tokens: Constant({prompt}.0), output_tokens: Constant(101.0)), \
+             cluster: (profile: Named(\"llama-3.1-8b-h100\"), \
+             scheduler: Continuous(window: 1, prefix_caching: false)))"
+        ));
+        let (ttft, decode) = (s.ttft_ms.p50, (s.e2e_ms.p50 - s.ttft_ms.p50) / 100.0);
+        let d = |x: f64, y: f64| (x / y - 1.0) * 100.0;
+        t += &format!(
+            "| {prompt} | {prefill:.2} ms, {step:.3} ms | {ttft:.2} ms, {decode:.3} ms | \
+             {:+.1} %, {:+.1} % |\n",
+            d(ttft, prefill),
+            d(decode, step)
+        );
+    }
+    t
+}
+
 /// The Mooncake trace's own hit rate (unbounded cache, one request at a time) against the run's.
 fn prefix() -> String {
     let (query, hit) = ideal_hits(300);
@@ -260,6 +332,7 @@ fn the_validation_page_matches_the_code() {
         ("saturation", saturation()),
         ("overload", overload()),
         ("vidur", vidur()),
+        ("aisim", aisim()),
         ("prefix", prefix()),
         ("capacity", capacity()),
     ] {
