@@ -147,20 +147,24 @@ class Numpy:
 class Torch:
     name = "torch"
 
-    def __init__(self):
+    def __init__(self, device="cuda"):
         try:
             import torch
-        except ImportError as e:
+        except (ImportError, OSError, ValueError) as e:
             raise Refusal(f"backend torch needs PyTorch (not importable: {e})")
-        if not torch.cuda.is_available():
-            raise Refusal("backend torch needs a CUDA device (torch.cuda.is_available() is False)")
         self.torch = torch
-        self.dev = torch.device("cuda:0")
+        self.cuda = device == "cuda"
+        if self.cuda and not torch.cuda.is_available():
+            raise Refusal("backend torch needs a CUDA device (torch.cuda.is_available() is False)")
+        self.dev = torch.device("cuda:0" if self.cuda else "cpu")
         self.dtype = torch.bfloat16
         self.elem = 2
         torch.manual_seed(0)
-        props = torch.cuda.get_device_properties(0)
-        self.device = f"{props.name} ({props.total_memory / 2**30:.2f} GiB), CUDA {torch.version.cuda}"
+        if self.cuda:
+            props = torch.cuda.get_device_properties(0)
+            self.device = f"{props.name} ({props.total_memory / 2**30:.2f} GiB), CUDA {torch.version.cuda}"
+        else:
+            self.device = f"CPU ({os.cpu_count()} cores) through PyTorch"
         self.framework = f"PyTorch {torch.__version__}"
         self.flash = None
         try:
@@ -192,6 +196,8 @@ class Torch:
         return "torch scaled_dot_product_attention (math backend: no fused kernel available)"
 
     def memory_bytes(self):
+        if not self.cuda:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return self.torch.cuda.mem_get_info()[1]
 
     def randn(self, *dims):
@@ -224,6 +230,8 @@ class Torch:
 
     def time_ms(self, fn, warmup, repeats):
         torch = self.torch
+        if not self.cuda:
+            return Numpy.time_ms(self, fn, warmup, repeats)
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
@@ -326,6 +334,8 @@ def parse(argv):
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--overhead-ms", type=float, default=0.0)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="the torch backend's device: cpu runs its path without a GPU (a test)")
     return ap.parse_args(argv)
 
 
@@ -348,7 +358,7 @@ def run(args, argv):
             raise Refusal(f"{args.out} exists; pass --force to replace it")
         grid = [ints(args.prefill, "prefill"), ints(args.seqs, "seqs"), ints(args.kv, "kv")]
         points = [(p, s, k) for p in grid[0] for s in grid[1] for k in grid[2]]
-    be = Torch() if args.backend == "torch" else Numpy()
+    be = Torch(args.device) if args.backend == "torch" else Numpy()
     have = be.memory_bytes()
     for p, s, k in points:
         need = model_bytes(shape, be.elem, p, s, k if s else 0)
