@@ -9,11 +9,12 @@ that the simulated step times match the measured ones within the table's interpo
 2. cancelsim runs one request of a 64-token prompt (a grid point) and 24 output tokens on it,
    with `trace.json` on: its first step is that prefill, each later step one decode whose
    context grows by a token (off the grid, between kv 0 and 512).
-3. The prefill step must equal the table's point (to the trace's 1 µs). Each decode step is
-   timed again directly (`profile.py --at 0,1,K`) and must lie within the interpolation bound:
+3. The prefill step must equal the table's point (to the trace's 1 µs), and each decode step
+   the straight line between the table's points (0, 1, 0) and (0, 1, 512). Each decode step is
+   also timed again directly (`profile.py --at 0,1,K`) and must lie within the interpolation bound:
    between two grid points a step time that grows with its context differs from the straight
    line by at most the cell's rise, plus the measurement's own spread (the same point timed
-   twice), plus 0.05 ms.
+   four times: its range), plus 0.05 ms.
 
 Exits non-zero with one line naming what differs; refuses a missing binary.
 """
@@ -80,12 +81,17 @@ def main():
     if abs(prefill_ms - grid[(PROMPT, 0, 0)]) > 0.002:
         fail(f"the prefill step took {prefill_ms} ms, the table's point {grid[(PROMPT, 0, 0)]} ms")
     lo, hi = grid[(0, 1, 0)], grid[(0, 1, 512)]
-    spread = abs(at(0, 1, 0) - at(0, 1, 0))
+    again = [at(0, 1, 0) for _ in range(4)]
+    spread = max(again) - min(again)
     bound = abs(hi - lo) + spread + 0.05
     worst = 0.0
     for i in (1, OUTPUT // 2, OUTPUT - 1):
         ctx = PROMPT + i
         sim_ms = steps[i]["dur"] / 1e3
+        line = lo + (hi - lo) * ctx / 512
+        if abs(sim_ms - line) > 0.002:
+            fail(f"decode at context {ctx}: simulated {sim_ms} ms, the table's straight line "
+                 f"between its points {line:.4f} ms")
         measured = at(0, 1, ctx)
         worst = max(worst, abs(sim_ms - measured))
         print(f"decode at context {ctx}: simulated {sim_ms:.4f} ms, measured {measured:.4f} ms")

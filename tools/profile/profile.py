@@ -20,8 +20,10 @@ there is no KV to read, so a point (p, 0, k) is timed as (p, 0, 0).
 Backends:
 - torch: bf16 on the first CUDA device, timed with CUDA events; attention through
   flash_attn if it is installed, otherwise PyTorch's scaled_dot_product_attention with its
-  fastest available backend (FlashAttention, then memory-efficient); the kernel is named in the
-  header.
+  fastest available backend (FlashAttention, then memory-efficient, grouped-query natively
+  where it can); the kernel is named in the header. The decode KV cache is one contiguous
+  tensor per layer, not vLLM's paged blocks: a paged kernel's block-table walk is not timed.
+  `--device cpu` runs this path without a GPU, to check it.
 - numpy: float32 on the CPU (NumPy has no bf16), timed with perf_counter: real matrix products,
   so the whole path runs and is tested anywhere.
 
@@ -177,22 +179,32 @@ class Torch:
             self.kernel = self.sdpa_backend()
 
     def sdpa_backend(self):
+        """The fastest SDPA backend that runs a grouped-query layout: natively (`enable_gqa`, no
+        copy of the cache inside the timed call) where it can, else on a repeated cache."""
         torch = self.torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         q = torch.randn(1, 4, 16, 64, device=self.dev, dtype=self.dtype)
-        for backend, name in [
-            (SDPBackend.FLASH_ATTENTION, "FlashAttention"),
-            (SDPBackend.EFFICIENT_ATTENTION, "memory-efficient"),
-        ]:
-            try:
-                with sdpa_kernel([backend]):
-                    torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-                self.backend = backend
-                return f"torch scaled_dot_product_attention ({name} backend)"
-            except RuntimeError:
-                continue
-        self.backend = SDPBackend.MATH
+        kv = torch.randn(1, 2, 16, 64, device=self.dev, dtype=self.dtype)
+        for gqa in (True, False):
+            for backend, name in [
+                (SDPBackend.FLASH_ATTENTION, "FlashAttention"),
+                (SDPBackend.EFFICIENT_ATTENTION, "memory-efficient"),
+            ]:
+                try:
+                    with sdpa_kernel([backend]):
+                        if gqa:
+                            torch.nn.functional.scaled_dot_product_attention(
+                                q, kv, kv, is_causal=True, enable_gqa=True)
+                        else:
+                            k = kv.repeat_interleave(2, dim=1)
+                            torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True)
+                    self.backend, self.gqa = backend, gqa
+                    how = "grouped-query natively" if gqa else "on a repeated KV cache"
+                    return f"torch scaled_dot_product_attention ({name} backend, {how})"
+                except (RuntimeError, TypeError):
+                    continue
+        self.backend, self.gqa = SDPBackend.MATH, False
         return "torch scaled_dot_product_attention (math backend: no fused kernel available)"
 
     def memory_bytes(self):
@@ -219,10 +231,13 @@ class Torch:
             return out.transpose(1, 2)
         from torch.nn.attention import sdpa_kernel
 
-        group = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
         with sdpa_kernel([self.backend]):
+            if self.gqa:
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal, enable_gqa=True)
+            group = q.shape[1] // k.shape[1]
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     def argmax(self, logits):
