@@ -37,7 +37,7 @@ def fail(msg):
 
 
 def at(p, s, k):
-    out = subprocess.run(PROFILE + ["--at", f"{p},{s},{k}", "--repeats", "9"], check=True,
+    out = subprocess.run(PROFILE + ["--at", f"{p},{s},{k}", "--repeats", "25"], check=True,
                          capture_output=True, text=True).stdout
     return float(out)
 
