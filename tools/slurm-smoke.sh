@@ -1,5 +1,5 @@
 #!/bin/bash
-# Slurm smoke test: a one-node Slurm cluster on localhost runs the README's sweep script
+# Slurm smoke test: a one-node Slurm cluster on localhost runs the sweep script of docs/sweeps.md
 # (tools/slurm-sweep.sbatch) as an array job, one shard per task; the merged results.csv must be
 # byte-identical to the unsharded sweep's. Installs slurm-wlm and munge from Debian's packages
 # when they are missing (as root), writes every config and state file to a temporary directory,
@@ -84,7 +84,7 @@ for _ in $(seq 120); do
 done
 sinfo -h -o %T | grep -q idle || { echo "slurm-smoke: the node never came up" >&2; cat "$work"/*.log >&2; exit 1; }
 
-# The README's script, as an array job of $tasks shards, run where the sweep can find its files.
+# The docs' script, as an array job of $tasks shards, run where the sweep can find its files.
 run="$work/run"
 mkdir -p "$run"
 cp -r scenarios "$run/"

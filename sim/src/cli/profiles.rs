@@ -141,7 +141,7 @@ pub fn table(name: &str) -> Outcome {
     let p = named(name)?;
     let model = p.model(false).expect("every profile has a roofline");
     println!("# {name}'s roofline sampled by `cancelsim profiles --table {name}`: a template;");
-    println!("# replace step_ms with times measured on your GPU (see README, Table profiles).");
+    println!("# replace step_ms with times measured on your GPU (docs/scenarios.md, step tables).");
     let shape = name.rsplit_once('-').map_or(name, |(m, _)| m);
     println!("# model shape {shape}");
     println!("{}", cancelsim::step_table::HEADER);

@@ -231,7 +231,7 @@ impl Cluster {
     }
 }
 
-/// The roofline's utilisations, each replacing the fitted one it names (README, Cluster).
+/// The roofline's utilisations, each replacing the fitted one it names (docs/scenarios.md, Cluster).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
 )]
@@ -291,7 +291,7 @@ pub enum ProfileRef {
         kv_blocks_16: u64,
     },
     /// Step times you measured: a CSV grid of (prefill tokens, decode sequences, KV tokens,
-    /// step ms), interpolated (see README). `path` is relative to the scenario file.
+    /// step ms), interpolated (docs/scenarios.md). `path` is relative to the scenario file.
     Table { path: String, kv_blocks_16: u64 },
 }
 

@@ -391,7 +391,7 @@ fn omitted_lengths_take_the_documented_defaults() {
     assert_eq!(s.workload.deadline_ms, None);
     assert_eq!(s.policies.len(), 1);
     let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/scenarios.md"))
             .unwrap();
     assert!(
         readme.contains("prompt_tokens: LogNormal(median: 1000.0, sigma: 0.8),   // the default")

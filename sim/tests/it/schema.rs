@@ -240,10 +240,20 @@ fn a_json_list_where_named_fields_belong_is_refused() {
     );
 }
 
-/// The README's whole scenarios, RON and JSON, load; the JSON ones validate.
+/// The docs' whole scenarios (the README's and every page of `docs/`), RON and JSON, load; the
+/// JSON ones validate.
 #[test]
 fn the_readme_scenarios_load_and_its_json_validates() {
-    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let mut readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let mut pages: Vec<_> = std::fs::read_dir(repo("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    for page in pages {
+        readme += &std::fs::read_to_string(page).unwrap();
+    }
     let validator = jsonschema::draft202012::new(&shipped_schema()).unwrap();
     let (mut ron, mut json) = (0, 0);
     for block in readme.split("```").skip(1).step_by(2) {
@@ -263,7 +273,7 @@ fn the_readme_scenarios_load_and_its_json_validates() {
     }
     assert!(
         ron >= 1 && json >= 1,
-        "{ron} RON and {json} JSON scenarios in the README"
+        "{ron} RON and {json} JSON scenarios in the docs"
     );
 }
 

@@ -364,16 +364,16 @@ fn compare_pairs_two_policies_within_one_sweep_with_holm() {
     );
 }
 
-/// The README's Slurm example is the script `.ci/run` submits to a real Slurm
+/// The Slurm example of `docs/sweeps.md` is the script `.ci/run` submits to a real Slurm
 /// (`tools/slurm-smoke.sh`), word for word.
 #[test]
 fn the_readme_slurm_example_is_the_smoke_tested_script() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(root.join("docs/sweeps.md")).unwrap();
     let script = std::fs::read_to_string(root.join("tools/slurm-sweep.sbatch")).unwrap();
     assert!(
         readme.contains(&format!("```sh\n{script}```")),
-        "README and tools/slurm-sweep.sbatch differ"
+        "docs/sweeps.md and tools/slurm-sweep.sbatch differ"
     );
     let smoke = std::fs::read_to_string(root.join("tools/slurm-smoke.sh")).unwrap();
     assert!(smoke.contains("tools/slurm-sweep.sbatch"));
