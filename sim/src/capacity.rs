@@ -8,25 +8,7 @@
 //! cancel's (`Policy::Ideal`: each intent applied at once and perfectly), both against the same
 //! arrivals and intents (common random numbers). Positive is worse than ideal.
 
-use serde::Serialize;
-
-use crate::metrics::Summary;
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct CapacityCost {
-    /// GPU busy time beyond the ideal's, over all replicas.
-    pub gpu_busy_s: f64,
-    /// Time to the last completion beyond the ideal's.
-    pub makespan_s: f64,
-    /// Completed requests per second short of the ideal's.
-    pub goodput_rps: f64,
-    /// Delivered output tokens per second short of the ideal's.
-    pub output_tokens_per_s: f64,
-    /// Siblings' TTFT and E2E p99 beyond the ideal's (both as deltas from the counterfactual,
-    /// so their difference is the quantiles' difference).
-    pub sibling_ttft_p99_ms: f64,
-    pub sibling_e2e_p99_ms: f64,
-}
+use crate::metrics::{CapacityCost, Summary};
 
 impl CapacityCost {
     /// `policy` against `ideal`: two runs of one report.

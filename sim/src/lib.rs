@@ -19,6 +19,7 @@ pub mod replay;
 pub mod run;
 pub mod scenario;
 pub mod search;
+pub mod stats;
 pub mod step_table;
 pub mod sweep;
 pub mod workload;

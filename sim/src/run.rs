@@ -1,7 +1,7 @@
 //! The one entry point of a simulation: the counterfactual, then one run per policy, on one
 //! seed. `main`, `check` and `sweep` all come through `run`.
 
-use crate::capacity::CapacityCost;
+use crate::metrics::CapacityCost;
 use crate::metrics::Summary;
 use crate::record::{Extras, Recording, RequestSink, TraceSink};
 use crate::scenario::{Policy, Scenario, Source};

@@ -5,9 +5,10 @@
 //! not on one lucky seed. Rates are found by bisection, replicas by a scan upwards; both assume
 //! more load (or fewer replicas) never helps.
 
-use crate::metrics::{t95, Summary};
+use crate::metrics::Summary;
 use crate::run;
 use crate::scenario::{Policy, Scenario, Source};
+use crate::stats::t95;
 
 /// What must hold at a candidate, per policy.
 #[derive(Clone, Copy, Debug, serde::Serialize)]

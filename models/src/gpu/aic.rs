@@ -1,8 +1,8 @@
 //! The fit table's rows from NVIDIA AIConfigurator / AI Simulate's performance database
 //! (Apache-2.0; see `NOTICE`): vLLM's kernels measured on an A100, H100, H200 and B200, one row
 //! per kernel call of one layer, vendored in `aic_kernels.csv` by
-//! `tools/calibrate/aic_kernels.py`. Never read at run time: only the fit table and its tests
-//! read them.
+//! `tools/calibrate/aic_kernels.py`. Never read at run time: only the fit table
+//! (`fit_table.rs`) and its tests read them.
 //!
 //! - **Blocks** at `m` tokens: the layer's GEMMs at `m` rows (QKV, O, gate/up and down
 //!   projections, each fused projection the database lacks as two measured GEMMs of the same

@@ -1,5 +1,5 @@
-//! The roofline against published step times, point by point: the fit table of
-//! `docs/validation.md`, which a test keeps equal to [`fit_table`].
+//! The roofline against published step times, point by point: the points of the fit table of
+//! `docs/validation.md` (`fit_table.rs` assembles them with the database's and writes the table).
 //!
 //! Three kinds of point:
 //!
@@ -142,14 +142,6 @@ const FLOOR: &str = "an attention call at 1-16 sequences reads below the fitted 
 /// The 70B shard's wider GEMMs at many tokens.
 const WIDE_GEMMS: &str = "the 70B shard's GEMMs at 8,192 tokens reach 70-73 % of peak, the \
      8B's 76 %, and one MFU serves both";
-
-/// Every point of the table, in its order: the published ones, then the database's
-/// ([`super::aic`]).
-pub fn points() -> Vec<Point> {
-    let mut all = PUBLISHED.to_vec();
-    all.extend(super::aic::points());
-    all
-}
 
 const fn tokens(n: u64) -> StepShape {
     StepShape {
@@ -306,7 +298,7 @@ const fn pre(k: Kernel, [n, ctx, attn_us]: [u64; 3]) -> Point {
 }
 
 /// vidur's and the engines' points, in the order of the table.
-const PUBLISHED: &[Point] = &[
+pub(super) const PUBLISHED: &[Point] = &[
     blocks_of(FA, 1),
     blocks_of(FA, 16),
     blocks_of(FA, 64),
@@ -501,33 +493,4 @@ pub(super) fn layers_only(p: &Profile) -> Roofline {
     let mut shape = p.shape;
     shape.head_params = 0;
     Roofline::derive(shape, p.gpu, p.tp, 0)
-}
-
-/// The table as `docs/validation.md` shows it (Markdown).
-pub fn fit_table() -> String {
-    let mut s = String::from(
-        "| profile | scope | point | published ms | model ms | error | source |\n\
-         |---|---|---|---:|---:|---:|---|\n",
-    );
-    for p in points() {
-        let scope = match p.scope {
-            Scope::Blocks => "blocks",
-            Scope::Layers => "layers",
-            Scope::Step => "step",
-        };
-        let source = match (p.why_not_fitted(), p.known_miss()) {
-            (Some(why), _) => format!("{}; not fitted: {why}", p.source),
-            (None, Some(miss)) => format!("{}; known miss: {}", p.source, miss.3),
-            (None, None) => p.source.to_string(),
-        };
-        s += &format!(
-            "| {} | {scope} | {} | {:.2} | {:.2} | {:+.1} % | {source} |\n",
-            p.profile.name,
-            p.what(),
-            p.published_us as f64 / 1e3,
-            p.model_us() / 1e3,
-            p.error_pct(),
-        );
-    }
-    s
 }

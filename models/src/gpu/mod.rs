@@ -15,6 +15,7 @@
 
 pub mod aic;
 pub mod fit;
+pub mod fit_table;
 mod memory;
 mod profiles;
 mod roofline;

@@ -1,4 +1,5 @@
-use super::fit::{fit_table, points, Point, Scope, KNOWN_MISSES, TARGET_PCT};
+use super::fit::{Point, Scope, KNOWN_MISSES, TARGET_PCT};
+use super::fit_table::{fit_table, points};
 use super::*;
 
 #[test]

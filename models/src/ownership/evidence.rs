@@ -1,7 +1,35 @@
 //! The evidence ledger: one timestamp per evidence level, each with its clock domain. Missing
 //! evidence is unknown (`None`), never zero.
 
-use super::types::OwnershipError;
+use std::fmt;
+
+/// Why the ledger refused a record: its own error, which `OwnershipError::Evidence` wraps (so
+/// the ledger depends on nothing of the controller's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvidenceError {
+    /// `level` would be earlier than `after` in the same clock domain.
+    OutOfOrder {
+        level: EvidenceLevel,
+        after: EvidenceLevel,
+    },
+    AlreadyRecorded(EvidenceLevel),
+}
+
+impl fmt::Display for EvidenceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EvidenceError::OutOfOrder { level, after } => write!(
+                f,
+                "{} evidence earlier than {} in the same clock domain",
+                level.as_str(),
+                after.as_str()
+            ),
+            EvidenceError::AlreadyRecorded(level) => {
+                write!(f, "{} evidence already recorded", level.as_str())
+            }
+        }
+    }
+}
 
 /// The evidence levels of a cancellation, in their nominal order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,9 +105,9 @@ impl Ledger {
     /// Record one level. Each level is recorded once; within a clock domain, a level of the cancel
     /// chain is never earlier than its predecessor nor later than its successor. A rejected record
     /// changes nothing.
-    pub fn record(&mut self, level: EvidenceLevel, at: Timestamp) -> Result<(), OwnershipError> {
+    pub fn record(&mut self, level: EvidenceLevel, at: Timestamp) -> Result<(), EvidenceError> {
         if self.get(level).is_some() {
-            return Err(OwnershipError::EvidenceAlreadyRecorded(level));
+            return Err(EvidenceError::AlreadyRecorded(level));
         }
         // The cancel chain is linear in declaration order; the final callback stands outside it.
         if level.in_chain() {
@@ -91,13 +119,13 @@ impl Ledger {
                     continue;
                 }
                 if other < level && at.ns < t.ns {
-                    return Err(OwnershipError::EvidenceOutOfOrder {
+                    return Err(EvidenceError::OutOfOrder {
                         level,
                         after: other,
                     });
                 }
                 if other > level && t.ns < at.ns {
-                    return Err(OwnershipError::EvidenceOutOfOrder {
+                    return Err(EvidenceError::OutOfOrder {
                         level: other,
                         after: level,
                     });

@@ -24,7 +24,7 @@ use std::hash::Hash;
 use rustc_hash::FxHashMap;
 
 pub use barrier::BarrierId;
-pub use evidence::{ClockDomain, EvidenceLevel, Ledger, Timestamp};
+pub use evidence::{ClockDomain, EvidenceError, EvidenceLevel, Ledger, Timestamp};
 pub use retention::Retention;
 #[cfg(feature = "broken-variants")]
 pub use types::ControllerBug;

@@ -26,17 +26,17 @@ fn ledger_keeps_unknown_as_none_and_orders_within_a_domain() {
     // submission: out of order, and nothing recorded.
     assert_eq!(
         o.record_evidence(&1, EvidenceLevel::LocalInvalidation, local(99)),
-        Err(OwnershipError::EvidenceOutOfOrder {
+        Err(OwnershipError::Evidence(EvidenceError::OutOfOrder {
             level: EvidenceLevel::LocalInvalidation,
             after: EvidenceLevel::Intent
-        })
+        }))
     );
     assert_eq!(
         o.record_evidence(&1, EvidenceLevel::LocalInvalidation, local(151)),
-        Err(OwnershipError::EvidenceOutOfOrder {
+        Err(OwnershipError::Evidence(EvidenceError::OutOfOrder {
             level: EvidenceLevel::CancelSubmission,
             after: EvidenceLevel::LocalInvalidation
-        })
+        }))
     );
     assert_eq!(
         o.snapshot(&1)
@@ -59,9 +59,9 @@ fn ledger_keeps_unknown_as_none_and_orders_within_a_domain() {
         .unwrap();
     assert_eq!(
         o.record_evidence(&1, EvidenceLevel::Intent, local(100)),
-        Err(OwnershipError::EvidenceAlreadyRecorded(
+        Err(OwnershipError::Evidence(EvidenceError::AlreadyRecorded(
             EvidenceLevel::Intent
-        ))
+        )))
     );
     let ledger = o.snapshot(&1).unwrap().ledger;
     assert_eq!(ledger.get(EvidenceLevel::ResourceRelease), None);

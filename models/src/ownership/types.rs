@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::barrier::BarrierId;
-use super::evidence::{EvidenceLevel, Ledger};
+use super::evidence::{EvidenceError, Ledger};
 
 /// Where a request's lifecycle stands. `Running` until the first terminal transition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -181,11 +181,14 @@ pub enum OwnershipError {
     StillRunning,
     InvalidAgeInputs,
     InvalidClock,
-    EvidenceOutOfOrder {
-        level: EvidenceLevel,
-        after: EvidenceLevel,
-    },
-    EvidenceAlreadyRecorded(EvidenceLevel),
+    /// The ledger refused the record.
+    Evidence(EvidenceError),
+}
+
+impl From<EvidenceError> for OwnershipError {
+    fn from(e: EvidenceError) -> Self {
+        OwnershipError::Evidence(e)
+    }
 }
 
 impl fmt::Display for OwnershipError {
@@ -197,15 +200,7 @@ impl fmt::Display for OwnershipError {
             OwnershipError::StillRunning => f.write_str("a running request cannot be retired"),
             OwnershipError::InvalidAgeInputs => f.write_str("invalid age inputs"),
             OwnershipError::InvalidClock => f.write_str("invalid local clock"),
-            OwnershipError::EvidenceOutOfOrder { level, after } => write!(
-                f,
-                "{} evidence earlier than {} in the same clock domain",
-                level.as_str(),
-                after.as_str()
-            ),
-            OwnershipError::EvidenceAlreadyRecorded(level) => {
-                write!(f, "{} evidence already recorded", level.as_str())
-            }
+            OwnershipError::Evidence(e) => e.fmt(f),
         }
     }
 }

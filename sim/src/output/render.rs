@@ -4,8 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::capacity::CapacityCost;
-use crate::metrics::{HandoffStats, Recovery, Summary};
+use crate::metrics::{CapacityCost, HandoffStats, Recovery, Summary};
 use crate::run::Report;
 
 fn int(x: u64) -> String {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::METRICS;
-use crate::metrics::t95;
+use crate::stats::t95;
 
 type Row = BTreeMap<String, String>;
 

@@ -430,7 +430,7 @@ pub(crate) const METRICS: [Column; 35] = [
     }),
 ];
 
-fn cost(p: &crate::metrics::Summary, f: fn(&crate::capacity::CapacityCost) -> f64) -> String {
+fn cost(p: &crate::metrics::Summary, f: fn(&crate::metrics::CapacityCost) -> f64) -> String {
     p.capacity_cost
         .as_ref()
         .map_or(String::new(), |c| f(c).to_string())

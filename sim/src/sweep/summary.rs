@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{Plan, SweepError};
-use crate::metrics::t95;
+use crate::stats::t95;
 
 /// The metrics the printed table shows: (column, heading), and the counterfactual's column
 /// printed beside the TTFT.

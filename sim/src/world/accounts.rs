@@ -8,9 +8,10 @@ use cancelsim_models::protocol::{Outcome, ReplicaStats, StepOutput, StepReport};
 use super::error::Stop;
 
 use super::cancel::CancelState;
-use super::requests::Req;
+use super::requests::{Cost, Req};
 use crate::coverage::{Coverage, Mark};
-use crate::metrics::{LatencyStats, LeakCauses, LeakedWork, RequestCounts, Targets};
+use crate::metrics::{LeakCauses, LeakedWork, RequestCounts, Targets};
+use crate::stats::LatencyStats;
 
 /// Evidence levels whose latency from intent is reported.
 pub(crate) const CLEANUP_LEVELS: [EvidenceLevel; 5] = [
@@ -20,21 +21,6 @@ pub(crate) const CLEANUP_LEVELS: [EvidenceLevel; 5] = [
     EvidenceLevel::FinalCallback,
     EvidenceLevel::ResourceRelease,
 ];
-
-/// What one request cost, as its steps and releases come in.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Cost {
-    /// GPU time shared to its own tokens (each step's time split by tokens).
-    pub gpu_ns: f64,
-    /// GPU time after its intent, before and after the backend observed the cancel.
-    pub leak_pre_ns: f64,
-    pub leak_post_ns: f64,
-    /// Tokens produced after its terminal transition (all discarded).
-    pub late_tokens: u32,
-    /// Tokens it had in steps (prefill chunks and decode slots, discarded ones too).
-    pub token_steps: u64,
-    pub kv_block_ns: u128,
-}
 
 /// The books' side of Little's law: requests in the system, and their times in it as they
 /// left (λ·W); L is measured apart, from the slab (`World::occupancy`).

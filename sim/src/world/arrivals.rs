@@ -4,7 +4,7 @@
 
 use super::error::{Scheduled, Step, Stop};
 use super::event::Event;
-use super::requests::Tag;
+use super::event::Tag;
 use crate::kernel::{Class, Kernel};
 use crate::scenario::{Scenario, Workload};
 use crate::workload::{self, Arrival, OpenLoop};

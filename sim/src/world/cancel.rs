@@ -9,7 +9,7 @@ use cancelsim_models::protocol::{Abort, Handle, Scope};
 use super::cluster::radius;
 use super::error::{Scheduled, Stop};
 use super::event::Event;
-use super::requests::Tag;
+use super::event::Tag;
 use crate::coverage::Mark;
 use crate::dist::ms_to_ns;
 use crate::kernel::rng::{key, Purpose, Stream};

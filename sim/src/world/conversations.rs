@@ -4,7 +4,7 @@ use rustc_hash::FxHashMap;
 
 use super::error::Scheduled;
 use super::event::Event;
-use super::requests::Tag;
+use super::event::Tag;
 use crate::dist::round_ns;
 use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::{Class, Kernel, LimitError, NS_PER_S};

@@ -5,8 +5,8 @@ use cancelsim_models::ownership::Ticket;
 
 use super::error::Step;
 use super::event::Cause;
+use super::event::Tag;
 use super::playback::{self, Admitted, Hold};
-use super::requests::Tag;
 use super::World;
 use crate::scenario::Stage;
 

@@ -4,6 +4,11 @@ use cancelsim_models::protocol::Scope;
 
 use crate::kernel::Traced;
 
+/// A slab index: the handle a replica echoes in every output and release (the requests' slab,
+/// `requests.rs`, hands them out). Defined here, with the events that carry it, so the components
+/// that name a request need not import the slab.
+pub(crate) type Tag = u32;
+
 /// Why a request got a cancel intent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
@@ -47,21 +52,21 @@ pub enum Event {
     },
     Deadline {
         request: u64,
-        tag: u32,
+        tag: Tag,
     },
     Disconnect {
         request: u64,
-        tag: u32,
+        tag: Tag,
     },
     /// A storm target reaches the moment of its cancel intent.
     Intent {
         request: u64,
-        tag: u32,
+        tag: Tag,
     },
     /// The adapter submits cancel attempt `attempt`.
     CancelSubmit {
         request: u64,
-        tag: u32,
+        tag: Tag,
         attempt: u8,
     },
     /// A cancel attempt reaches the backend of `replica`.
@@ -73,23 +78,23 @@ pub enum Event {
     },
     CancelTimeout {
         request: u64,
-        tag: u32,
+        tag: Tag,
         attempt: u8,
     },
     /// The backend's acknowledgement of an observed cancel reaches the adapter.
     CancelAck {
         request: u64,
-        tag: u32,
+        tag: Tag,
     },
     /// The fallback bound of `PerRequestWithFallback` runs out.
     Fallback {
         request: u64,
-        tag: u32,
+        tag: Tag,
     },
     /// A held chunk's writer wait is over: check its admission.
     ChunkAdmit {
         request: u64,
-        tag: u32,
+        tag: Tag,
         born_ns: u64,
         epoch: u64,
         retry: u8,
@@ -102,7 +107,7 @@ pub enum Event {
     /// A prefilled request reaches the decode stage (it crossed the prefill-to-decode link).
     Handoff {
         request: u64,
-        tag: u32,
+        tag: Tag,
     },
     /// A KV transfer on the wire of prefill replica `prefill` lands (or ends, cancelled).
     KvLanded {
@@ -123,7 +128,7 @@ pub enum Event {
     /// The frontend found a stop string in `request`'s output: its abort reaches the engine.
     StopAbort {
         request: u64,
-        tag: u32,
+        tag: Tag,
     },
     /// The hang detector looks at `replica`, wedged since `since_ns`.
     HangCheck {

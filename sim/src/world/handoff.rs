@@ -9,7 +9,7 @@ use cancelsim_models::cleanup::{CleanupOwner, Returned, Why};
 use cancelsim_models::topology::{Link, PrefillDecode};
 use cancelsim_models::transfer::{CancelMode, TransferStats, Transfers};
 
-use super::requests::Tag;
+use super::event::Tag;
 use crate::kernel::rng::{Purpose, Stream};
 use crate::metrics::{HandoffStats, SideStats};
 use crate::scenario::{AbortOrder, CompletionsSpec, HandoffSpec, Scenario, TransferCancel};

@@ -9,7 +9,7 @@ use cancelsim_models::ownership::{
 
 use super::error::{Scheduled, Step, Stop};
 use super::event::Event;
-use super::requests::Tag;
+use super::event::Tag;
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::{Class, Kernel};

@@ -6,13 +6,11 @@
 use cancelsim_models::ownership::EvidenceLevel;
 use cancelsim_models::protocol::Handle;
 
-use super::accounts::Cost;
 use super::cancel::CancelState;
 use super::playback::{Chunks, Owner};
 use crate::workload::{Arrival, STOP_OVERRUN_MAX, TOKENS_MAX};
 
-/// A slab index: the handle a replica echoes in every output and release.
-pub(crate) type Tag = u32;
+pub(crate) use super::event::Tag;
 
 /// The conversation turn a request belongs to: (conversation, generation).
 pub(crate) type TurnRef = (u64, u32);
@@ -44,6 +42,21 @@ pub(crate) struct Life {
     pub turn_over: bool,
     /// Between a prefill and a decode stage: it may not leave yet.
     pub in_handoff: bool,
+}
+
+/// What one request cost, as its steps and releases come in.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Cost {
+    /// GPU time shared to its own tokens (each step's time split by tokens).
+    pub gpu_ns: f64,
+    /// GPU time after its intent, before and after the backend observed the cancel.
+    pub leak_pre_ns: f64,
+    pub leak_post_ns: f64,
+    /// Tokens produced after its terminal transition (all discarded).
+    pub late_tokens: u32,
+    /// Tokens it had in steps (prefill chunks and decode slots, discarded ones too).
+    pub token_steps: u64,
+    pub kv_block_ns: u128,
 }
 
 /// A request in the system.

@@ -11,6 +11,7 @@ use crate::kernel::NS_PER_S;
 use crate::metrics::*;
 use crate::record::Extras;
 use crate::scenario::Scenario;
+use crate::stats::quantile_sorted;
 
 /// Everything the summary reads, borrowed from the world's components at the end of a run.
 pub(crate) struct Books<'a> {

@@ -7,7 +7,7 @@ use std::path::Path;
 use cancelsim::metrics::Summary;
 use cancelsim::run;
 use cancelsim::scenario::{Scenario, StepForm};
-use cancelsim_models::gpu::fit::fit_table;
+use cancelsim_models::gpu::fit_table::fit_table;
 
 use super::capacity::closed_form_report;
 use super::overload::plateaus;
