@@ -22,11 +22,17 @@ const COLUMNS: [&str; 4] = ["prefill_tokens", "decode_seqs", "kv_tokens", "step_
 /// A table file's size at most.
 pub const TABLE_BYTES_MAX: u64 = 64 << 20;
 
-/// The table at `path`.
-pub fn load(path: &Path) -> Result<Arc<StepTable>, String> {
+/// The text of the table at `path`, and the name it goes by in messages.
+fn read(path: &Path) -> Result<(String, String), String> {
     let shown = crate::input::shown(path);
     let text = crate::input::read_text(path, TABLE_BYTES_MAX)
         .map_err(|e| format!("{shown}: cannot read step table: {e}"))?;
+    Ok((text, shown))
+}
+
+/// The table at `path`.
+pub fn load(path: &Path) -> Result<Arc<StepTable>, String> {
+    let (text, shown) = read(path)?;
     parse(&text, &shown).map(Arc::new)
 }
 
@@ -43,9 +49,7 @@ pub struct Rows {
 
 /// The rows of the table at `path`, for `profiles --check`.
 pub fn load_rows(path: &Path) -> Result<Rows, String> {
-    let shown = crate::input::shown(path);
-    let text = crate::input::read_text(path, TABLE_BYTES_MAX)
-        .map_err(|e| format!("{shown}: cannot read step table: {e}"))?;
+    let (text, shown) = read(path)?;
     let (_, rows) = parse_rows(&text, &shown)?;
     let model_shape = text.lines().find_map(|l| {
         let rest = l.trim().strip_prefix("# model shape ")?;

@@ -135,6 +135,12 @@ class Numpy:
     def argmax(self, logits):
         return logits.argmax(axis=-1)
 
+    def swap(self, t, a, b):
+        return self.np.swapaxes(t, a, b)
+
+    def cat(self, parts):
+        return self.np.concatenate(parts, axis=0)
+
     def time_ms(self, fn, warmup, repeats):
         for _ in range(warmup):
             fn()
@@ -243,6 +249,12 @@ class Torch:
     def argmax(self, logits):
         return logits.argmax(dim=-1)
 
+    def swap(self, t, a, b):
+        return t.transpose(a, b)
+
+    def cat(self, parts):
+        return self.torch.cat(parts, dim=0)
+
     def time_ms(self, fn, warmup, repeats):
         torch = self.torch
         if not self.cuda:
@@ -288,35 +300,27 @@ class Layer:
         be = self.be
         x = inp["x"]
         qkv = be.norm(x) @ self.wqkv
-        parts = []
-        if p:
-            q = qkv[:p, : h * hd].reshape(1, p, h, hd).transpose(0, 2, 1, 3) if be.name == "numpy" else qkv[:p, : h * hd].reshape(1, p, h, hd).transpose(1, 2)
-            kk = qkv[:p, h * hd : (h + kvh) * hd].reshape(1, p, kvh, hd)
-            vv = qkv[:p, (h + kvh) * hd :].reshape(1, p, kvh, hd)
-            kk, vv = (t.transpose(0, 2, 1, 3) if be.name == "numpy" else t.transpose(1, 2) for t in (kk, vv))
-            parts.append(be.attention(q, kk, vv, True).reshape(h, p, hd))
-        if s:
-            q = qkv[p:, : h * hd].reshape(s, h, 1, hd)
-            parts.append(be.attention(q, inp["cache_k"], inp["cache_v"], False).reshape(s, h, hd))
         outs = []
         if p:
-            a = parts[0]
-            outs.append(a.transpose(1, 0, 2).reshape(p, h * hd) if be.name == "numpy" else a.transpose(0, 1).reshape(p, h * hd))
+            # The prompt attends to itself, causally: (1, heads, p, head_dim) each.
+            heads = lambda lo, hi, n: be.swap(qkv[:p, lo * hd : hi * hd].reshape(1, p, n, hd), 1, 2)
+            q, kk, vv = heads(0, h, h), heads(h, h + kvh, kvh), heads(h + kvh, h + 2 * kvh, kvh)
+            a = be.attention(q, kk, vv, True).reshape(h, p, hd)
+            outs.append(be.swap(a, 0, 1).reshape(p, h * hd))
         if s:
-            outs.append(parts[-1].reshape(s, h * hd))
-        attn = outs[0] if len(outs) == 1 else self.concat(outs)
+            # Each decode's one query attends to its cached context.
+            q = qkv[p:, : h * hd].reshape(s, h, 1, hd)
+            a = be.attention(q, inp["cache_k"], inp["cache_v"], False)
+            outs.append(a.reshape(s, h * hd))
+        attn = outs[0] if len(outs) == 1 else be.cat(outs)
         x = x + attn @ self.wo
         gu = be.norm(x) @ self.wgu
         return x + be.silu_mul(gu[:, :mlp], gu[:, mlp:]) @ self.wd
 
-    def concat(self, outs):
-        if self.be.name == "numpy":
-            return self.be.np.concatenate(outs, axis=0)
-        return self.be.torch.cat(outs, dim=0)
-
-    def fixed(self, rows):
+    def fixed(self, hidden):
+        """The step's fixed part on the sampled rows' hidden states: final norm, head, argmax."""
         be = self.be
-        return be.argmax(be.norm(self.head_in[:rows]) @ self.head)
+        return be.argmax(be.norm(hidden) @ self.head)
 
 
 def measure(be, layer, shape, p, s, k, warmup, repeats):
@@ -331,8 +335,8 @@ def measure(be, layer, shape, p, s, k, warmup, repeats):
     rows = s_eff + (1 if p else 0)
     fixed_ms = 0.0
     if rows:
-        layer.head_in = be.randn(rows, shape[1])
-        fixed_ms = statistics.median(be.time_ms(lambda: layer.fixed(rows), warmup, repeats))
+        hidden = be.randn(rows, shape[1])
+        fixed_ms = statistics.median(be.time_ms(lambda: layer.fixed(hidden), warmup, repeats))
     return layers * layer_ms + fixed_ms
 
 

@@ -142,7 +142,7 @@ pub fn points() -> Vec<Point> {
         for k in of("generation_attention", "llama-3.1-8b") {
             let [b, isl, step] = k.key;
             let shape = decode(b, isl + step);
-            let us = blocks8(b) + attention_us(k, sys.llama8b.shape.layers);
+            let us = blocks8(b) + attention_us(sys, k, sys.llama8b.shape.layers);
             out.push(point(
                 sys.llama8b,
                 Scope::Layers,
@@ -154,7 +154,7 @@ pub fn points() -> Vec<Point> {
         for k in of("context_attention", "llama-3.1-8b") {
             let [b, isl, _] = k.key;
             assert_eq!(b, 1, "one prompt alone in its step");
-            let us = blocks8(isl) + attention_us(k, sys.llama8b.shape.layers);
+            let us = blocks8(isl) + attention_us(sys, k, sys.llama8b.shape.layers);
             out.push(point(
                 sys.llama8b,
                 Scope::Layers,
@@ -193,7 +193,22 @@ fn blocks_us(gemms: &[&Kernel], m: u64, layers: u64) -> f64 {
     ms * 1e3 * layers as f64
 }
 
-fn attention_us(k: &Kernel, layers: u64) -> f64 {
+/// One attention call of `k`, times the layers, in µs. The kernel must be the one the
+/// system's source names (a regenerated file with another kernel would otherwise pass under
+/// a stale label): `vllm_flashinfer_trtllm*` names both its prefill and decode kernels.
+fn attention_us(sys: &System, k: &Kernel, layers: u64) -> f64 {
+    let stem = k
+        .kernel
+        .trim_end_matches("decode")
+        .trim_end_matches("prefill");
+    assert!(
+        sys.layers_source.contains(stem),
+        "{}: {} rows come from {}, but the source says {:?}",
+        sys.name,
+        k.op,
+        k.kernel,
+        sys.layers_source
+    );
     k.latency_ms * 1e3 * layers as f64
 }
 

@@ -25,9 +25,9 @@ mod tests;
 
 pub use memory::{MemoryPlan, UTILIZATION_DEFAULT};
 pub use profiles::{
-    profile, Precision, Profile, LLAMA2_7B_A100, LLAMA2_7B_H100, LLAMA31_70B_TP4_B200,
-    LLAMA31_70B_TP4_H100, LLAMA31_70B_TP4_H200, LLAMA31_8B_A100, LLAMA31_8B_B200, LLAMA31_8B_H100,
-    LLAMA31_8B_H200, PROFILES,
+    model_shape_name, profile, unknown_profile, Precision, Profile, LLAMA2_7B_A100, LLAMA2_7B_H100,
+    LLAMA31_70B_TP4_B200, LLAMA31_70B_TP4_H100, LLAMA31_70B_TP4_H200, LLAMA31_8B_A100,
+    LLAMA31_8B_B200, LLAMA31_8B_H100, LLAMA31_8B_H200, PROFILES,
 };
 pub use roofline::{
     Fitted, Gpu, ModelShape, Roofline, Shares, A100_80GB, B200_SXM, H100_SXM, H200_SXM, MBU_KV_PCT,

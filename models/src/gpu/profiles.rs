@@ -275,6 +275,20 @@ pub const PROFILES: [Profile; 9] = [
     LLAMA31_70B_TP4_B200,
 ];
 
+/// The one-line refusal of an unknown profile name, listing the known ones.
+pub fn unknown_profile(name: &str) -> String {
+    let known: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
+    format!("unknown profile {name:?}; known: {}", known.join(", "))
+}
+
+/// The model shape a profile stands for: its name without the GPU (`llama-3.1-8b-h100` is
+/// `llama-3.1-8b`, `llama-3.1-70b-tp4-h100` the TP4 shard `llama-3.1-70b-tp4`).
+pub fn model_shape_name(profile_name: &str) -> &str {
+    profile_name
+        .rsplit_once('-')
+        .map_or(profile_name, |(shape, _gpu)| shape)
+}
+
 pub fn profile(name: &str) -> Option<Profile> {
     PROFILES.iter().copied().find(|p| p.name == name)
 }

@@ -87,6 +87,13 @@ pub struct Fitted {
 
 const GIB: u64 = 1 << 30;
 
+/// Device memory as PyTorch reports it for a part of `nominal_gib`: the nominal size less the
+/// 0.78 GiB the driver keeps (an 80 GB H100: 80 GiB nominal, 79.22 GiB in vLLM's log), taken for
+/// every part.
+const fn reported_bytes(nominal_gib: u64) -> u64 {
+    (nominal_gib * 100 - 78) * GIB / 100
+}
+
 /// NVIDIA A100 SXM 80 GB: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e (A100 datasheet); memory
 /// as PyTorch reports the H100 80 GB (vLLM's log: 79.22 GiB). Shares fitted to vidur's profile
 /// (the module's constants below).
@@ -94,7 +101,7 @@ pub const A100_80GB: Gpu = Gpu {
     name: "A100-SXM-80GB",
     peak_flops: 312_000_000_000_000,
     hbm_bytes_per_s: 2_039_000_000_000,
-    memory_bytes: 79_22 * GIB / 100,
+    memory_bytes: reported_bytes(80),
     fitted: Fitted {
         mfu_pct: MFU_PCT,
         mbu_pct: MBU_PCT,
@@ -112,7 +119,7 @@ pub const H100_SXM: Gpu = Gpu {
     name: "H100-SXM-80GB",
     peak_flops: 989_400_000_000_000,
     hbm_bytes_per_s: 3_350_000_000_000,
-    memory_bytes: 79_22 * GIB / 100,
+    memory_bytes: reported_bytes(80),
     fitted: Fitted {
         mfu_pct: 84,
         mbu_pct: 79,
@@ -130,7 +137,7 @@ pub const H200_SXM: Gpu = Gpu {
     name: "H200-SXM-141GB",
     peak_flops: 989_400_000_000_000,
     hbm_bytes_per_s: 4_800_000_000_000,
-    memory_bytes: 14_022 * GIB / 100,
+    memory_bytes: reported_bytes(141),
     fitted: Fitted {
         mfu_pct: 83,
         mbu_pct: 73,
@@ -148,7 +155,7 @@ pub const B200_SXM: Gpu = Gpu {
     name: "B200-SXM-180GB",
     peak_flops: 2_250_000_000_000_000,
     hbm_bytes_per_s: 7_700_000_000_000,
-    memory_bytes: 17_922 * GIB / 100,
+    memory_bytes: reported_bytes(180),
     fitted: Fitted {
         mfu_pct: 71,
         mbu_pct: 65,

@@ -71,13 +71,7 @@ const KV: [u64; 4] = [0, 16_384, 131_072, 1_048_576];
 
 /// The named profile, or the one-line refusal that lists the known names.
 fn named(name: &str) -> Result<gpu::Profile, Fail> {
-    gpu::profile(name).ok_or_else(|| {
-        let known: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
-        Fail::input(format!(
-            "unknown profile {name:?}; known: {}",
-            known.join(", ")
-        ))
-    })
+    gpu::profile(name).ok_or_else(|| Fail::input(gpu::unknown_profile(name)))
 }
 
 /// The step a table row stands for: one prompt of `prefill` tokens from nothing cached, and
@@ -102,8 +96,11 @@ pub fn check(path: &std::path::Path, name: &str) -> Outcome {
         let m = format!("{shown}: names no model shape (a `# model shape NAME` line, as tools/profile writes); cannot check it against {name}");
         return Err(Fail::input(m));
     };
-    if !name.starts_with(&format!("{shape}-")) {
-        let m = format!("{shown}: measures the model shape {shape:?}, not {name}'s");
+    if shape != gpu::model_shape_name(name) {
+        let m = format!(
+            "{shown}: measures the model shape {shape:?}, not {name}'s ({:?})",
+            gpu::model_shape_name(name)
+        );
         return Err(Fail::input(m));
     }
     let model = p.model(false).expect("every profile has a roofline");
@@ -142,8 +139,7 @@ pub fn table(name: &str) -> Outcome {
     let model = p.model(false).expect("every profile has a roofline");
     println!("# {name}'s roofline sampled by `cancelsim profiles --table {name}`: a template;");
     println!("# replace step_ms with times measured on your GPU (docs/scenarios.md, step tables).");
-    let shape = name.rsplit_once('-').map_or(name, |(m, _)| m);
-    println!("# model shape {shape}");
+    println!("# model shape {}", gpu::model_shape_name(name));
     println!("{}", cancelsim::step_table::HEADER);
     for prefill in PREFILL {
         for seqs in SEQS {

@@ -430,11 +430,7 @@ fn validate_shares(c: &super::Cluster) -> Check {
 fn validate_profile(p: &ProfileRef) -> Check {
     if let ProfileRef::Named(name) = p {
         if cancelsim_models::gpu::profile(name).is_none() {
-            let known: Vec<&str> = cancelsim_models::gpu::PROFILES
-                .iter()
-                .map(|p| p.name)
-                .collect();
-            let m = format!("unknown profile {name:?}; known: {}", known.join(", "));
+            let m = cancelsim_models::gpu::unknown_profile(name);
             return err("cluster.profile.Named", m);
         }
     }

@@ -452,6 +452,11 @@ fn profiles_check_sets_a_table_beside_a_roofline_and_refuses_another_shape() {
     let other = String::from_utf8_lossy(&check("llama-3.1-8b-b200").stderr).to_string();
     assert!(!other.contains("max 0.0 %"), "{other}");
     assert_one_line_error_of(&check("llama-2-7b-h100"));
+    // The profiler's whole 70B on one GPU is not the TP4 profile's shard.
+    let whole = String::from_utf8_lossy(&out.stdout)
+        .replace("# model shape llama-3.1-8b", "# model shape llama-3.1-70b");
+    std::fs::write(&table, whole).unwrap();
+    assert_one_line_error_of(&check("llama-3.1-70b-tp4-h100"));
     let text = String::from_utf8_lossy(&out.stdout).replace("# model shape", "# model");
     std::fs::write(&table, text).unwrap();
     assert_one_line_error_of(&check("llama-3.1-8b-h100"));

@@ -138,6 +138,14 @@ fn overload() -> String {
     t
 }
 
+/// The four quantiles the side-by-side tables compare, in their order.
+const QUANTILES: [&str; 4] = ["TTFT p50", "TTFT p99", "E2E p50", "E2E p99"];
+
+/// A run's TTFT p50, p99 and E2E p50, p99, in ms, in the order of [`QUANTILES`].
+fn quantiles(s: &Summary) -> [f64; 4] {
+    [s.ttft_ms.p50, s.ttft_ms.p99, s.e2e_ms.p50, s.e2e_ms.p99]
+}
+
 /// vidur's figures for this replay under its Sarathi and its vLLM scheduler (TTFT p50, p99, E2E
 /// p50, p99, ms, read off its `request_metrics.csv`), beside cancelsim's with the roofline and
 /// with 0.1's linear step model.
@@ -164,10 +172,8 @@ fn vidur() -> String {
         let mut scenario = Scenario::load(&path).unwrap();
         scenario.cluster.step_model = Some(StepForm::Linear);
         let linear = run::counterfactual(&scenario, scenario.seed).unwrap();
-        let pick = |s: &Summary| [s.ttft_ms.p50, s.ttft_ms.p99, s.e2e_ms.p50, s.e2e_ms.p99];
-        let (ours, old) = (pick(&roofline), pick(&linear));
-        let names = ["TTFT p50", "TTFT p99", "E2E p50", "E2E p99"];
-        for (i, what) in names.into_iter().enumerate() {
+        let (ours, old) = (quantiles(&roofline), quantiles(&linear));
+        for (i, what) in QUANTILES.into_iter().enumerate() {
             let d = |x: f64| (x / theirs[i] - 1.0) * 100.0;
             t += &format!(
                 "| {scheduler} | {what} | {:.1} ms | {:.1} ms | {:+.1} % | {:.1} ms | {:+.1} % |\n",
@@ -216,11 +222,9 @@ fn aisim() -> String {
             [34.1, 173.2, 1150.5, 5213.1],
         ),
     ];
-    let names = ["TTFT p50", "TTFT p99", "E2E p50", "E2E p99"];
     for (trace, workers, file, theirs) in runs {
-        let s = counterfactual(file);
-        let ours = [s.ttft_ms.p50, s.ttft_ms.p99, s.e2e_ms.p50, s.e2e_ms.p99];
-        for (i, what) in names.into_iter().enumerate() {
+        let ours = quantiles(&counterfactual(file));
+        for (i, what) in QUANTILES.into_iter().enumerate() {
             let d = (ours[i] / theirs[i] - 1.0) * 100.0;
             t += &format!(
                 "| {trace} | {workers} | {what} | {:.1} ms | {:.1} ms | {d:+.1} % |\n",
