@@ -40,7 +40,8 @@ pub(crate) struct GpuTime {
     pub padding_ns: f64,
 }
 
-pub(crate) struct Accounts {
+/// The books' figures. Read through `Accounts::tally`; written only by `Accounts`.
+pub(crate) struct Tally {
     pub counts: RequestCounts,
     pub targets: Targets,
     pub little: Little,
@@ -74,188 +75,9 @@ pub(crate) struct Accounts {
     /// Requests whose output ends at a stop string.
     pub stop_requests: u64,
     pub token_steps_left: u64,
-    /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
-    /// requests leave: folded into the run hash, so two runs whose events coincide but whose
-    /// outcomes differ (a killed sibling under a flat step cost) never share a hash.
-    outcomes: blake3::Hasher,
 }
 
-impl Accounts {
-    pub fn new() -> Accounts {
-        Accounts {
-            counts: RequestCounts::default(),
-            targets: Targets::default(),
-            little: Little::default(),
-            ttft: LatencyStats::new(),
-            tpot: LatencyStats::new(),
-            e2e: LatencyStats::new(),
-            gpu: GpuTime::default(),
-            kv_block_ns: 0,
-            kv_block_ns_retained: 0,
-            last_completion_ns: 0,
-            leaked: LeakedWork::default(),
-            late_output_discards: 0,
-            cleanup: (0..CLEANUP_LEVELS.len())
-                .map(|_| LatencyStats::new())
-                .collect(),
-            cleanup_unknown: [0; 5],
-            cleanup_not_applicable: [0; 5],
-            deadlines_missed: 0,
-            disconnects: 0,
-            storm_targets: 0,
-            coverage: Coverage::default(),
-            tokens_left: 0,
-            tokens_prefill: 0,
-            tokens_overrun: 0,
-            stop_aborts_observed: 0,
-            stop_requests: 0,
-            token_steps_left: 0,
-            outcomes: blake3::Hasher::new(),
-        }
-    }
-
-    /// A request enters the system.
-    pub fn arrived(&mut self) {
-        self.little.in_system += 1;
-    }
-
-    /// One request's share of a processed step: GPU time split by tokens, and the part after
-    /// its intent as leaked work.
-    pub fn step_share(
-        &mut self,
-        cost: &mut Cost,
-        cancel: &CancelState,
-        o: &StepOutput,
-        step: &StepReport,
-        now_ns: u64,
-    ) {
-        let total = step.tokens.max(1) as f64;
-        let start_ns = now_ns - step.duration_ns;
-        self.gpu.token_steps += o.tokens as u64;
-        let share = step.duration_ns as f64 * o.tokens as f64 / total;
-        cost.token_steps += o.tokens as u64;
-        if let Some(intent_ns) = cancel.intent_ns {
-            if now_ns > intent_ns && step.duration_ns > 0 {
-                // GPU work after the intent: the part of this step that ran after it.
-                let after = now_ns - intent_ns.max(start_ns);
-                let leak = share * after as f64 / step.duration_ns as f64;
-                self.leaked.token_steps += o.tokens as u64;
-                if cancel.observed_ns.is_none() {
-                    cost.leak_pre_ns += leak;
-                } else {
-                    cost.leak_post_ns += leak;
-                }
-            }
-        }
-        match o.outcome {
-            Outcome::Discarded { .. } => self.gpu.discarded_ns += share,
-            Outcome::Padding => self.gpu.padding_ns += share,
-            Outcome::Prefill | Outcome::Token { .. } => cost.gpu_ns += share,
-        }
-    }
-
-    /// A token came out after the request's terminal transition.
-    pub fn late_token(&mut self, cost: &mut Cost) {
-        self.late_output_discards += 1;
-        cost.late_tokens += 1;
-    }
-
-    /// A request leaves in `state`: its disposition, latencies and costs are folded in.
-    pub fn left(&mut self, q: &Req, state: State, finish_and_discard: bool, now_ns: u64) {
-        if q.cancel.plan.is_some() {
-            match state {
-                // Refused at arrival: finished `Cancelled` in the controller, but never cancelled.
-                _ if q.life.rejected => self.targets.rejected += 1,
-                State::Completed => self.targets.completed += 1,
-                State::Cancelled => self.targets.cancelled += 1,
-                State::Expired => self.targets.expired += 1,
-                State::Running => {}
-            }
-        }
-        if let (Some(o), Some(r)) = (q.cancel.observed_ns, q.life.released_ns) {
-            if r > o {
-                self.coverage.hit(Mark::ReleaseAfterFence);
-            }
-        }
-        self.disposition(q, state);
-        self.gpu.requests_ns += q.cost.gpu_ns;
-        self.tokens_left += q.life.tokens as u64;
-        self.token_steps_left += q.cost.token_steps;
-        if let Some(intent_ns) = q.cancel.intent_ns {
-            self.cancelled_left(q, state, intent_ns, finish_and_discard);
-        }
-        self.outcomes.update(&q.id.to_le_bytes());
-        self.outcomes.update(&[state as u8]);
-        self.outcomes.update(&q.chunks.digest.to_le_bytes());
-        self.outcomes.update(&q.life.tokens.to_le_bytes());
-        self.outcomes.update(&q.chunks.admitted.to_le_bytes());
-        self.little.in_system -= 1;
-        self.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
-        self.little.sojourns += 1;
-    }
-
-    /// Dispositions with their denominators, and latencies of completed requests.
-    fn disposition(&mut self, q: &Req, state: State) {
-        if q.life.rejected {
-            self.counts.rejected += 1;
-            return;
-        }
-        match state {
-            State::Completed => self.counts.completed += 1,
-            State::Cancelled => self.counts.cancelled += 1,
-            State::Expired => self.counts.expired += 1,
-            State::Running => unreachable!("finalized while running"),
-        }
-        if state == State::Completed {
-            let l = &q.life;
-            self.ttft.record(l.first_token_ns - q.arrival_ns);
-            self.e2e.record(l.last_token_ns - q.arrival_ns);
-            if q.output > 1 {
-                let tpot = (l.last_token_ns - l.first_token_ns) / (q.output as u64 - 1);
-                self.tpot.record(tpot);
-            }
-        }
-    }
-
-    /// A request with an intent leaves: cleanup evidence and leaked work by cause.
-    fn cancelled_left(&mut self, q: &Req, state: State, intent_ns: u64, fd: bool) {
-        let c = &q.cancel;
-        // Never observed: the backend still held the request at the intent, and never observed
-        // the cancel (its work ran on, and nobody confirmed that it stopped). Cleanup pending:
-        // held at the intent and no release confirmed by the time it leaves.
-        let held_at_intent = q.life.released_ns.is_none_or(|r| r > intent_ns);
-        let held = q.life.enqueued && held_at_intent && state != State::Completed;
-        if held && c.observed_ns.is_none() {
-            self.counts.never_observed += 1;
-        }
-        if held && c.evidence(EvidenceLevel::ResourceRelease).is_none() {
-            self.counts.cleanup_pending += 1;
-        }
-        for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
-            match c.evidence(*level) {
-                None if state == State::Completed => self.cleanup_not_applicable[i] += 1,
-                None => self.cleanup_unknown[i] += 1,
-                // Evidence from before the intent (killed as someone else's collateral first):
-                // the request was already clean when its own intent came.
-                Some(at) => self.cleanup[i].record(at.saturating_sub(intent_ns)),
-            }
-        }
-        let (pre, post) = (q.cost.leak_pre_ns, q.cost.leak_post_ns);
-        let by = &mut self.leaked.by_cause;
-        if fd {
-            by.finish_and_discard += pre + post;
-        } else if c.fallback && c.observed_ns.is_none() {
-            by.finish_and_discard += pre;
-            by.in_flight_window += post;
-        } else if c.observed_ns.is_some() {
-            by.checkpoint_delay += pre;
-            by.in_flight_window += post;
-        } else {
-            by.unobserved_or_lost += pre + post;
-        }
-        self.leaked.gpu_s += pre + post;
-    }
-
+impl Tally {
     /// Leaked work in GPU-seconds (the books keep ns).
     pub fn leaked_s(&self) -> LeakedWork {
         let s = |ns: f64| ns / crate::kernel::NS_PER_S as f64;
@@ -271,29 +93,326 @@ impl Accounts {
             },
         }
     }
+}
+
+/// The books, changed only through their named transitions.
+pub(crate) struct Accounts {
+    t: Tally,
+    /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
+    /// requests leave: folded into the run hash, so two runs whose events coincide but whose
+    /// outcomes differ (a killed sibling under a flat step cost) never share a hash.
+    outcomes: blake3::Hasher,
+}
+
+impl Accounts {
+    pub fn new() -> Accounts {
+        Accounts {
+            t: Tally {
+                counts: RequestCounts::default(),
+                targets: Targets::default(),
+                little: Little::default(),
+                ttft: LatencyStats::new(),
+                tpot: LatencyStats::new(),
+                e2e: LatencyStats::new(),
+                gpu: GpuTime::default(),
+                kv_block_ns: 0,
+                kv_block_ns_retained: 0,
+                last_completion_ns: 0,
+                leaked: LeakedWork::default(),
+                late_output_discards: 0,
+                cleanup: (0..CLEANUP_LEVELS.len())
+                    .map(|_| LatencyStats::new())
+                    .collect(),
+                cleanup_unknown: [0; 5],
+                cleanup_not_applicable: [0; 5],
+                deadlines_missed: 0,
+                disconnects: 0,
+                storm_targets: 0,
+                coverage: Coverage::default(),
+                tokens_left: 0,
+                tokens_prefill: 0,
+                tokens_overrun: 0,
+                stop_aborts_observed: 0,
+                stop_requests: 0,
+                token_steps_left: 0,
+            },
+            outcomes: blake3::Hasher::new(),
+        }
+    }
+
+    /// The figures, read-only.
+    pub fn tally(&self) -> &Tally {
+        &self.t
+    }
+
+    /// A request enters the system: a storm's target or not, ending at a stop string or not.
+    pub fn arrived(&mut self, storm_target: bool, stop_string: bool) {
+        self.t.counts.scheduled += 1;
+        self.t.storm_targets += storm_target as u64;
+        self.t.stop_requests += stop_string as u64;
+        self.t.little.in_system += 1;
+    }
+
+    /// Into a replica's queue (once per request).
+    pub fn admitted(&mut self) {
+        let c = &mut self.t.counts;
+        assert!(
+            c.admitted < c.scheduled,
+            "more requests admitted than arrived"
+        );
+        c.admitted += 1;
+    }
+
+    /// In a replica's step for the first time.
+    pub fn started(&mut self) {
+        let c = &mut self.t.counts;
+        assert!(
+            c.started < c.admitted,
+            "more requests started than were admitted"
+        );
+        c.started += 1;
+    }
+
+    /// A client's timer fired on a request still in progress: its deadline, or a disconnect.
+    pub fn timer(&mut self, deadline: bool) {
+        let t = &mut self.t;
+        assert!(
+            t.deadlines_missed + t.disconnects < t.counts.scheduled,
+            "more client timers fired than requests arrived"
+        );
+        match deadline {
+            true => t.deadlines_missed += 1,
+            false => t.disconnects += 1,
+        }
+    }
+
+    /// An engine observed the frontend's abort after a stop string.
+    pub fn stop_abort_observed(&mut self) {
+        let t = &mut self.t;
+        assert!(
+            t.stop_aborts_observed < t.stop_requests,
+            "more stop-string aborts observed than requests that end at one"
+        );
+        t.stop_aborts_observed += 1;
+    }
+
+    /// A token generated past a stop string.
+    pub fn token_overrun(&mut self) {
+        assert!(
+            self.t.stop_requests > 0,
+            "a token past a stop string no request has"
+        );
+        self.t.tokens_overrun += 1;
+    }
+
+    /// The one token a prefill replica samples for a request (the decode stage samples it again).
+    pub fn prefill_token(&mut self) {
+        let t = &mut self.t;
+        assert!(
+            t.tokens_prefill < t.counts.admitted,
+            "more prefill tokens than requests admitted"
+        );
+        t.tokens_prefill += 1;
+    }
+
+    /// A request's blocks came back: `block_ns` held in all, `retained_ns` of it after a cancel.
+    pub fn released(&mut self, cost: &mut Cost, block_ns: u128, retained_ns: u128) {
+        assert!(
+            retained_ns <= block_ns,
+            "more block-time retained than held"
+        );
+        self.t.kv_block_ns += block_ns;
+        self.t.kv_block_ns_retained += retained_ns;
+        cost.released(block_ns);
+    }
+
+    /// A request's last output token came out at `now_ns`.
+    pub fn completion_at(&mut self, now_ns: u64) {
+        assert!(
+            now_ns >= self.t.last_completion_ns,
+            "a completion went back in time"
+        );
+        self.t.last_completion_ns = now_ns;
+    }
+
+    /// Requests whose blocks no lease returned by the end of the run.
+    pub fn cleanups_pending(&mut self, n: u64) {
+        assert!(
+            n <= self.t.counts.scheduled,
+            "more cleanups pending than requests"
+        );
+        self.t.counts.cleanup_pending += n;
+    }
+
+    /// A coverage mark was hit (`n` times).
+    pub fn hit(&mut self, mark: Mark) {
+        self.t.coverage.hit(mark);
+    }
+
+    pub fn hit_n(&mut self, mark: Mark, n: u64) {
+        self.t.coverage.add(mark, n);
+    }
+
+    /// One request's share of a processed step: GPU time split by tokens, and the part after
+    /// its intent as leaked work.
+    pub fn step_share(
+        &mut self,
+        cost: &mut Cost,
+        cancel: &CancelState,
+        o: &StepOutput,
+        step: &StepReport,
+        now_ns: u64,
+    ) {
+        let total = step.tokens.max(1) as f64;
+        let start_ns = now_ns - step.duration_ns;
+        self.t.gpu.token_steps += o.tokens as u64;
+        let share = step.duration_ns as f64 * o.tokens as f64 / total;
+        cost.stepped(o.tokens);
+        if let Some(intent_ns) = cancel.intent_ns() {
+            if now_ns > intent_ns && step.duration_ns > 0 {
+                // GPU work after the intent: the part of this step that ran after it.
+                let after = now_ns - intent_ns.max(start_ns);
+                let leak = share * after as f64 / step.duration_ns as f64;
+                self.t.leaked.token_steps += o.tokens as u64;
+                cost.leak(leak, cancel.observed_ns().is_some());
+            }
+        }
+        match o.outcome {
+            Outcome::Discarded { .. } => self.t.gpu.discarded_ns += share,
+            Outcome::Padding => self.t.gpu.padding_ns += share,
+            Outcome::Prefill | Outcome::Token { .. } => cost.charge(share),
+        }
+    }
+
+    /// A token came out after the request's terminal transition.
+    pub fn late_token(&mut self, cost: &mut Cost) {
+        self.t.late_output_discards += 1;
+        cost.late_token();
+    }
+
+    /// A request leaves in `state`: its disposition, latencies and costs are folded in.
+    pub fn left(&mut self, q: &Req, state: State, finish_and_discard: bool, now_ns: u64) {
+        assert!(
+            self.t.little.in_system > 0,
+            "a request left that never arrived"
+        );
+        assert!(now_ns >= q.arrival_ns, "a request left before it arrived");
+        if q.cancel.plan().is_some() {
+            match state {
+                // Refused at arrival: finished `Cancelled` in the controller, but never cancelled.
+                _ if q.life.rejected() => self.t.targets.rejected += 1,
+                State::Completed => self.t.targets.completed += 1,
+                State::Cancelled => self.t.targets.cancelled += 1,
+                State::Expired => self.t.targets.expired += 1,
+                State::Running => {}
+            }
+        }
+        if let (Some(o), Some(r)) = (q.cancel.observed_ns(), q.life.released_ns()) {
+            if r > o {
+                self.t.coverage.hit(Mark::ReleaseAfterFence);
+            }
+        }
+        self.disposition(q, state);
+        self.t.gpu.requests_ns += q.cost.gpu_ns();
+        self.t.tokens_left += q.life.tokens() as u64;
+        self.t.token_steps_left += q.cost.token_steps();
+        if let Some(intent_ns) = q.cancel.intent_ns() {
+            self.cancelled_left(q, state, intent_ns, finish_and_discard);
+        }
+        self.outcomes.update(&q.id.to_le_bytes());
+        self.outcomes.update(&[state as u8]);
+        self.outcomes.update(&q.chunks.digest.to_le_bytes());
+        self.outcomes.update(&q.life.tokens().to_le_bytes());
+        self.outcomes.update(&q.chunks.admitted.to_le_bytes());
+        self.t.little.in_system -= 1;
+        self.t.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
+        self.t.little.sojourns += 1;
+    }
+
+    /// Dispositions with their denominators, and latencies of completed requests.
+    fn disposition(&mut self, q: &Req, state: State) {
+        if q.life.rejected() {
+            self.t.counts.rejected += 1;
+            return;
+        }
+        match state {
+            State::Completed => self.t.counts.completed += 1,
+            State::Cancelled => self.t.counts.cancelled += 1,
+            State::Expired => self.t.counts.expired += 1,
+            State::Running => unreachable!("finalized while running"),
+        }
+        if state == State::Completed {
+            let l = &q.life;
+            self.t.ttft.record(l.first_token_ns() - q.arrival_ns);
+            self.t.e2e.record(l.last_token_ns() - q.arrival_ns);
+            if q.output > 1 {
+                let tpot = (l.last_token_ns() - l.first_token_ns()) / (q.output as u64 - 1);
+                self.t.tpot.record(tpot);
+            }
+        }
+    }
+
+    /// A request with an intent leaves: cleanup evidence and leaked work by cause.
+    fn cancelled_left(&mut self, q: &Req, state: State, intent_ns: u64, fd: bool) {
+        let c = &q.cancel;
+        // Never observed: the backend still held the request at the intent, and never observed
+        // the cancel (its work ran on, and nobody confirmed that it stopped). Cleanup pending:
+        // held at the intent and no release confirmed by the time it leaves.
+        let held_at_intent = q.life.released_ns().is_none_or(|r| r > intent_ns);
+        let held = q.life.enqueued() && held_at_intent && state != State::Completed;
+        if held && c.observed_ns().is_none() {
+            self.t.counts.never_observed += 1;
+        }
+        if held && c.evidence(EvidenceLevel::ResourceRelease).is_none() {
+            self.t.counts.cleanup_pending += 1;
+        }
+        for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
+            match c.evidence(*level) {
+                None if state == State::Completed => self.t.cleanup_not_applicable[i] += 1,
+                None => self.t.cleanup_unknown[i] += 1,
+                // Evidence from before the intent (killed as someone else's collateral first):
+                // the request was already clean when its own intent came.
+                Some(at) => self.t.cleanup[i].record(at.saturating_sub(intent_ns)),
+            }
+        }
+        let (pre, post) = (q.cost.leak_pre_ns(), q.cost.leak_post_ns());
+        let by = &mut self.t.leaked.by_cause;
+        if fd {
+            by.finish_and_discard += pre + post;
+        } else if c.fallback() && c.observed_ns().is_none() {
+            by.finish_and_discard += pre;
+            by.in_flight_window += post;
+        } else if c.observed_ns().is_some() {
+            by.checkpoint_delay += pre;
+            by.in_flight_window += post;
+        } else {
+            by.unobserved_or_lost += pre + post;
+        }
+        self.t.leaked.gpu_s += pre + post;
+    }
 
     /// Conservation at the end of a run (invariant 5): every output token a replica delivered
     /// reached its request (which then played it or discarded it as late), every token-step was
     /// shared to a request, and GPU time split into requests', discarded and padding work adds
     /// up to the replicas' busy time.
     pub fn conserved(&self, replicas: &ReplicaStats) -> Result<(), Stop> {
-        let received = self.tokens_left + self.tokens_prefill + self.tokens_overrun;
+        let received = self.t.tokens_left + self.t.tokens_prefill + self.t.tokens_overrun;
         if received != replicas.tokens_delivered {
             let what = format!(
                 "tokens not conserved: replicas delivered {}, requests received {} (and {} \
                  prefill tokens)",
-                replicas.tokens_delivered, self.tokens_left, self.tokens_prefill
+                replicas.tokens_delivered, self.t.tokens_left, self.t.tokens_prefill
             );
             return Err(Stop::broken(vec![], what));
         }
-        if self.token_steps_left != self.gpu.token_steps {
+        if self.t.token_steps_left != self.t.gpu.token_steps {
             let what = format!(
                 "token-steps not conserved: steps computed {}, requests were charged {}",
-                self.gpu.token_steps, self.token_steps_left
+                self.t.gpu.token_steps, self.t.token_steps_left
             );
             return Err(Stop::broken(vec![], what));
         }
-        let g = &self.gpu;
+        let g = &self.t.gpu;
         let shared_ns = g.requests_ns + g.discarded_ns + g.padding_ns;
         let busy_ns = replicas.busy_ns as f64;
         if (shared_ns - busy_ns).abs() > 1e-9 * busy_ns + 1.0 {
@@ -312,14 +431,127 @@ impl Accounts {
 mod tests {
     use super::*;
 
+    fn arrived(n: u64) -> Accounts {
+        let mut a = Accounts::new();
+        for _ in 0..n {
+            a.arrived(false, false);
+        }
+        a
+    }
+
+    #[test]
+    fn the_books_in_order_pass_every_assertion() {
+        let mut a = Accounts::new();
+        a.arrived(true, true);
+        a.admitted();
+        a.started();
+        a.prefill_token();
+        a.token_overrun();
+        a.stop_abort_observed();
+        a.timer(true);
+        a.released(&mut Cost::default(), 10, 10);
+        a.completion_at(5);
+        a.completion_at(5);
+        a.cleanups_pending(1);
+        let t = a.tally();
+        assert_eq!(
+            (t.counts.scheduled, t.storm_targets, t.stop_requests),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            (t.deadlines_missed, t.kv_block_ns, t.last_completion_ns),
+            (1, 10, 5)
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "admitted than arrived")]
+    fn admitted_before_arrival() {
+        Accounts::new().admitted();
+    }
+
+    #[test]
+    #[should_panic(expected = "started than were admitted")]
+    fn started_before_admission() {
+        arrived(1).started();
+    }
+
+    #[test]
+    #[should_panic(expected = "client timers")]
+    fn a_timer_for_nobody() {
+        let mut a = arrived(1);
+        a.timer(true);
+        a.timer(false);
+    }
+
+    #[test]
+    #[should_panic(expected = "stop-string aborts")]
+    fn a_stop_abort_without_a_stop_string() {
+        arrived(1).stop_abort_observed();
+    }
+
+    #[test]
+    #[should_panic(expected = "past a stop string")]
+    fn an_overrun_without_a_stop_string() {
+        arrived(1).token_overrun();
+    }
+
+    #[test]
+    #[should_panic(expected = "prefill tokens")]
+    fn a_prefill_token_before_admission() {
+        arrived(1).prefill_token();
+    }
+
+    #[test]
+    #[should_panic(expected = "retained than held")]
+    fn more_retained_than_held() {
+        Accounts::new().released(&mut Cost::default(), 1, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "completion went back")]
+    fn a_completion_back_in_time() {
+        let mut a = Accounts::new();
+        a.completion_at(5);
+        a.completion_at(4);
+    }
+
+    #[test]
+    #[should_panic(expected = "cleanups pending")]
+    fn more_cleanups_than_requests() {
+        arrived(1).cleanups_pending(2);
+    }
+
+    fn req(arrival_ns: u64) -> Req {
+        let a = crate::workload::Arrival {
+            id: 1,
+            time_ns: arrival_ns,
+            prompt_tokens: 1,
+            output_tokens: 1,
+        };
+        Req::new(&a, arrival_ns, 1, 0)
+    }
+
+    #[test]
+    #[should_panic(expected = "never arrived")]
+    fn a_departure_without_an_arrival() {
+        Accounts::new().left(&req(0), State::Cancelled, false, 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "before it arrived")]
+    fn a_departure_before_the_arrival() {
+        arrived(1).left(&req(10), State::Cancelled, false, 5);
+    }
+
     #[test]
     fn conservation_catches_a_lost_token_a_lost_token_step_and_lost_gpu_time() {
         let mut a = Accounts::new();
-        a.tokens_left = 10;
-        a.gpu.token_steps = 40;
-        a.token_steps_left = 40;
-        a.gpu.requests_ns = 900.0;
-        a.gpu.discarded_ns = 100.0;
+        a.t.tokens_left = 10;
+        a.t.gpu.token_steps = 40;
+        a.t.token_steps_left = 40;
+        a.t.gpu.requests_ns = 900.0;
+        a.t.gpu.discarded_ns = 100.0;
         let mut r = ReplicaStats {
             tokens_delivered: 10,
             busy_ns: 1000,
@@ -329,9 +561,9 @@ mod tests {
         r.tokens_delivered = 11;
         assert!(matches!(a.conserved(&r), Err(Stop::Broken { .. })));
         r.tokens_delivered = 10;
-        a.token_steps_left = 39;
+        a.t.token_steps_left = 39;
         assert!(a.conserved(&r).is_err());
-        a.token_steps_left = 40;
+        a.t.token_steps_left = 40;
         r.busy_ns = 1_100;
         assert!(a.conserved(&r).is_err());
     }

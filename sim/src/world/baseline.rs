@@ -77,8 +77,8 @@ impl Baseline<'_> {
     /// Request `q` leaves in `state`. In a policy run, `sibling` says whether it had no intent of
     /// its own and shared a replica with a cancel, or was harmed by one.
     pub fn left(&mut self, q: &Req, state: State, sibling: bool) -> Judged {
-        let ttft_ns = q.life.first_token_ns.saturating_sub(q.arrival_ns);
-        let e2e_ns = q.life.last_token_ns.saturating_sub(q.arrival_ns);
+        let ttft_ns = q.life.first_token_ns().saturating_sub(q.arrival_ns);
+        let e2e_ns = q.life.last_token_ns().saturating_sub(q.arrival_ns);
         match self {
             Baseline::Record(table) => {
                 if let Some(t) = table.as_deref_mut() {
@@ -131,8 +131,8 @@ impl Siblings {
             self.survived += 1;
         }
         if base.state == State::Completed && state == State::Completed {
-            let ttft_ns = q.life.first_token_ns - q.arrival_ns;
-            let e2e_ns = q.life.last_token_ns - q.arrival_ns;
+            let ttft_ns = q.life.first_token_ns() - q.arrival_ns;
+            let e2e_ns = q.life.last_token_ns() - q.arrival_ns;
             if self.ttft_pairs_ms.len() < PAIRS_MAX {
                 let pair = (base.ttft_ns as f64 / 1e6, ttft_ns as f64 / 1e6);
                 self.ttft_pairs_ms.push(pair);

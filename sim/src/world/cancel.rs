@@ -3,11 +3,12 @@
 //! retries, acknowledgements, the finish-and-discard fallback). Its random draws come from
 //! streams keyed by the request, so nothing here can shift anyone else's workload.
 
-use cancelsim_models::ownership::{EvidenceLevel, Owners, Timestamp};
+use cancelsim_models::ownership::EvidenceLevel;
 use cancelsim_models::protocol::{Abort, Handle, Scope};
 
+pub(crate) use super::cancel_state::CancelState;
 use super::cluster::radius;
-use super::error::{Scheduled, Stop};
+use super::error::Scheduled;
 use super::event::Event;
 use super::event::Tag;
 use crate::coverage::Mark;
@@ -16,52 +17,6 @@ use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::{Class, Kernel, LimitError};
 use crate::metrics::CancelRpc;
 use crate::scenario::{CheckpointConfig, GroupScope, IdentityMode, Policy, Scenario, Stage};
-
-/// One request's cancel path. Times are virtual ns; `None` is unknown.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct CancelState {
-    /// The storm's plan for it: the stage its intent waits for, and the delay after it.
-    pub plan: Option<(Stage, u64)>,
-    /// An `Intent` event is scheduled and has not fired yet.
-    pub intent_pending: bool,
-    pub intent_ns: Option<u64>,
-    pub attempts: u8,
-    pub acked: bool,
-    pub exhausted: bool,
-    pub fallback: bool,
-    pub observed_ns: Option<u64>,
-    /// Terminated by the backend without an intent of its own.
-    pub collateral: bool,
-    /// Harmed by someone else's cancel (killed or corrupted): a sibling.
-    pub sibling: bool,
-    /// Its evidence timeline, by level (`u64::MAX`: unknown), boxed at its first evidence:
-    /// most requests have none.
-    evidence_ns: Option<Box<[u64; 6]>>,
-    /// Counted in the client's cancels in flight (an intent the backend has not acted on yet).
-    pub in_flight: bool,
-    /// Counted in the client's cancels awaiting an attempt's outcome: sent, and not yet
-    /// acknowledged, out of budget or fallen back. Only these make a timeout matter.
-    pub awaiting: bool,
-}
-
-impl CancelState {
-    pub fn new(plan: Option<(Stage, u64)>) -> CancelState {
-        CancelState {
-            plan,
-            ..CancelState::default()
-        }
-    }
-
-    /// No more attempts will be made: acknowledged, out of budget, or fallen back.
-    pub fn done(&self) -> bool {
-        self.acked || self.exhausted || self.fallback
-    }
-
-    pub fn evidence(&self, level: EvidenceLevel) -> Option<u64> {
-        let at = self.evidence_ns.as_ref()?[level as usize];
-        (at != u64::MAX).then_some(at)
-    }
-}
 
 /// What the adapter does with an acknowledgement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,8 +141,7 @@ impl<'s> CancelClient<'s> {
         if matches!(policy, Policy::FinishAndDiscard) {
             return Ok(());
         }
-        if holds {
-            st.in_flight = true;
+        if st.begin(holds) {
             self.in_flight += 1;
         }
         let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, id, key::SUBMIT_DELAY);
@@ -219,7 +173,7 @@ impl<'s> CancelClient<'s> {
     }
 
     pub fn fall_back(&mut self, st: &mut CancelState) {
-        st.fallback = true;
+        st.fall_back();
         self.settle(st);
         self.rpc.fallbacks += 1;
     }
@@ -227,7 +181,7 @@ impl<'s> CancelClient<'s> {
     /// No attempt of this request's cancel is awaited any more: its timers change nothing now.
     /// Also as the request leaves, so the count follows the requests in the world.
     pub fn settle(&mut self, st: &mut CancelState) {
-        if std::mem::take(&mut st.awaiting) {
+        if st.settle() {
             assert!(self.awaiting > 0, "an awaited cancel was counted");
             self.awaiting -= 1;
         }
@@ -263,8 +217,7 @@ impl<'s> CancelClient<'s> {
         attempt: u8,
     ) -> Scheduled {
         let scope = self.scope(handle);
-        st.attempts = attempt + 1;
-        if !std::mem::replace(&mut st.awaiting, true) {
+        if st.send(attempt) {
             self.awaiting += 1;
         }
         self.rpc.attempts += 1;
@@ -333,10 +286,10 @@ impl<'s> CancelClient<'s> {
         (request, tag): (u64, Tag),
         attempt: u8,
     ) -> Result<Option<bool>, LimitError> {
-        if st.done() || st.attempts != attempt + 1 {
+        if st.done() || st.attempts() != attempt + 1 {
             return Ok(None);
         }
-        if (st.attempts as u32) < self.scenario.adapter.max_attempts {
+        if (st.attempts() as u32) < self.scenario.adapter.max_attempts {
             let attempt = attempt + 1;
             let retry = Event::CancelSubmit {
                 request,
@@ -346,7 +299,7 @@ impl<'s> CancelClient<'s> {
             k.schedule_in(0, Class::Control, retry)?;
             return Ok(Some(false));
         }
-        st.exhausted = true;
+        st.exhaust();
         self.settle(st);
         self.rpc.budget_exhausted += 1;
         if matches!(self.policy, Some(Policy::PerRequestWithFallback { .. })) {
@@ -357,11 +310,10 @@ impl<'s> CancelClient<'s> {
 
     /// An acknowledgement reaches the adapter.
     pub fn ack(&mut self, st: &mut CancelState) -> Ack {
-        if st.exhausted || st.fallback {
+        if st.exhausted() || st.fallback() {
             self.rpc.late_callbacks += 1;
             Ack::Late
-        } else if !st.acked {
-            st.acked = true;
+        } else if st.ack() {
             self.settle(st);
             self.rpc.acks += 1;
             Ack::First
@@ -377,7 +329,7 @@ impl<'s> CancelClient<'s> {
 
     /// The fallback bound ran out. True if the client falls back now.
     pub fn fallback_timer(&mut self, st: &mut CancelState) -> bool {
-        if st.observed_ns.is_some() || st.acked || st.fallback {
+        if st.observed_ns().is_some() || st.acked() || st.fallback() {
             return false;
         }
         self.fall_back(st);
@@ -387,7 +339,8 @@ impl<'s> CancelClient<'s> {
     /// The backend removed the request (observed an abort) or returned its blocks: the cancel is
     /// no longer in flight.
     pub fn backend_acted(&mut self, st: &mut CancelState) {
-        if std::mem::take(&mut st.in_flight) {
+        if st.acted() {
+            assert!(self.in_flight > 0, "a cancel in flight was counted");
             self.in_flight -= 1;
         }
     }
@@ -414,7 +367,7 @@ impl<'s> CancelClient<'s> {
 
     /// Nothing more of the cancel path can happen to a request with this state.
     pub fn settled(&self, st: &CancelState, enqueued: bool) -> bool {
-        st.intent_ns.is_none()
+        st.intent_ns().is_none()
             || !enqueued
             || matches!(self.policy, Some(Policy::FinishAndDiscard) | None)
             || st.done()
@@ -452,31 +405,6 @@ pub(crate) fn stage_mark(stage: Stage) -> Mark {
         Stage::AfterArrival | Stage::Random => Mark::StageAfterArrival,
         Stage::KvTransfer => Mark::StageKvTransfer,
         Stage::AwaitingRemoteKv => Mark::StageAwaitingRemoteKv,
-    }
-}
-
-/// Record one evidence level of request `id` at virtual time `now_ns`: in its own timeline (for
-/// latencies) and in the controller's ledger (with its clock domain), which refuses evidence out
-/// of order. Each level once: false if it was already there.
-pub(crate) fn evidence(
-    owners: &mut Owners<u64>,
-    id: u64,
-    st: &mut CancelState,
-    (level, at): (EvidenceLevel, Timestamp),
-    now_ns: u64,
-) -> Result<bool, Stop> {
-    debug_assert!(now_ns != u64::MAX, "the end of time is no evidence");
-    let slot = &mut st
-        .evidence_ns
-        .get_or_insert_with(|| Box::new([u64::MAX; 6]))[level as usize];
-    if *slot != u64::MAX {
-        return Ok(false);
-    }
-    *slot = now_ns;
-    // The record of a request in the world is never evicted, so its ledger is always there.
-    match owners.record_evidence(&id, level, at) {
-        Ok(()) => Ok(true),
-        Err(e) => Err(Stop::broken(vec![id], format!("evidence: {e}"))),
     }
 }
 

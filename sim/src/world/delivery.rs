@@ -71,7 +71,7 @@ impl World<'_> {
     fn complete(&mut self, tag: Tag) -> Step {
         let q = &mut self.requests[tag];
         playback::complete(&mut self.owners, q.id)?;
-        q.life.terminal = true;
+        q.life.terminate();
         self.turn_over(tag)?;
         self.stage_reached(tag, Stage::AfterCompletion)
     }

@@ -36,14 +36,14 @@ impl World<'_> {
     /// kept for the decode stage.
     pub(super) fn prefill_done(&mut self, tag: Tag, prefill: u32) -> Step {
         let id = self.requests[tag].id;
-        self.accounts.tokens_prefill += 1;
+        self.accounts.prefill_token();
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         // A backend that never checks for aborts has no order to handle them in.
         let checks = self.scenario.backend.checkpoint != CheckpointConfig::Never;
         let seen = h.aborts_seen.remove(&id) && checks;
         if seen && h.aborts_first() {
             h.stats.aborted_at_boundary += 1;
-            self.accounts.coverage.hit(Mark::HandoffAbortAtBoundary);
+            self.accounts.hit(Mark::HandoffAbortAtBoundary);
             let o = Observed {
                 id,
                 tag,
@@ -52,10 +52,10 @@ impl World<'_> {
             return self.on_observed(o);
         }
         if seen {
-            self.accounts.coverage.hit(Mark::HandoffPinnedForNobody);
+            self.accounts.hit(Mark::HandoffPinnedForNobody);
         }
         h.prefilled.insert(id, prefill);
-        self.requests[tag].life.in_handoff = true;
+        self.requests[tag].life.enter_handoff();
         Ok(())
     }
 
@@ -65,7 +65,7 @@ impl World<'_> {
         let now_ns = self.kernel.now_ns();
         let q = &self.requests[tag];
         let (id, prompt) = (q.id, q.prompt as u64);
-        if q.cancel.intent_ns.is_some() && self.cancel.policy() == Some(&Policy::Ideal) {
+        if q.cancel.intent_ns().is_some() && self.cancel.policy() == Some(&Policy::Ideal) {
             // The ideal aborts at once, so its final prefill step's output is discarded.
             let what = "the ideal cancel left a cancelled request's blocks pinned for its transfer";
             return Err(Stop::broken(vec![id], what));
@@ -110,11 +110,11 @@ impl World<'_> {
             let h = self.handoff.as_mut().expect("a prefill/decode world");
             let f = h.flights.remove(&request).expect("a flight in its gap");
             h.stats.stranded += 1;
-            self.accounts.coverage.hit(Mark::HandoffStranded);
+            self.accounts.hit(Mark::HandoffStranded);
             if h.cfg.notify_prefill {
                 self.notice(request, f.prefill, key::NOTICE_CANCEL, true)?;
             }
-            self.requests[tag].life.in_handoff = false;
+            self.requests[tag].life.leave_handoff();
             return self.try_finalize(tag);
         }
         let decode = self.cluster.route_decode();
@@ -156,14 +156,14 @@ impl World<'_> {
                 h.queue(decode).pop_front();
                 h.flights.remove(&id);
                 h.stats.kv_released_before_transfer += 1;
-                self.accounts.coverage.hit(Mark::HandoffKvReleasedEarly);
+                self.accounts.hit(Mark::HandoffKvReleasedEarly);
                 self.decode_admit(f, false)?;
                 continue;
             }
             // A full wire (a million transfers queued on one sender) waits like a full pool.
             if h.wire(f.prefill).is_full() || !self.cluster.pin(decode, f.blocks_decode) {
                 h.stats.receive_waits += 1;
-                self.accounts.coverage.hit(Mark::HandoffReceiveWait);
+                self.accounts.hit(Mark::HandoffReceiveWait);
                 return Ok(());
             }
             h.queue(decode).pop_front();
@@ -236,7 +236,7 @@ impl World<'_> {
         self.cluster.unpin(f.decode, f.blocks_decode);
         self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false)?;
         if failed {
-            self.accounts.coverage.hit(Mark::TransferFailed);
+            self.accounts.hit(Mark::TransferFailed);
         }
         self.decode_admit(f, !failed)
     }
@@ -246,10 +246,7 @@ impl World<'_> {
     fn decode_admit(&mut self, f: Flight, kv_ready: bool) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &mut self.requests[f.tag];
-        q.life.in_handoff = false;
-        q.life.engine_released = false;
-        q.life.engine_retired = false;
-        q.life.epoch_at_enqueue = self.cluster.intent_epoch(f.decode);
+        q.life.decode_enqueue(self.cluster.intent_epoch(f.decode));
         let new = NewRequest {
             id: q.id,
             tag: f.tag,
@@ -272,7 +269,7 @@ impl World<'_> {
     fn notice(&mut self, id: u64, replica: u32, sub: u64, cancel: bool) -> Step {
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         if h.lost(id, sub) {
-            self.accounts.coverage.hit(Mark::HandoffNoticeLost);
+            self.accounts.hit(Mark::HandoffNoticeLost);
             return Ok(());
         }
         // The receive completion is the decode node's own; every other message crosses the link.
@@ -304,7 +301,7 @@ impl World<'_> {
             Notice::Pending | Notice::Ignored => Ok(()),
             Notice::Fault => {
                 h.stats.second_completion_faults += 1;
-                self.accounts.coverage.hit(Mark::HandoffSecondCompletion);
+                self.accounts.hit(Mark::HandoffSecondCompletion);
                 let abort = Abort {
                     scope: Scope::Engine,
                     fault: Some(BlastRadius::Engine),
@@ -334,7 +331,7 @@ impl World<'_> {
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         let expired = h.owner(replica).expire(now_ns);
         for r in expired {
-            self.accounts.coverage.hit(Mark::HandoffLeaseExpired);
+            self.accounts.hit(Mark::HandoffLeaseExpired);
             self.give_back(replica, r)?;
         }
         Ok(())
@@ -407,7 +404,7 @@ impl World<'_> {
         for replica in 0..self.cluster.len() as u32 {
             let h = self.handoff.as_mut().expect("a prefill/decode world");
             if let Some(r) = h.owner(replica).release(now_ns, request) {
-                self.accounts.coverage.hit(Mark::HandoffIdealRelease);
+                self.accounts.hit(Mark::HandoffIdealRelease);
                 self.give_back(replica, r)?;
             }
         }
@@ -421,7 +418,7 @@ impl World<'_> {
             Phase::OnWire => {
                 let stopped = h.wire(f.prefill).stop(now_ns, request);
                 debug_assert!(stopped.is_some(), "a flight on the wire has its transfer");
-                self.accounts.coverage.hit(Mark::TransferCancelled);
+                self.accounts.hit(Mark::TransferCancelled);
                 self.cluster.unpin(f.decode, f.blocks_decode);
                 self.cluster.request_pass(&mut self.kernel, f.decode)?;
             }
@@ -439,7 +436,7 @@ impl World<'_> {
 
     /// A request between the stages is no longer in the handoff, and its abort is observed.
     fn observed_between(&mut self, request: u64, tag: Tag) -> Step {
-        self.requests[tag].life.in_handoff = false;
+        self.requests[tag].life.leave_handoff();
         let o = Observed {
             id: request,
             tag,
@@ -470,7 +467,7 @@ impl World<'_> {
                     // A late write can still land in them: no lease frees them until it ends.
                     h.owner(f.decode).reading(request);
                 }
-                self.accounts.coverage.hit(Mark::TransferCancelled);
+                self.accounts.hit(Mark::TransferCancelled);
                 if ended {
                     // Stopped on the wire, which may wedge the sender.
                     self.maybe_wedge(f.prefill, request)?;
@@ -497,7 +494,7 @@ impl World<'_> {
             return Ok(());
         }
         h.stats.wedges += 1;
-        self.accounts.coverage.hit(Mark::HandoffWedge);
+        self.accounts.hit(Mark::HandoffWedge);
         if let Some(ms) = h.cfg.hang_detector_ms {
             let ev = Event::HangCheck {
                 replica: prefill,
@@ -534,10 +531,9 @@ impl World<'_> {
         for (replica, blocks) in h.finish(now_ns) {
             self.cluster.unpin(replica, blocks);
         }
-        self.accounts.counts.cleanup_pending += h.abandoned.len() as u64;
-        let cov = &mut self.accounts.coverage;
-        cov.add(Mark::HandoffLeaseExpired, h.settled.0);
-        cov.add(Mark::HandoffNeverReturned, h.settled.1);
+        self.accounts.cleanups_pending(h.abandoned.len() as u64);
+        self.accounts.hit_n(Mark::HandoffLeaseExpired, h.settled.0);
+        self.accounts.hit_n(Mark::HandoffNeverReturned, h.settled.1);
         let mut stats = h.stats;
         for (_, since_ns) in self.cluster.wedged() {
             stats.wedge_s += (now_ns - since_ns) as f64 / 1e9;
@@ -553,5 +549,5 @@ impl World<'_> {
 /// nothing but weak events is left.
 #[cold]
 pub(super) fn waits_on_leases(accounts: &Accounts, handoff: Option<&Handoff>) -> bool {
-    accounts.little.in_system > 0 && handoff.is_some_and(|h| h.holds_leases())
+    accounts.tally().little.in_system > 0 && handoff.is_some_and(|h| h.holds_leases())
 }

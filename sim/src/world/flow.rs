@@ -7,7 +7,7 @@ use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
 use cancelsim_models::ownership::{State, Timestamp};
 use cancelsim_models::protocol::{Abort, NewRequest, Observed, Outcome, Released, Retired, Scope};
 
-use super::cancel::{self, evidence_mark, stage_mark, CancelState};
+use super::cancel::{evidence_mark, stage_mark, CancelState};
 use super::error::{Step, Stop};
 use super::event::{Cause, Event};
 use super::recorder::Left;
@@ -31,16 +31,13 @@ impl World<'_> {
         if !self.requests.live(request, tag) || self.is_done(tag) {
             return Ok(());
         }
-        match cause {
-            Cause::Deadline => self.accounts.deadlines_missed += 1,
-            _ => self.accounts.disconnects += 1,
-        }
+        self.accounts.timer(cause == Cause::Deadline);
         self.intent(tag, cause)
     }
 
     /// The frontend's abort after a stop string reaches the engine, if it still has the request.
     pub(super) fn on_stop_abort(&mut self, request: u64, tag: Tag) -> Step {
-        if !self.requests.live(request, tag) || self.requests[tag].life.engine_released {
+        if !self.requests.live(request, tag) || self.requests[tag].life.engine_released() {
             return Ok(());
         }
         let q = &mut self.requests[tag];
@@ -58,7 +55,7 @@ impl World<'_> {
         if !self.requests.live(request, tag) {
             return Ok(());
         }
-        self.requests[tag].cancel.intent_pending = false;
+        self.requests[tag].cancel.intent_fired();
         self.intent(tag, Cause::Storm)?;
         self.try_finalize(tag)
     }
@@ -118,11 +115,9 @@ impl World<'_> {
             self.kernel.schedule_at(d.end_ns, Class::Completion, done)?;
         }
         for &tag in &out.started {
-            if !self.requests[tag].life.started {
-                self.requests[tag].life.started = true;
-                self.requests[tag].life.started_ns = now_ns;
+            if self.requests[tag].life.start(now_ns) {
                 self.recover.admitted(self.requests[tag].arrival_ns, now_ns);
-                self.accounts.counts.started += 1;
+                self.accounts.started();
                 self.stage_reached(tag, Stage::Prefill)?;
             }
         }
@@ -147,7 +142,6 @@ impl World<'_> {
             .into());
         }
         self.arrivals.hash(&a);
-        self.accounts.counts.scheduled += 1;
         let (owner, generation) = conv.unwrap_or((a.id, 0));
         let handle = self.cancel.handle(a.id, owner);
         let session = match conv {
@@ -159,9 +153,6 @@ impl World<'_> {
         // A shared queue routes once the request is past its arrival (it may wait there).
         let early = (!self.cluster.shares_queue()).then(|| self.cluster.route(session));
         let plan = self.cancel.plan(a.id, now_ns);
-        if plan.is_some() {
-            self.accounts.storm_targets += 1;
-        }
         let tag = self.requests.insert(Req {
             replica: early.unwrap_or(0),
             handle,
@@ -173,8 +164,8 @@ impl World<'_> {
         if let Some((c, _)) = conv {
             self.conversations.joined(c, a.id, tag);
         }
-        self.accounts.stop_requests += self.requests[tag].stop_detect_ns.is_some() as u64;
-        self.accounts.arrived();
+        let stop_string = self.requests[tag].stop_detect_ns.is_some();
+        self.accounts.arrived(plan.is_some(), stop_string);
         if self.owners.start(a.id, generation as u64).is_err() {
             return Err(Stop::broken(vec![a.id], "a request identity was reused"));
         }
@@ -216,7 +207,7 @@ impl World<'_> {
     fn enqueue(&mut self, tag: Tag, a: Arrival) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &self.requests[tag];
-        let (replica, plan, q_conv) = (q.replica, q.cancel.plan, q.conv);
+        let (replica, plan, q_conv) = (q.replica, q.cancel.plan(), q.conv);
         let new = NewRequest {
             id: a.id,
             tag,
@@ -256,10 +247,8 @@ impl World<'_> {
             }
         }
         let epoch = self.cluster.intent_epoch(replica);
-        let life = &mut self.requests[tag].life;
-        life.enqueued = true;
-        life.epoch_at_enqueue = epoch;
-        self.accounts.counts.admitted += 1;
+        self.requests[tag].life.enqueue(epoch);
+        self.accounts.admitted();
         if self.cancel.policy().is_some() {
             let w = &self.scenario.workload;
             arrivals::client_timers(&mut self.kernel, w, self.seed, (a.id, tag))?;
@@ -272,13 +261,11 @@ impl World<'_> {
 
     fn reject(&mut self, tag: Tag) -> Step {
         let q = &mut self.requests[tag];
-        q.life.rejected = true;
-        q.life.engine_released = true;
-        q.life.engine_retired = true;
+        q.life.reject();
         let id = q.id;
         let cancelled = self.owners.finish(&id, Disposition::Cancelled);
         cancelled.map_err(Stop::controller(id))?;
-        self.requests[tag].life.terminal = true;
+        self.requests[tag].life.terminate();
         self.turn_over(tag)?;
         self.try_finalize(tag)
     }
@@ -286,17 +273,16 @@ impl World<'_> {
     /// Schedule a storm target's intent `delay_ns` from now (once).
     fn plan_intent(&mut self, tag: Tag, delay_ns: u64) -> Step {
         let q = &mut self.requests[tag];
-        if q.cancel.intent_pending || q.cancel.intent_ns.is_some() {
+        if !q.cancel.schedule_intent() {
             return Ok(());
         }
-        q.cancel.intent_pending = true;
         let ev = Event::Intent { request: q.id, tag };
         Ok(self.kernel.schedule_in(delay_ns, Class::Control, ev)?)
     }
 
     /// If the request's storm stage is `stage`, its intent is planned now.
     pub(super) fn stage_reached(&mut self, tag: Tag, stage: Stage) -> Step {
-        match self.requests[tag].cancel.plan {
+        match self.requests[tag].cancel.plan() {
             Some((s, delay)) if s == stage => self.plan_intent(tag, delay),
             _ => Ok(()),
         }
@@ -307,39 +293,38 @@ impl World<'_> {
     pub(super) fn intent(&mut self, tag: Tag, cause: Cause) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &mut self.requests[tag];
-        if q.cancel.intent_ns.is_some() {
+        if !q.cancel.intent_at(now_ns) {
             return Ok(());
         }
-        q.cancel.intent_ns = Some(now_ns);
-        let (id, plan, conv, cancel_won) = (q.id, q.cancel.plan, q.conv, q.output_done());
+        let (id, plan, conv, cancel_won) = (q.id, q.cancel.plan(), q.conv, q.output_done());
         if let Some((c, _)) = conv {
             self.conversations.note_intent(c);
         }
         self.cancel.count_intent();
         if let (Cause::Storm, Some((stage, _))) = (cause, plan) {
-            self.accounts.coverage.hit(stage_mark(stage));
+            self.accounts.hit(stage_mark(stage));
         }
         if self.owners.state(&id) == Some(State::Completed) {
-            self.accounts.coverage.hit(Mark::RaceCompletionWon);
+            self.accounts.hit(Mark::RaceCompletionWon);
         } else if cancel_won && self.requests[tag].output > 0 {
-            self.accounts.coverage.hit(Mark::RaceCancelWon);
+            self.accounts.hit(Mark::RaceCancelWon);
         }
         self.evidence(tag, EvidenceLevel::Intent, ClockDomain::Local)?;
         if self.invalidate(tag, cause)? {
             self.turn_over(tag)?;
         }
         let q = &mut self.requests[tag];
-        if !q.life.enqueued {
+        if !q.life.enqueued() {
             // Never reached a backend; if it waits in the router's queue, it leaves it now.
             if self.cluster.unhold(tag) {
                 return self.try_finalize(tag);
             }
             return Ok(());
         }
-        let holds = !q.life.engine_released;
+        let holds = !q.life.engine_released();
         if holds {
             self.cluster.intent(q.replica, now_ns, tag);
-        } else if q.life.in_handoff {
+        } else if q.life.in_handoff() {
             // Between the stages: the stage it is at shares its blocks and link with others.
             self.cluster.intent_between(q.replica);
         }
@@ -372,7 +357,7 @@ impl World<'_> {
         let id = self.requests[tag].id;
         let before = self.owners.state(&id);
         let after = self.owners.finish(&id, d).map_err(Stop::controller(id))?;
-        self.requests[tag].life.terminal = true;
+        self.requests[tag].life.terminate();
         if before.is_some_and(State::is_terminal) && after.is_some() && after != before {
             return Err(Stop::broken(vec![id], "a terminal disposition changed"));
         }
@@ -386,23 +371,22 @@ impl World<'_> {
         }
         if self.requests[o.tag].stop_abort {
             // The frontend's own abort after a stop string: the request completed; no cancel.
-            self.accounts.stop_aborts_observed += 1;
+            self.accounts.stop_abort_observed();
             return Ok(());
         }
         let q = &mut self.requests[o.tag];
-        q.cancel.observed_ns = Some(self.kernel.now_ns());
+        q.cancel.observed_at(self.kernel.now_ns());
         self.cancel.backend_acted(&mut q.cancel);
         let domain = ClockDomain::Backend;
         self.evidence(o.tag, EvidenceLevel::BackendObservation, domain)?;
-        if self.requests[o.tag].cancel.intent_ns.is_some() {
+        if self.requests[o.tag].cancel.intent_ns().is_some() {
             return Ok(self.cancel.send_ack(&mut self.kernel, o.id, o.tag)?);
         }
         // Terminated by the backend without an intent of its own: a group scope, a fault, or a
         // reused id. The adapter sees the request fail. Whoever's cancel it was, even its own
         // owner's (a stale abort of a reused id killing the next turn), it is a loss.
         let q = &mut self.requests[o.tag];
-        q.cancel.collateral = true;
-        q.cancel.sibling = true;
+        q.cancel.killed_as_collateral();
         self.cancel.collateral_kill();
         self.terminate(o.tag, Disposition::Cancelled)?;
         self.turn_over(o.tag)
@@ -414,15 +398,12 @@ impl World<'_> {
             let what = "release of a request that is not here";
             return Err(Stop::broken(vec![rel.id], what));
         }
-        self.accounts.kv_block_ns += rel.kv_block_ns;
-        self.accounts.kv_block_ns_retained += rel.kv_block_ns_marked;
         let q = &mut self.requests[rel.tag];
-        q.cost.kv_block_ns += rel.kv_block_ns;
-        q.life.restarts += rel.restarts;
-        q.life.engine_released = true;
-        q.life.released_ns = Some(self.kernel.now_ns());
+        let (held, retained) = (rel.kv_block_ns, rel.kv_block_ns_marked);
+        self.accounts.released(&mut q.cost, held, retained);
+        q.life.release(rel.restarts, self.kernel.now_ns());
         self.cancel.backend_acted(&mut q.cancel);
-        if q.cancel.intent_ns.is_some() {
+        if q.cancel.intent_ns().is_some() {
             let domain = ClockDomain::Backend;
             self.evidence(rel.tag, EvidenceLevel::ResourceRelease, domain)?;
         }
@@ -442,7 +423,7 @@ impl World<'_> {
             let what = "a replica retired a request that is not here";
             return Err(Stop::broken(vec![r.id], what));
         }
-        self.requests[r.tag].life.engine_retired = true;
+        self.requests[r.tag].life.retire();
         self.try_finalize(r.tag)?;
         self.dispatch_held()
     }
@@ -454,7 +435,7 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         if index > q.output {
             // Past a stop string: the engine does not know the output ended. Discarded.
-            self.accounts.tokens_overrun += 1;
+            self.accounts.token_overrun();
             return Ok(());
         }
         let stop_ns = q.stop_detect_ns.filter(|_| index == q.output);
@@ -464,14 +445,10 @@ impl World<'_> {
             self.kernel.schedule_in(delay_ns, Class::Control, ev)?;
         }
         let q = &mut self.requests[tag];
-        debug_assert_eq!(index, q.life.tokens + 1);
-        q.life.tokens = index;
-        if index == 1 {
-            q.life.first_token_ns = now_ns;
-        }
+        q.life.token(index, now_ns);
         // Blocks released unsafely by someone's cancel: a sibling harmed by it.
-        if corrupted && q.chunks.corrupted() && q.cancel.intent_ns.is_none() {
-            q.cancel.sibling = true;
+        if corrupted && q.chunks.corrupted() && q.cancel.intent_ns().is_none() {
+            q.cancel.harmed();
         }
         if index == 1 {
             self.stage_reached(tag, Stage::Decode)?;
@@ -480,7 +457,7 @@ impl World<'_> {
             self.last_token(tag)?;
         }
         let q = &mut self.requests[tag];
-        if q.life.terminal {
+        if q.life.terminal() {
             debug_assert!(self.owners.state(&q.id).is_none_or(State::is_terminal));
             self.accounts.late_token(&mut q.cost);
             return Ok(());
@@ -498,7 +475,7 @@ impl World<'_> {
     /// is the window's waste, not a late output.)
     fn discarded_token(&mut self, tag: Tag) {
         let q = &mut self.requests[tag];
-        if q.life.terminal && self.owners.state(&q.id) != Some(State::Completed) {
+        if q.life.terminal() && self.owners.state(&q.id) != Some(State::Completed) {
             self.accounts.late_token(&mut q.cost);
         }
     }
@@ -506,10 +483,10 @@ impl World<'_> {
     fn last_token(&mut self, tag: Tag) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &mut self.requests[tag];
-        q.life.last_token_ns = now_ns;
-        self.accounts.last_completion_ns = now_ns;
+        q.life.last_token(now_ns);
+        self.accounts.completion_at(now_ns);
         let c = &q.cancel;
-        if c.intent_ns.is_some() && c.evidence(EvidenceLevel::FinalCallback).is_none() {
+        if c.intent_ns().is_some() && c.evidence(EvidenceLevel::FinalCallback).is_none() {
             self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
         }
         self.stage_reached(tag, Stage::AfterFinalOutput)
@@ -527,8 +504,8 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         let at = Timestamp { domain, ns };
         let owners = &mut self.owners;
-        if cancel::evidence(owners, q.id, &mut q.cancel, (level, at), now_ns)? {
-            self.accounts.coverage.hit(evidence_mark(level));
+        if q.cancel.record(owners, q.id, (level, at), now_ns)? {
+            self.accounts.hit(evidence_mark(level));
         }
         Ok(())
     }
@@ -543,9 +520,9 @@ impl World<'_> {
         let terminal = state.is_none_or(State::is_terminal);
         // Not before its replica is done with it: a step in flight still holds its tag, and its
         // output must be charged to this request, not to the next owner of the tag.
-        let engine_done = (q.life.engine_retired || !q.life.enqueued) && !q.life.in_handoff;
-        let settled = self.cancel.settled(&q.cancel, q.life.enqueued);
-        if !terminal || !engine_done || q.chunks.busy() || q.cancel.intent_pending || !settled {
+        let engine_done = (q.life.engine_retired() || !q.life.enqueued()) && !q.life.in_handoff();
+        let settled = self.cancel.settled(&q.cancel, q.life.enqueued());
+        if !terminal || !engine_done || q.chunks.busy() || q.cancel.intent_pending() || !settled {
             return Ok(());
         }
         // The world never substitutes a state the controller did not give: a record of a
@@ -567,24 +544,24 @@ impl World<'_> {
         }
         self.requests[tag].chunks.drop_stream();
         debug_assert!(
-            !self.requests[tag].cancel.awaiting || self.cancel.policy().is_none(),
+            !self.requests[tag].cancel.awaiting() || self.cancel.policy().is_none(),
             "a request leaves once its cancel settled"
         );
         self.cancel.settle(&mut self.requests[tag].cancel);
         let q = &self.requests[tag];
         // Failed before admission without a cancel of its own (a killed engine, say): it waited
         // for admission until now, and the time to recover must see it.
-        if !q.life.started && q.cancel.intent_ns.is_none() {
+        if !q.life.started() && q.cancel.intent_ns().is_none() {
             self.recover.admitted(q.arrival_ns, now_ns);
         }
         let fd = self.cancel.finish_and_discard();
         self.accounts.left(q, state, fd, now_ns);
         // A sibling: no intent of its own, but it shared a replica with a request that got one
         // while it was there, or it was killed or corrupted by someone's cancel.
-        let shared = q.life.enqueued
-            && self.cluster.intent_epoch(q.replica) > q.life.epoch_at_enqueue
+        let shared = q.life.enqueued()
+            && self.cluster.intent_epoch(q.replica) > q.life.epoch_at_enqueue()
             && !self.group_hit(q);
-        let sibling = q.cancel.intent_ns.is_none() && (q.cancel.sibling || shared);
+        let sibling = q.cancel.intent_ns().is_none() && (q.cancel.sibling() || shared);
         let judged = self.baseline.left(q, state, sibling);
         let how = Left {
             state,

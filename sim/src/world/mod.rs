@@ -18,6 +18,7 @@ mod accounts;
 mod arrivals;
 mod baseline;
 mod cancel;
+mod cancel_state;
 mod cluster;
 mod conversations;
 mod delivery;
@@ -26,6 +27,7 @@ mod error;
 mod event;
 mod flow;
 mod handoff;
+mod life;
 mod playback;
 mod recorder;
 mod recovery;
@@ -206,7 +208,8 @@ impl<'s> World<'s> {
             self.sample_until(self.kernel.now_ns());
             self.dispatch(event).map_err(|e| self.stopped(e))?;
             if self.kernel.events_dispatched() % crate::record::PROGRESS_EVERY_EVENTS == 0 {
-                self.recorder.progress(self.accounts.counts.scheduled);
+                self.recorder
+                    .progress(self.accounts.tally().counts.scheduled);
             }
         }
         let now = self.kernel.now_ns();
@@ -324,7 +327,7 @@ impl<'s> World<'s> {
 
     fn on_cancel_deliver(&mut self, request: u64, replica: u32, scope: Scope, attempt: u8) -> Step {
         let abort = self.cancel.abort(request, scope, attempt);
-        self.accounts.coverage.hit(scope_mark(scope));
+        self.accounts.hit(scope_mark(scope));
         if self.handoff_abort(request, replica, &abort)? {
             return Ok(());
         }
@@ -393,7 +396,7 @@ impl<'s> World<'s> {
             scenario: self.scenario,
             seed: self.seed,
             policy: &self.label,
-            accounts: self.accounts,
+            accounts: self.accounts.tally(),
             drained,
             replicas: self.cluster.len(),
             conversations: self.conversations.events(),
@@ -427,17 +430,17 @@ impl<'s> World<'s> {
             if let Some(why) = wedged.or_else(|| h.stall()) {
                 return Err(Stop::Stalled(format!(
                     "{} requests never finished ({live:?}, ...): {why}",
-                    self.accounts.little.in_system
+                    self.accounts.tally().little.in_system
                 )));
             }
         }
-        if !live.is_empty() || self.accounts.little.in_system != 0 {
+        if !live.is_empty() || self.accounts.tally().little.in_system != 0 {
             return Err(Stop::broken(
                 live,
                 "requests never reached a terminal disposition",
             ));
         }
-        let c = &self.accounts.counts;
+        let c = &self.accounts.tally().counts;
         if c.completed + c.cancelled + c.expired + c.rejected != c.scheduled {
             let what = "dispositions do not add up to the requests scheduled";
             return Err(Stop::broken(vec![], what));

@@ -125,7 +125,7 @@ impl Recorder {
 
     /// A request leaves: its row to the sink, its track and cancel flow to the trace.
     pub fn left(&mut self, q: &Req, policy: &str, how: Left) {
-        let disposition = if q.life.rejected {
+        let disposition = if q.life.rejected() {
             "rejected"
         } else {
             how.state.as_str()
@@ -160,7 +160,7 @@ impl Recorder {
     /// The cancel as a flow: intent, then backend observation, then resource release, each a
     /// 1 µs marker slice on the "cancels" thread that the flow binds to.
     fn cancel_flow(&mut self, q: &Req, group: &mut Vec<TraceEvent>) {
-        let Some(intent_ns) = q.cancel.intent_ns else {
+        let Some(intent_ns) = q.cancel.intent_ns() else {
             return;
         };
         let pid = self.opts.trace_pid;
@@ -215,7 +215,7 @@ impl Recorder {
 /// A request's row of `requests.csv`.
 fn row(q: &Req, policy: &str, disposition: &'static str, how: Left) -> RequestRow {
     let ev = |l: EvidenceLevel| q.evidence_ns(l).map(ms);
-    let completed = how.state == State::Completed && !q.life.rejected;
+    let completed = how.state == State::Completed && !q.life.rejected();
     let l = &q.life;
     RequestRow {
         policy: policy.to_string(),
@@ -225,29 +225,29 @@ fn row(q: &Req, policy: &str, disposition: &'static str, how: Left) -> RequestRo
         replica: q.replica,
         runtime_id: q.handle.runtime_id,
         disposition,
-        target: q.cancel.plan.is_some(),
+        target: q.cancel.plan().is_some(),
         sibling: how.sibling,
         survived: how.survived,
-        collateral: q.cancel.collateral,
+        collateral: q.cancel.collateral(),
         prompt_tokens: q.prompt,
         output_tokens: q.output,
-        tokens_generated: l.tokens,
+        tokens_generated: l.tokens(),
         chunks_played: q.chunks.admitted,
         arrival_ms: ms(q.arrival_ns),
-        ttft_ms: completed.then(|| ms(l.first_token_ns - q.arrival_ns)),
-        e2e_ms: completed.then(|| ms(l.last_token_ns - q.arrival_ns)),
-        intent_ms: q.cancel.intent_ns.map(ms),
+        ttft_ms: completed.then(|| ms(l.first_token_ns() - q.arrival_ns)),
+        e2e_ms: completed.then(|| ms(l.last_token_ns() - q.arrival_ns)),
+        intent_ms: q.cancel.intent_ns().map(ms),
         local_invalidation_ms: ev(EvidenceLevel::LocalInvalidation),
         cancel_submission_ms: ev(EvidenceLevel::CancelSubmission),
         backend_observation_ms: ev(EvidenceLevel::BackendObservation),
         final_callback_ms: ev(EvidenceLevel::FinalCallback),
         resource_release_ms: ev(EvidenceLevel::ResourceRelease),
-        leaked_gpu_ms: (q.cost.leak_pre_ns + q.cost.leak_post_ns) / 1e6,
-        late_discards: q.cost.late_tokens,
-        gpu_ms: q.cost.gpu_ns / 1e6,
-        token_steps: q.cost.token_steps,
-        kv_block_s: q.cost.kv_block_ns as f64 / NS_PER_S as f64,
-        scheduling_delay_ms: l.started.then(|| ms(l.started_ns - q.arrival_ns)),
-        restarts: l.restarts,
+        leaked_gpu_ms: (q.cost.leak_pre_ns() + q.cost.leak_post_ns()) / 1e6,
+        late_discards: q.cost.late_tokens(),
+        gpu_ms: q.cost.gpu_ns() / 1e6,
+        token_steps: q.cost.token_steps(),
+        kv_block_s: q.cost.kv_block_ns() as f64 / NS_PER_S as f64,
+        scheduling_delay_ms: l.started().then(|| ms(l.started_ns() - q.arrival_ns)),
+        restarts: l.restarts(),
     }
 }

@@ -1,7 +1,6 @@
 //! The requests in the system: a slab indexed by the `tag` the replicas echo back, so no hash
 //! lookup happens per token. A request's record is split by the component that owns each part:
-//! its lifecycle here, its chunks in `playback`, its cancel path in `cancel`, its costs in
-//! `accounts`.
+//! its lifecycle and costs in `life`, its chunks in `playback`, its cancel path in `cancel`.
 
 use cancelsim_models::ownership::EvidenceLevel;
 use cancelsim_models::protocol::Handle;
@@ -11,53 +10,10 @@ use super::playback::{Chunks, Owner};
 use crate::workload::{Arrival, STOP_OVERRUN_MAX, TOKENS_MAX};
 
 pub(crate) use super::event::Tag;
+pub(crate) use super::life::{Cost, Life};
 
 /// The conversation turn a request belongs to: (conversation, generation).
 pub(crate) type TurnRef = (u64, u32);
-
-/// Where a request is in its life, as the world sees it.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Life {
-    pub enqueued: bool,
-    pub started: bool,
-    /// When a replica first put it in a step (its scheduling delay ends).
-    pub started_ns: u64,
-    /// Preemptions with recompute, summed over the replicas it went through.
-    pub restarts: u32,
-    /// Its blocks are back in the pool.
-    pub engine_released: bool,
-    /// It left its replica: no step in flight holds it, so its tag may be reused.
-    pub engine_retired: bool,
-    pub rejected: bool,
-    /// Mirror of the controller's state being terminal, so a token need not look it up.
-    pub terminal: bool,
-    pub first_token_ns: u64,
-    pub last_token_ns: u64,
-    pub tokens: u32,
-    /// When the engine returned the request's blocks (whether or not it had an intent).
-    pub released_ns: Option<u64>,
-    /// The replica's intent epoch when the request reached it.
-    pub epoch_at_enqueue: u64,
-    /// Its conversation turn has counted it as ended.
-    pub turn_over: bool,
-    /// Between a prefill and a decode stage: it may not leave yet.
-    pub in_handoff: bool,
-}
-
-/// What one request cost, as its steps and releases come in.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Cost {
-    /// GPU time shared to its own tokens (each step's time split by tokens).
-    pub gpu_ns: f64,
-    /// GPU time after its intent, before and after the backend observed the cancel.
-    pub leak_pre_ns: f64,
-    pub leak_post_ns: f64,
-    /// Tokens produced after its terminal transition (all discarded).
-    pub late_tokens: u32,
-    /// Tokens it had in steps (prefill chunks and decode slots, discarded ones too).
-    pub token_steps: u64,
-    pub kv_block_ns: u128,
-}
 
 /// A request in the system.
 #[derive(Clone, Debug)]
@@ -132,7 +88,7 @@ impl Req {
     }
 
     pub fn output_done(&self) -> bool {
-        self.life.tokens == self.output
+        self.life.tokens() == self.output
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::accounts::{Accounts, CLEANUP_LEVELS};
+use super::accounts::{Tally, CLEANUP_LEVELS};
 use super::baseline::Siblings;
 use super::cluster::Drained;
 use crate::coverage::{Coverage, Mark};
@@ -18,7 +18,7 @@ pub(crate) struct Books<'a> {
     pub scenario: &'a Scenario,
     pub seed: u64,
     pub policy: &'a str,
-    pub accounts: Accounts,
+    pub accounts: &'a Tally,
     pub drained: Drained,
     pub replicas: usize,
     pub conversations: &'a WorkloadEvents,
@@ -72,7 +72,7 @@ fn derived_marks(cov: &mut Coverage, rpc: &CancelRpc, preemptions: u64, pb: &Pla
 }
 
 /// Cleanup latency per evidence level; their CDFs go to the extras for the plot.
-fn cleanup(a: &Accounts, extras: &mut Extras) -> BTreeMap<String, LevelLatencyMs> {
+fn cleanup(a: &Tally, extras: &mut Extras) -> BTreeMap<String, LevelLatencyMs> {
     let mut out = BTreeMap::new();
     for (i, level) in CLEANUP_LEVELS.iter().enumerate() {
         let cdf = a.cleanup[i].cdf_ms(50);
@@ -132,7 +132,7 @@ fn sibling_survival(sib: Option<&Siblings>) -> (SiblingSurvival, LatencyDeltaMs)
 /// books (arrivals counted, each request's time in system when it left). Two separate
 /// bookkeepings: a request the books lose or count twice, or one that stays in the slab,
 /// opens a gap.
-fn littles_law(a: &Accounts, end_ns: u64, occupancy_area_ns: u128) -> LittlesLaw {
+fn littles_law(a: &Tally, end_ns: u64, occupancy_area_ns: u128) -> LittlesLaw {
     let l = &a.little;
     let lambda_per_s = ratio(a.counts.scheduled as f64, end_ns as f64 / NS_PER_S as f64);
     let mean_in_system = ratio(occupancy_area_ns as f64, end_ns as f64);
@@ -174,13 +174,14 @@ fn workload(b: &Books) -> WorkloadEvents {
 }
 
 /// The summary of one run.
-pub(crate) fn summary(mut b: Books, extras: &mut Extras) -> Summary {
+pub(crate) fn summary(b: Books, extras: &mut Extras) -> Summary {
     let st = b.drained.stats;
-    derived_marks(&mut b.accounts.coverage, b.rpc, st.preemptions, b.playback);
-    let cleanup = cleanup(&b.accounts, extras);
+    let mut coverage = b.accounts.coverage.clone();
+    derived_marks(&mut coverage, b.rpc, st.preemptions, b.playback);
+    let cleanup = cleanup(b.accounts, extras);
     let (sibling_survival, sibling_latency_delta_ms) = sibling_survival(b.siblings);
     let makespan_s = b.accounts.last_completion_ns as f64 / NS_PER_S as f64;
-    let a = &b.accounts;
+    let a = b.accounts;
     Summary {
         scenario: b.scenario.name.clone(),
         scenario_hash: b.scenario.hash(),
@@ -220,7 +221,7 @@ pub(crate) fn summary(mut b: Books, extras: &mut Extras) -> Summary {
         playback: b.playback.clone(),
         cancel_rpc: b.rpc.clone(),
         targets: a.targets.clone(),
-        coverage: a.coverage.clone().into_map(),
+        coverage: coverage.into_map(),
         littles_law: littles_law(a, b.end_ns, b.occupancy_area_ns),
         handoff: b.handoff,
         recovery: b.recovery,

@@ -31,7 +31,7 @@ impl World<'_> {
         self.sink.clear(&mut self.kernel, &mut self.owners, conv)?;
         for &(id, tag) in &members {
             if workload::conversation_request_index(id) == 0 && self.requests.live(id, tag) {
-                let seen = self.requests[tag].life.tokens;
+                let seen = self.requests[tag].life.tokens();
                 self.conversations.seen(conv, generation, seen);
             }
         }
@@ -49,14 +49,14 @@ impl World<'_> {
     /// request fewer out. Once per request, however it ended.
     pub(super) fn turn_over(&mut self, tag: Tag) -> Step {
         let q = &mut self.requests[tag];
-        if std::mem::replace(&mut q.life.turn_over, true) {
+        if !q.life.end_turn() {
             return Ok(());
         }
         let Some((c, g)) = q.conv else {
             return Ok(());
         };
         if workload::conversation_request_index(q.id) == 0 {
-            self.conversations.seen(c, g, q.life.tokens.min(q.output));
+            self.conversations.seen(c, g, q.life.tokens().min(q.output));
         }
         let w = &self.scenario.workload;
         let end = self.conversations.request_done(&mut self.kernel, w, c, g)?;

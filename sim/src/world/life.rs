@@ -1,0 +1,386 @@
+//! A request's own record as the world sees it: where it is in its life (`Life`) and what it
+//! has cost so far (`Cost`). Each changes only through the named transitions here, which assert
+//! the order the world relies on; the handlers read the fields through getters.
+
+/// Where a request is in its life, as the world sees it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Life {
+    enqueued: bool,
+    started: bool,
+    /// When a replica first put it in a step (its scheduling delay ends).
+    started_ns: u64,
+    /// Preemptions with recompute, summed over the replicas it went through.
+    restarts: u32,
+    /// Its blocks are back in the pool.
+    engine_released: bool,
+    /// It left its replica: no step in flight holds it, so its tag may be reused.
+    engine_retired: bool,
+    rejected: bool,
+    /// Mirror of the controller's state being terminal, so a token need not look it up.
+    terminal: bool,
+    first_token_ns: u64,
+    last_token_ns: u64,
+    tokens: u32,
+    /// When the engine returned the request's blocks (whether or not it had an intent).
+    released_ns: Option<u64>,
+    /// The replica's intent epoch when the request reached it.
+    epoch_at_enqueue: u64,
+    /// Its conversation turn has counted it as ended.
+    turn_over: bool,
+    /// Between a prefill and a decode stage: it may not leave yet.
+    in_handoff: bool,
+}
+
+impl Life {
+    /// Into a replica's waiting queue (once: the decode stage of a P/D graph is `decode_enqueue`).
+    pub fn enqueue(&mut self, epoch: u64) {
+        assert!(!self.enqueued, "a request was enqueued twice");
+        assert!(!self.rejected, "a rejected request was enqueued");
+        self.enqueued = true;
+        self.epoch_at_enqueue = epoch;
+    }
+
+    /// Refused at arrival: it never holds blocks, and no replica will retire it.
+    pub fn reject(&mut self) {
+        assert!(!self.enqueued, "an enqueued request was rejected");
+        self.rejected = true;
+        self.engine_released = true;
+        self.engine_retired = true;
+    }
+
+    /// A replica put it in a step at `now_ns`. True the first time (its scheduling delay ends).
+    pub fn start(&mut self, now_ns: u64) -> bool {
+        assert!(self.enqueued, "a request started before it was enqueued");
+        if std::mem::replace(&mut self.started, true) {
+            return false;
+        }
+        self.started_ns = now_ns;
+        true
+    }
+
+    /// The controller made it terminal (any number of times: the first transition wins there).
+    pub fn terminate(&mut self) {
+        self.terminal = true;
+    }
+
+    /// Its replica returned its blocks at `now_ns`, after `restarts` recomputes there.
+    pub fn release(&mut self, restarts: u32, now_ns: u64) {
+        assert!(
+            self.enqueued,
+            "a request was released that never reached a replica"
+        );
+        assert!(
+            !self.engine_released,
+            "a request's blocks were released twice"
+        );
+        self.restarts += restarts;
+        self.engine_released = true;
+        self.released_ns = Some(now_ns);
+    }
+
+    /// No step in flight holds it any more.
+    pub fn retire(&mut self) {
+        assert!(
+            self.enqueued,
+            "a request retired that never reached a replica"
+        );
+        self.engine_retired = true;
+    }
+
+    /// Output token `index` (from 1) came out at `now_ns`.
+    pub fn token(&mut self, index: u32, now_ns: u64) {
+        assert_eq!(index, self.tokens + 1, "output tokens out of order");
+        self.tokens = index;
+        if index == 1 {
+            self.first_token_ns = now_ns;
+        }
+    }
+
+    /// Its last output token came out at `now_ns`.
+    pub fn last_token(&mut self, now_ns: u64) {
+        assert!(self.tokens > 0, "a last token before the first");
+        self.last_token_ns = now_ns;
+    }
+
+    /// Its conversation turn counts it as ended. True the first time.
+    pub fn end_turn(&mut self) -> bool {
+        !std::mem::replace(&mut self.turn_over, true)
+    }
+
+    /// Prefilled: between the stages until `leave_handoff`.
+    pub fn enter_handoff(&mut self) {
+        assert!(!self.in_handoff, "a request entered the handoff twice");
+        self.in_handoff = true;
+    }
+
+    pub fn leave_handoff(&mut self) {
+        assert!(self.in_handoff, "a request left a handoff it was not in");
+        self.in_handoff = false;
+    }
+
+    /// Across the link into the decode stage's queue: a new replica holds it from now.
+    pub fn decode_enqueue(&mut self, epoch: u64) {
+        assert!(
+            self.enqueued,
+            "a decode stage took a request no prefill stage had"
+        );
+        assert!(
+            self.engine_released,
+            "a decode stage took blocks the prefill stage holds"
+        );
+        self.leave_handoff();
+        self.engine_released = false;
+        self.engine_retired = false;
+        self.epoch_at_enqueue = epoch;
+    }
+
+    pub fn enqueued(&self) -> bool {
+        self.enqueued
+    }
+    pub fn started(&self) -> bool {
+        self.started
+    }
+    pub fn started_ns(&self) -> u64 {
+        self.started_ns
+    }
+    pub fn restarts(&self) -> u32 {
+        self.restarts
+    }
+    pub fn engine_released(&self) -> bool {
+        self.engine_released
+    }
+    pub fn engine_retired(&self) -> bool {
+        self.engine_retired
+    }
+    pub fn rejected(&self) -> bool {
+        self.rejected
+    }
+    pub fn terminal(&self) -> bool {
+        self.terminal
+    }
+    pub fn first_token_ns(&self) -> u64 {
+        self.first_token_ns
+    }
+    pub fn last_token_ns(&self) -> u64 {
+        self.last_token_ns
+    }
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+    pub fn released_ns(&self) -> Option<u64> {
+        self.released_ns
+    }
+    pub fn epoch_at_enqueue(&self) -> u64 {
+        self.epoch_at_enqueue
+    }
+    pub fn in_handoff(&self) -> bool {
+        self.in_handoff
+    }
+}
+
+/// What one request cost, as its steps and releases come in. Times are GPU ns.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Cost {
+    /// GPU time shared to its own tokens (each step's time split by tokens).
+    gpu_ns: f64,
+    /// GPU time after its intent, before and after the backend observed the cancel.
+    leak_pre_ns: f64,
+    leak_post_ns: f64,
+    /// Tokens produced after its terminal transition (all discarded).
+    late_tokens: u32,
+    /// Tokens it had in steps (prefill chunks and decode slots, discarded ones too).
+    token_steps: u64,
+    kv_block_ns: u128,
+}
+
+impl Cost {
+    /// `tokens` of its tokens were in a step.
+    pub fn stepped(&mut self, tokens: u32) {
+        self.token_steps += tokens as u64;
+    }
+
+    /// Its share of a step's time that went to its own output.
+    pub fn charge(&mut self, ns: f64) {
+        assert!(ns >= 0.0, "a negative GPU share: {ns}");
+        self.gpu_ns += ns;
+    }
+
+    /// GPU work after its intent, before or after the backend observed the cancel.
+    pub fn leak(&mut self, ns: f64, observed: bool) {
+        assert!(ns >= 0.0, "a negative leak: {ns}");
+        match observed {
+            false => self.leak_pre_ns += ns,
+            true => self.leak_post_ns += ns,
+        }
+    }
+
+    /// A token came out after its terminal transition.
+    pub fn late_token(&mut self) {
+        self.late_tokens += 1;
+    }
+
+    /// Its blocks came back, having been held for `block_ns` block-ns.
+    pub fn released(&mut self, block_ns: u128) {
+        self.kv_block_ns += block_ns;
+    }
+
+    pub fn gpu_ns(&self) -> f64 {
+        self.gpu_ns
+    }
+    pub fn leak_pre_ns(&self) -> f64 {
+        self.leak_pre_ns
+    }
+    pub fn leak_post_ns(&self) -> f64 {
+        self.leak_post_ns
+    }
+    pub fn late_tokens(&self) -> u32 {
+        self.late_tokens
+    }
+    pub fn token_steps(&self) -> u64 {
+        self.token_steps
+    }
+    pub fn kv_block_ns(&self) -> u128 {
+        self.kv_block_ns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enqueued() -> Life {
+        let mut l = Life::default();
+        l.enqueue(3);
+        l
+    }
+
+    #[test]
+    fn a_life_in_order_passes_every_assertion() {
+        let mut l = enqueued();
+        assert!(l.start(10));
+        assert!(!l.start(20), "started once");
+        l.token(1, 30);
+        l.token(2, 40);
+        l.last_token(40);
+        l.release(1, 50);
+        l.retire();
+        assert_eq!(
+            (l.first_token_ns(), l.last_token_ns(), l.tokens()),
+            (30, 40, 2)
+        );
+        assert_eq!((l.released_ns(), l.restarts()), (Some(50), 1));
+        assert!(l.end_turn() && !l.end_turn());
+    }
+
+    #[test]
+    #[should_panic(expected = "enqueued twice")]
+    fn enqueued_twice() {
+        enqueued().enqueue(4);
+    }
+
+    #[test]
+    #[should_panic(expected = "rejected request was enqueued")]
+    fn enqueued_after_rejection() {
+        let mut l = Life::default();
+        l.reject();
+        l.enqueue(0);
+    }
+
+    #[test]
+    #[should_panic(expected = "enqueued request was rejected")]
+    fn rejected_after_enqueue() {
+        enqueued().reject();
+    }
+
+    #[test]
+    #[should_panic(expected = "started before it was enqueued")]
+    fn started_before_enqueue() {
+        Life::default().start(1);
+    }
+
+    #[test]
+    #[should_panic(expected = "never reached a replica")]
+    fn released_before_enqueue() {
+        Life::default().release(0, 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "released twice")]
+    fn released_twice() {
+        let mut l = enqueued();
+        l.release(0, 1);
+        l.release(0, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "retired that never reached a replica")]
+    fn retired_before_enqueue() {
+        Life::default().retire();
+    }
+
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn a_token_skipped() {
+        let mut l = enqueued();
+        l.token(1, 1);
+        l.token(3, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "last token before the first")]
+    fn a_last_token_first() {
+        enqueued().last_token(1);
+    }
+
+    #[test]
+    #[should_panic(expected = "entered the handoff twice")]
+    fn into_the_handoff_twice() {
+        let mut l = enqueued();
+        l.enter_handoff();
+        l.enter_handoff();
+    }
+
+    #[test]
+    #[should_panic(expected = "left a handoff it was not in")]
+    fn out_of_a_handoff_it_was_not_in() {
+        enqueued().leave_handoff();
+    }
+
+    #[test]
+    #[should_panic(expected = "blocks the prefill stage holds")]
+    fn decoded_before_the_prefill_released() {
+        let mut l = enqueued();
+        l.enter_handoff();
+        l.decode_enqueue(1);
+    }
+
+    #[test]
+    #[should_panic(expected = "no prefill stage had")]
+    fn decoded_without_a_prefill() {
+        Life::default().decode_enqueue(1);
+    }
+
+    #[test]
+    fn the_decode_stage_holds_it_again() {
+        let mut l = enqueued();
+        l.enter_handoff();
+        l.release(0, 5);
+        l.retire();
+        l.decode_enqueue(7);
+        assert!(!l.in_handoff() && !l.engine_released() && !l.engine_retired());
+        assert_eq!(l.epoch_at_enqueue(), 7);
+        l.release(0, 9);
+    }
+
+    #[test]
+    #[should_panic(expected = "negative GPU share")]
+    fn a_negative_share() {
+        Cost::default().charge(-1.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "negative leak")]
+    fn a_negative_leak() {
+        Cost::default().leak(-1.0, false);
+    }
+}
