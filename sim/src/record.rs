@@ -192,20 +192,16 @@ pub struct Extras {
     pub admission_bins_ms: Vec<(f64, f64)>,
     /// What the trace kept, when a trace was recorded.
     pub trace: Option<TraceLog>,
-    /// The request sink, handed back so the next run can continue writing to it.
-    pub sink: Option<Box<dyn RequestSink>>,
-    /// The trace sink, handed back likewise.
-    pub trace_sink: Option<Box<dyn TraceSink>>,
 }
 
-/// Recording options of a run.
+/// Recording options of a run. The sinks are borrowed: whoever opened them closes them.
 #[derive(Default)]
-pub struct Recording {
+pub struct Recording<'r> {
     /// Sample the gauges every this many virtual ns (0: never).
     pub sample_ns: u64,
-    pub sink: Option<Box<dyn RequestSink>>,
+    pub sink: Option<&'r mut (dyn RequestSink + 'static)>,
     /// Where trace events go; none, no trace.
-    pub trace: Option<Box<dyn TraceSink>>,
+    pub trace: Option<&'r mut (dyn TraceSink + 'static)>,
     /// Trace events kept per run, at most (`TRACE_EVENTS_MAX` unless asked otherwise).
     pub trace_events_max: u64,
     /// Process id of this run in a shared trace.

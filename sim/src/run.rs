@@ -4,10 +4,15 @@
 use crate::metrics::CapacityCost;
 use crate::metrics::Summary;
 use crate::record::{Extras, Recording, RequestSink, TraceSink};
-use crate::scenario::{Policy, Scenario, Source};
+use std::sync::Arc;
+
+use cancelsim_models::gpu::StepTable;
+
+use crate::scenario::{Policy, ProfileRef, Scenario, Source};
+use crate::workload::TraceReader;
 #[cfg(feature = "broken-variants")]
 use crate::world::Hooks;
-use crate::world::{CfTable, Mode, RunError, World};
+use crate::world::{CfTable, Inputs, Mode, RunError, World};
 
 /// The counterfactual and one run per policy, on one seed.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -28,15 +33,16 @@ pub struct Report {
     pub run_hash: String,
 }
 
-/// How to run: what to record, and (tests only) deliberately broken variants.
+/// How to run: what to record, and (tests only) deliberately broken variants. The sinks are
+/// borrowed for the report's runs: the caller opened them, and closes them after.
 #[derive(Default)]
-pub struct RunOptions {
+pub struct RunOptions<'a> {
     /// Sample the gauges every this many virtual ns (0: never).
     pub sample_ns: u64,
     /// Where per-request rows stream, across all the runs of the report.
-    pub sink: Option<Box<dyn RequestSink>>,
+    pub sink: Option<&'a mut (dyn RequestSink + 'static)>,
     /// Where the runs' Chrome trace events stream, if anywhere.
-    pub trace: Option<Box<dyn TraceSink>>,
+    pub trace: Option<&'a mut (dyn TraceSink + 'static)>,
     /// Trace events kept per run, at most.
     pub trace_events_max: u64,
     /// Told how many requests have arrived, per run (a progress bar); never changes a run.
@@ -46,28 +52,39 @@ pub struct RunOptions {
     pub hooks: Hooks,
 }
 
-/// Run the counterfactual, then every policy of the scenario, on `seed`. Returns the report and
-/// each run's extras (the counterfactual's first, which also hands the sink back).
-pub fn run(
-    scenario: &Scenario,
-    seed: u64,
-    mut opts: RunOptions,
-) -> Result<(Report, Vec<Extras>), RunError> {
-    let mut table = CfTable::default();
-    let intents = has_intent_sources(scenario);
-    let rec = |pid: u32, opts: &mut RunOptions| Recording {
+/// What run `pid` of a report records: the options' sinks, reborrowed for it.
+fn recording<'b>(pid: u32, opts: &'b mut RunOptions<'_>) -> Recording<'b> {
+    Recording {
         sample_ns: opts.sample_ns,
-        sink: opts.sink.take(),
-        trace: opts.trace.take(),
+        sink: opts.sink.as_deref_mut(),
+        trace: opts.trace.as_deref_mut(),
         trace_events_max: opts.trace_events_max,
         trace_pid: pid,
         progress: opts.progress.clone(),
-    };
+    }
+}
+
+/// Run the counterfactual, then every policy of the scenario, on `seed`. Returns the report and
+/// each run's extras (the counterfactual's first).
+pub fn run(
+    scenario: &Scenario,
+    seed: u64,
+    mut opts: RunOptions<'_>,
+) -> Result<(Report, Vec<Extras>), RunError> {
+    let mut table = CfTable::default();
+    let intents = has_intent_sources(scenario);
+    let steps = step_table(scenario)?;
     let cf_table = intents.then_some(&mut table);
-    let world = World::new(scenario, seed, Mode::Counterfactual, cf_table)?;
-    let (counterfactual, mut first) = world.with_recording(rec(0, &mut opts)).run_recorded()?;
-    opts.sink = first.sink.take();
-    opts.trace = first.trace_sink.take();
+    let world = World::new(
+        scenario,
+        seed,
+        Mode::Counterfactual,
+        cf_table,
+        inputs(scenario, &steps)?,
+    )?;
+    let (counterfactual, first) = world
+        .with_recording(recording(0, &mut opts))
+        .run_recorded()?;
     let mut extras = vec![first];
     let mut policies = Vec::with_capacity(scenario.policies.len());
     for (i, p) in scenario.policies.iter().enumerate() {
@@ -80,19 +97,23 @@ pub fn run(
             extras.push(Extras::default());
             continue;
         }
-        let world = World::new(scenario, seed, Mode::Policy(p, &table), None)?;
-        let recording = rec(i as u32 + 1, &mut opts);
+        let world = World::new(
+            scenario,
+            seed,
+            Mode::Policy(p, &table),
+            None,
+            inputs(scenario, &steps)?,
+        )?;
         #[cfg(feature = "broken-variants")]
         let world = world.with_hooks(opts.hooks);
-        let world = world.with_recording(recording);
-        let (summary, mut e) = world.run_recorded()?;
-        opts.sink = e.sink.take();
-        opts.trace = e.trace_sink.take();
+        let world = world.with_recording(recording(i as u32 + 1, &mut opts));
+        let (summary, e) = world.run_recorded()?;
         policies.push(summary);
         extras.push(e);
     }
     let ideal = if intents && ideal_baseline(scenario) {
-        let world = World::new(scenario, seed, Mode::Policy(&Policy::Ideal, &table), None)?;
+        let mode = Mode::Policy(&Policy::Ideal, &table);
+        let world = World::new(scenario, seed, mode, None, inputs(scenario, &steps)?)?;
         let ideal = world.run()?;
         for p in &mut policies {
             p.capacity_cost = Some(CapacityCost::of(p, &ideal));
@@ -101,8 +122,6 @@ pub fn run(
     } else {
         None
     };
-    extras[0].sink = opts.sink;
-    extras[0].trace_sink = opts.trace;
     Ok((
         assemble(scenario, seed, counterfactual, policies, ideal),
         extras,
@@ -131,7 +150,8 @@ pub fn report_with(scenario: &Scenario, seed: u64, hooks: Hooks) -> Result<Repor
 
 /// Run only the counterfactual (no cancel intents): the runtime alone.
 pub fn counterfactual(scenario: &Scenario, seed: u64) -> Result<Summary, RunError> {
-    World::new(scenario, seed, Mode::Counterfactual, None)?.run()
+    let inputs = inputs(scenario, &step_table(scenario)?)?;
+    World::new(scenario, seed, Mode::Counterfactual, None, inputs)?.run()
 }
 
 fn assemble(
@@ -157,6 +177,31 @@ fn assemble(
         ideal,
         run_hash: h.finalize().to_hex().to_string(),
     }
+}
+
+/// The measured step times of a `Table` profile, read once for all the runs of a report.
+fn step_table(s: &Scenario) -> Result<Option<Arc<StepTable>>, RunError> {
+    match &s.cluster.profile {
+        ProfileRef::Table { path, .. } => crate::step_table::load(&s.base_dir.join(path))
+            .map(Some)
+            .map_err(RunError::Input),
+        _ => Ok(None),
+    }
+}
+
+/// What one run reads from outside: the step table, shared, and its own reader of the trace
+/// (each run replays it from the first row).
+fn inputs(s: &Scenario, steps: &Option<Arc<StepTable>>) -> Result<Inputs, RunError> {
+    let trace = match &s.workload.source {
+        Source::Trace { path, format, .. } => {
+            Some(TraceReader::open(&s.base_dir.join(path), *format).map_err(RunError::Input)?)
+        }
+        _ => None,
+    };
+    Ok(Inputs {
+        step_table: steps.clone(),
+        trace,
+    })
 }
 
 /// Whether anything in the scenario can produce a cancel intent.

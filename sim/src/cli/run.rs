@@ -143,15 +143,16 @@ fn run_with(
     let dir = report::RunDir::begin(&opts.out, &scenario.name).map_err(Fail::io)?;
     dir.add_file("graph.dot", &scenario.topology().to_dot())
         .map_err(Fail::io)?;
-    let trace = if opts.trace_events > 0 {
+    let mut trace = if opts.trace_events > 0 {
         Some(dir.trace_sink().map_err(Fail::io)?)
     } else {
         None
     };
+    let mut sink = dir.requests_sink().map_err(Fail::io)?;
     let run_opts = RunOptions {
         sample_ns: (opts.sample_ms * 1e6).round() as u64,
-        sink: Some(dir.requests_sink().map_err(Fail::io)?),
-        trace,
+        sink: Some(sink.as_mut()),
+        trace: trace.as_deref_mut(),
         trace_events_max: opts.trace_events,
         progress,
         ..RunOptions::default()
@@ -163,7 +164,10 @@ fn run_with(
         .rsplit_once('\n')
         .expect("the summary has several lines");
     say!("{body}");
-    let done = dir.finish(&report, extras, opts.force).map_err(Fail::io)?;
+    let sinks = (Some(sink), trace);
+    let done = dir
+        .finish(&report, extras, sinks, opts.force)
+        .map_err(Fail::io)?;
     for w in &done.warnings {
         eprintln!("warning: {w}");
     }

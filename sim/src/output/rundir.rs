@@ -7,6 +7,8 @@ use super::files::{write_timeseries, TraceFile};
 use crate::record::{Extras, RequestRow, RequestSink, TraceSink, PAIRS_MAX, SAMPLES_MAX};
 use crate::run::Report;
 
+/// The sinks a run directory's runs stream into: `requests.csv`, and the trace if asked.
+pub type Sinks = (Option<Box<dyn RequestSink>>, Option<Box<dyn TraceSink>>);
 /// Where a run's files go: `<root>/<scenario>/seed<seed>-<run_hash[..12]>/`. The name is derived
 /// from the run hash, so an existing directory of that name holds the same run.
 pub fn run_dir(root: &Path, s: &Report) -> PathBuf {
@@ -95,18 +97,20 @@ impl RunDir {
         Ok(Box::new(TraceFile::create(&self.tmp.join("trace.json"))?))
     }
 
-    /// Write the summary, time series, trace and plots, then move the directory into place.
+    /// Close the sinks the runs wrote to, write the summary, time series, trace and plots, then
+    /// move the directory into place.
     pub fn finish(
         mut self,
         report: &Report,
-        mut extras: Vec<Extras>,
+        extras: Vec<Extras>,
+        (sink, trace): Sinks,
         force: bool,
     ) -> Result<Finished, String> {
-        if let Some(mut sink) = extras.first_mut().and_then(|e| e.sink.take()) {
+        if let Some(mut sink) = sink {
             sink.finish().map_err(|e| format!("requests.csv: {e}"))?;
         }
         let mut warnings = Vec::new();
-        if let Some(mut trace) = extras.first_mut().and_then(|e| e.trace_sink.take()) {
+        if let Some(mut trace) = trace {
             warnings = close_trace(trace.as_mut(), report, &extras)?;
         }
         warnings.extend(cut_warnings(report, &extras));

@@ -10,6 +10,7 @@ mod open_loop;
 pub mod trace;
 
 pub use open_loop::OpenLoop;
+pub use trace::TraceReader;
 
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{key, Purpose, Stream};

@@ -51,7 +51,10 @@ pub struct OpenLoop {
 }
 
 /// The scenario's process and how many arrivals it may issue; `None` for closed-loop sources.
-fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
+fn process(
+    scenario: &Scenario,
+    trace: Option<TraceReader>,
+) -> Result<Option<(Process, u64)>, String> {
     let p = match &scenario.workload.source {
         Source::Poisson {
             rate_per_s,
@@ -93,14 +96,15 @@ fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
         }
         Source::Trace {
             path,
-            format,
+            format: _,
             speedup,
             first_row,
             rows,
             sample_fraction,
             max_total_tokens,
         } => {
-            let reader = TraceReader::open(&scenario.base_dir.join(path), *format)?;
+            let shown = crate::input::shown(&scenario.base_dir.join(path));
+            let reader = trace.ok_or_else(|| format!("{shown}: the trace was not opened"))?;
             let r = Replay {
                 reader: Box::new(reader),
                 speedup: *speedup,
@@ -110,7 +114,7 @@ fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
                 max_total_tokens: max_total_tokens.unwrap_or(u32::MAX),
                 rows_read: 0,
                 in_window: false,
-                path: crate::input::shown(&scenario.base_dir.join(path)),
+                path: shown,
             };
             (Process::Trace(r), u64::MAX)
         }
@@ -120,9 +124,13 @@ fn process(scenario: &Scenario) -> Result<Option<(Process, u64)>, String> {
 }
 
 impl OpenLoop {
-    /// `None` for closed-loop sources.
-    pub fn new(scenario: &Scenario, seed: u64) -> Result<Option<OpenLoop>, String> {
-        let Some((process, limit)) = process(scenario)? else {
+    /// `None` for closed-loop sources. A `Trace` source replays `trace`, opened by the caller.
+    pub fn new(
+        scenario: &Scenario,
+        seed: u64,
+        trace: Option<TraceReader>,
+    ) -> Result<Option<OpenLoop>, String> {
+        let Some((process, limit)) = process(scenario, trace)? else {
             return Ok(None);
         };
         let mut open = OpenLoop {

@@ -7,7 +7,7 @@ use super::event::Event;
 use super::event::Tag;
 use crate::kernel::{Class, Kernel};
 use crate::scenario::{Scenario, Workload};
-use crate::workload::{self, Arrival, OpenLoop};
+use crate::workload::{self, Arrival, OpenLoop, TraceReader};
 
 /// The client's own timers of request `(id, tag)`: its deadline and its disconnect, if the
 /// workload has them.
@@ -38,9 +38,9 @@ pub(crate) struct Arrivals {
 }
 
 impl Arrivals {
-    pub fn new(s: &Scenario, seed: u64) -> Result<Arrivals, String> {
+    pub fn new(s: &Scenario, seed: u64, trace: Option<TraceReader>) -> Result<Arrivals, String> {
         Ok(Arrivals {
-            open: OpenLoop::new(s, seed)?,
+            open: OpenLoop::new(s, seed, trace)?,
             pending: None,
             pending_prefix: Box::default(),
             taken_prefix: (u64::MAX, Box::default()),

@@ -19,7 +19,7 @@ use super::accounts::Accounts;
 use super::error::{Step, Stop};
 use super::event::Event;
 use super::event::Tag;
-use super::handoff::{Flight, Handoff, Phase};
+use super::handoff::{Count, Flight, Handoff, Phase};
 use super::World;
 use crate::coverage::Mark;
 use crate::dist::ms_to_ns;
@@ -40,9 +40,9 @@ impl World<'_> {
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         // A backend that never checks for aborts has no order to handle them in.
         let checks = self.scenario.backend.checkpoint != CheckpointConfig::Never;
-        let seen = h.aborts_seen.remove(&id) && checks;
+        let seen = h.take_abort_seen(id) && checks;
         if seen && h.aborts_first() {
-            h.stats.aborted_at_boundary += 1;
+            h.count(Count::AbortedAtBoundary);
             self.accounts.hit(Mark::HandoffAbortAtBoundary);
             let o = Observed {
                 id,
@@ -54,7 +54,7 @@ impl World<'_> {
         if seen {
             self.accounts.hit(Mark::HandoffPinnedForNobody);
         }
-        h.prefilled.insert(id, prefill);
+        h.prefilled(id, prefill);
         self.requests[tag].life.enter_handoff();
         Ok(())
     }
@@ -83,12 +83,12 @@ impl World<'_> {
             decode: prefill,
             phase: Phase::Gap,
             blocks_prefill: blocks,
-            bytes: prompt.saturating_mul(h.kv_bytes_per_token),
+            bytes: prompt.saturating_mul(h.kv_bytes_per_token()),
             blocks_decode: 0,
             aborted: false,
         };
-        h.flights.insert(id, flight);
-        let latency_ns = h.link.latency_ns;
+        h.fly(id, flight);
+        let latency_ns = h.latency_ns();
         self.lease_timer(prefill, id)?;
         let ev = Event::Handoff { request: id, tag };
         self.kernel.schedule_in(latency_ns, Class::Control, ev)?;
@@ -99,7 +99,7 @@ impl World<'_> {
     /// prefill side's blocks then wait for a notice that never comes, unless the router tells it.
     pub(super) fn on_handoff(&mut self, request: u64, tag: Tag) -> Step {
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        if !h.flights.contains_key(&request) {
+        if h.flight(request).is_none() {
             return Ok(()); // the ideal cancel took it back in its gap
         }
         debug_assert!(
@@ -108,10 +108,10 @@ impl World<'_> {
         );
         if self.owners.state(&request) != Some(State::Running) {
             let h = self.handoff.as_mut().expect("a prefill/decode world");
-            let f = h.flights.remove(&request).expect("a flight in its gap");
-            h.stats.stranded += 1;
+            let f = h.land(request).expect("a flight in its gap");
+            h.count(Count::Stranded);
             self.accounts.hit(Mark::HandoffStranded);
-            if h.cfg.notify_prefill {
+            if h.cfg().notify_prefill {
                 self.notice(request, f.prefill, key::NOTICE_CANCEL, true)?;
             }
             self.requests[tag].life.leave_handoff();
@@ -121,12 +121,8 @@ impl World<'_> {
         let prompt = self.requests[tag].prompt as u64;
         let blocks = self.cluster.blocks_for(decode, prompt);
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        let f = h.flights.get_mut(&request).expect("a flight in its gap");
-        f.decode = decode;
-        f.phase = Phase::Receiving;
-        f.blocks_decode = blocks;
-        h.queue(decode).push_back(request);
-        self.requests[tag].replica = decode;
+        h.receive(request, decode, blocks);
+        self.requests[tag].hand_to_decode(decode);
         self.stage_reached(tag, Stage::AwaitingRemoteKv)?;
         self.try_receive(decode)
     }
@@ -146,36 +142,35 @@ impl World<'_> {
         let now_ns = self.kernel.now_ns();
         loop {
             let h = self.handoff.as_mut().expect("a prefill/decode world");
-            let Some(&id) = h.queue(decode).front() else {
+            let Some(id) = h.next_receiving(decode) else {
                 return Ok(());
             };
-            let f = h.flights[&id];
+            let f = h.flight(id).expect("waiting to receive, so flying");
             if !h.owner(f.prefill).holds(id) {
                 // The prefill side gave the KV back (its lease ran out while this request waited
                 // for receive blocks): there is nothing to read, so the decode side computes it.
-                h.queue(decode).pop_front();
-                h.flights.remove(&id);
-                h.stats.kv_released_before_transfer += 1;
+                h.pop_receiving(decode, false);
+                h.land(id);
+                h.count(Count::KvReleasedBeforeTransfer);
                 self.accounts.hit(Mark::HandoffKvReleasedEarly);
                 self.decode_admit(f, false)?;
                 continue;
             }
             // A full wire (a million transfers queued on one sender) waits like a full pool.
             if h.wire(f.prefill).is_full() || !self.cluster.pin(decode, f.blocks_decode) {
-                h.stats.receive_waits += 1;
+                h.count(Count::ReceiveWait);
                 self.accounts.hit(Mark::HandoffReceiveWait);
                 return Ok(());
             }
-            h.queue(decode).pop_front();
+            h.pop_receiving(decode, true);
             // Its blocks are read from now: no lease frees them under the transfer.
             h.owner(f.prefill).reading(id);
-            let p = h.cfg.transfer_failure;
+            let p = h.cfg().transfer_failure;
             let draw = || Stream::keyed(h.seed(), Purpose::Handoff, id, key::TRANSFER_FAILS);
             let fails = p > 0.0 && draw().uniform_open01() < p;
             let lands_ns = h
                 .wire(f.prefill)
                 .start(now_ns, id, f.bytes, f.blocks_prefill, fails);
-            h.flights.get_mut(&id).expect("queued, so flying").phase = Phase::OnWire;
             let ev = Event::KvLanded {
                 request: id,
                 prefill: f.prefill,
@@ -208,7 +203,7 @@ impl World<'_> {
     fn transfer_ended(&mut self, id: u64, failed: bool) -> Step {
         let now_ns = self.kernel.now_ns();
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        let f = h.flights.remove(&id).expect("a transfer has its flight");
+        let f = h.land(id).expect("a transfer has its flight");
         // Both sides' leases run again, whole, from the transfer's end; a cancel that came
         // during it frees now.
         for side in [f.prefill, f.decode] {
@@ -275,7 +270,7 @@ impl World<'_> {
         // The receive completion is the decode node's own; every other message crosses the link.
         let delay_ns = match sub {
             key::NOTICE_RECEIVED => 0,
-            _ => h.link.latency_ns,
+            _ => h.latency_ns(),
         };
         let ev = Event::Notice {
             request: id,
@@ -300,7 +295,7 @@ impl World<'_> {
             Notice::Returned(r) => self.give_back(replica, r),
             Notice::Pending | Notice::Ignored => Ok(()),
             Notice::Fault => {
-                h.stats.second_completion_faults += 1;
+                h.count(Count::SecondCompletionFault);
                 self.accounts.hit(Mark::HandoffSecondCompletion);
                 let abort = Abort {
                     scope: Scope::Engine,
@@ -366,11 +361,11 @@ impl World<'_> {
             return self.ideal_handoff_abort(request);
         }
         let scope = abort.scope;
-        let Some(&f) = h.flights.get(&request) else {
+        let Some(f) = h.flight(request) else {
             if self.cluster.is_prefill(replica) {
                 // Maybe still on the engine: whether it gets there before its last step ends
                 // decides the abort order's case. Maybe its blocks are kept: the connector sees it.
-                h.aborts_seen.insert(request);
+                h.abort_seen(request);
                 if let Some(r) = h.owner(replica).cancel(now_ns, request) {
                     self.give_back(replica, r)?;
                 }
@@ -409,12 +404,12 @@ impl World<'_> {
             }
         }
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        let Some(f) = h.flights.remove(&request) else {
+        let Some(f) = h.land(request) else {
             return Ok(false);
         };
         match f.phase {
             Phase::Gap => {}
-            Phase::Receiving => h.queue(f.decode).retain(|&x| x != request),
+            Phase::Receiving => h.drop_receiving(f.decode, request),
             Phase::OnWire => {
                 let stopped = h.wire(f.prefill).stop(now_ns, request);
                 debug_assert!(stopped.is_some(), "a flight on the wire has its transfer");
@@ -424,7 +419,7 @@ impl World<'_> {
             }
         }
         if f.phase != Phase::Gap {
-            h.stats.aborted_awaiting_kv += 1;
+            h.count(Count::AbortedAwaitingKv);
         }
         self.observed_between(request, f.tag)?;
         if f.phase != Phase::Gap {
@@ -450,17 +445,17 @@ impl World<'_> {
     fn decode_abort(&mut self, request: u64, f: Flight) -> Step {
         let now_ns = self.kernel.now_ns();
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        h.stats.aborted_awaiting_kv += 1;
+        h.count(Count::AbortedAwaitingKv);
         match f.phase {
             Phase::Receiving => {
-                h.queue(f.decode).retain(|&x| x != request);
-                h.flights.remove(&request);
+                h.drop_receiving(f.decode, request);
+                h.land(request);
             }
             _ => {
                 let pending = if h.second_completion() { 2 } else { 1 };
                 h.owner(f.decode)
                     .hold(now_ns, request, f.blocks_decode, pending);
-                h.flights.get_mut(&request).expect("on the wire").aborted = true;
+                h.abort_on_wire(request);
                 // The decode side no longer holds them as the request's own: its owner does.
                 let ended = h.wire(f.prefill).cancel(now_ns, request).is_some();
                 if !ended {
@@ -476,7 +471,11 @@ impl World<'_> {
                 self.lease_timer(f.decode, request)?;
             }
         }
-        if self.handoff.as_ref().is_some_and(|h| h.cfg.notify_prefill) {
+        if self
+            .handoff
+            .as_ref()
+            .is_some_and(|h| h.cfg().notify_prefill)
+        {
             self.notice(request, f.prefill, key::NOTICE_CANCEL, true)?;
         }
         self.observed_between(request, f.tag)?;
@@ -488,14 +487,14 @@ impl World<'_> {
     fn maybe_wedge(&mut self, prefill: u32, request: u64) -> Step {
         let now_ns = self.kernel.now_ns();
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        let p = h.cfg.wedge_probability;
+        let p = h.cfg().wedge_probability;
         let draw = || Stream::keyed(h.seed(), Purpose::Handoff, request, key::WEDGE);
         if p == 0.0 || draw().uniform_open01() >= p || !self.cluster.wedge(prefill, now_ns) {
             return Ok(());
         }
-        h.stats.wedges += 1;
+        h.count(Count::Wedge);
         self.accounts.hit(Mark::HandoffWedge);
-        if let Some(ms) = h.cfg.hang_detector_ms {
+        if let Some(ms) = h.cfg().hang_detector_ms {
             let ev = Event::HangCheck {
                 replica: prefill,
                 since_ns: now_ns,
@@ -512,8 +511,7 @@ impl World<'_> {
             return Ok(());
         }
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        h.stats.hang_kills += 1;
-        h.stats.wedge_s += (self.kernel.now_ns() - since_ns) as f64 / 1e9;
+        h.hang_killed((self.kernel.now_ns() - since_ns) as f64 / 1e9);
         let abort = Abort {
             scope: Scope::Engine,
             fault: Some(BlastRadius::Engine),
@@ -531,10 +529,11 @@ impl World<'_> {
         for (replica, blocks) in h.finish(now_ns) {
             self.cluster.unpin(replica, blocks);
         }
-        self.accounts.cleanups_pending(h.abandoned.len() as u64);
-        self.accounts.hit_n(Mark::HandoffLeaseExpired, h.settled.0);
-        self.accounts.hit_n(Mark::HandoffNeverReturned, h.settled.1);
-        let mut stats = h.stats;
+        self.accounts.cleanups_pending(h.abandoned());
+        let (by_lease, given_up) = h.settled();
+        self.accounts.hit_n(Mark::HandoffLeaseExpired, by_lease);
+        self.accounts.hit_n(Mark::HandoffNeverReturned, given_up);
+        let mut stats = h.stats();
         for (_, since_ns) in self.cluster.wedged() {
             stats.wedge_s += (now_ns - since_ns) as f64 / 1e9;
         }

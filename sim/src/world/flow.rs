@@ -41,7 +41,7 @@ impl World<'_> {
             return Ok(());
         }
         let q = &mut self.requests[tag];
-        q.stop_abort = true;
+        q.abort_at_stop();
         let abort = Abort {
             scope: Scope::Request(q.handle.runtime_id),
             fault: None,
@@ -180,7 +180,7 @@ impl World<'_> {
         }
         if early.is_none() {
             match self.cluster.route_or_hold(tag, session, now_ns)? {
-                Some(r) => self.requests[tag].replica = r,
+                Some(r) => self.requests[tag].route(r),
                 None => return Ok(()), // waits in the router's queue
             }
         }
@@ -191,7 +191,7 @@ impl World<'_> {
     fn dispatch_held(&mut self) -> Step {
         while let Some((tag, r)) = self.cluster.next_held() {
             let q = &mut self.requests[tag];
-            q.replica = r;
+            q.route(r);
             let a = Arrival {
                 id: q.id,
                 time_ns: q.arrival_ns,
@@ -407,11 +407,7 @@ impl World<'_> {
             let domain = ClockDomain::Backend;
             self.evidence(rel.tag, EvidenceLevel::ResourceRelease, domain)?;
         }
-        if let Some(p) = self
-            .handoff
-            .as_mut()
-            .and_then(|h| h.prefilled.remove(&rel.id))
-        {
+        if let Some(p) = self.handoff.as_mut().and_then(|h| h.take_prefilled(rel.id)) {
             self.handoff_begin(rel.tag, p)?;
         }
         self.try_finalize(rel.tag)
@@ -540,7 +536,7 @@ impl World<'_> {
     fn leave(&mut self, tag: Tag, state: State) {
         let now_ns = self.kernel.now_ns();
         if let Some(h) = self.handoff.as_mut() {
-            h.aborts_seen.remove(&self.requests[tag].id);
+            h.take_abort_seen(self.requests[tag].id);
         }
         self.requests[tag].chunks.drop_stream();
         debug_assert!(

@@ -44,28 +44,40 @@ pub(crate) struct Flight {
     pub aborted: bool,
 }
 
+/// What the handoff counts, one at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Count {
+    AbortedAtBoundary,
+    Stranded,
+    KvReleasedBeforeTransfer,
+    ReceiveWait,
+    SecondCompletionFault,
+    AbortedAwaitingKv,
+    Wedge,
+}
+
 pub(crate) struct Handoff {
-    pub cfg: HandoffSpec,
-    pub link: Link,
-    pub kv_bytes_per_token: u64,
+    cfg: HandoffSpec,
+    link: Link,
+    kv_bytes_per_token: u64,
     seed: u64,
     prefill_n: u32,
     /// One wire per prefill replica (its NIC): transfers leave it first come, first served.
     wires: Vec<Transfers>,
     /// Indexed by replica: the prefill replicas' owners first, then the decode replicas'.
     owners: Vec<CleanupOwner>,
-    pub flights: BTreeMap<u64, Flight>,
+    flights: BTreeMap<u64, Flight>,
     /// Per decode replica: requests waiting for receive blocks, first come first served.
     receiving: Vec<VecDeque<u64>>,
     /// Prefill replicas' requests whose final prefill step is done, until their blocks are back.
-    pub prefilled: BTreeMap<u64, u32>,
+    prefilled: BTreeMap<u64, u32>,
     /// Requests to which an abort was delivered while they were still on a prefill engine.
-    pub aborts_seen: BTreeSet<u64>,
-    pub stats: HandoffStats,
+    aborts_seen: BTreeSet<u64>,
+    stats: HandoffStats,
     /// Holds settled at the end of the run: by their lease, and given up.
-    pub settled: (u64, u64),
+    settled: (u64, u64),
     /// Requests with blocks given up at the end of the run: cleanup pending.
-    pub abandoned: BTreeSet<u64>,
+    abandoned: BTreeSet<u64>,
 }
 
 impl Handoff {
@@ -110,6 +122,137 @@ impl Handoff {
 
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    pub fn cfg(&self) -> &HandoffSpec {
+        &self.cfg
+    }
+
+    /// The link's one-way latency.
+    pub fn latency_ns(&self) -> u64 {
+        self.link.latency_ns
+    }
+
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.kv_bytes_per_token
+    }
+
+    pub fn count(&mut self, c: Count) {
+        let s = &mut self.stats;
+        match c {
+            Count::AbortedAtBoundary => s.aborted_at_boundary += 1,
+            Count::Stranded => s.stranded += 1,
+            Count::KvReleasedBeforeTransfer => s.kv_released_before_transfer += 1,
+            Count::ReceiveWait => s.receive_waits += 1,
+            Count::SecondCompletionFault => s.second_completion_faults += 1,
+            Count::AbortedAwaitingKv => s.aborted_awaiting_kv += 1,
+            Count::Wedge => s.wedges += 1,
+        }
+    }
+
+    /// The hang detector killed a sender wedged for `wedge_s`.
+    pub fn hang_killed(&mut self, wedge_s: f64) {
+        assert!(wedge_s >= 0.0, "a wedge of negative length: {wedge_s}");
+        self.stats.hang_kills += 1;
+        self.stats.wedge_s += wedge_s;
+    }
+
+    /// An abort reached request `id` on a prefill engine (it may still finish its prefill).
+    pub fn abort_seen(&mut self, id: u64) {
+        self.aborts_seen.insert(id);
+    }
+
+    /// Whether an abort reached `id` on its prefill engine; forgotten from now.
+    pub fn take_abort_seen(&mut self, id: u64) -> bool {
+        self.aborts_seen.remove(&id)
+    }
+
+    /// Request `id`'s final prefill step is done on `prefill`: its blocks come back next.
+    pub fn prefilled(&mut self, id: u64, prefill: u32) {
+        let before = self.prefilled.insert(id, prefill);
+        assert!(before.is_none(), "a request was prefilled twice");
+    }
+
+    /// The prefill replica of `id`, if its blocks were awaited for a handoff.
+    pub fn take_prefilled(&mut self, id: u64) -> Option<u32> {
+        self.prefilled.remove(&id)
+    }
+
+    /// Request `id` leaves its prefill replica for the link.
+    pub fn fly(&mut self, id: u64, f: Flight) {
+        assert_eq!(f.phase, Phase::Gap, "a flight starts in the gap");
+        let before = self.flights.insert(id, f);
+        assert!(before.is_none(), "a request was between the stages twice");
+    }
+
+    pub fn flight(&self, id: u64) -> Option<Flight> {
+        self.flights.get(&id).copied()
+    }
+
+    /// Request `id` is no longer between the stages: its flight, if it had one.
+    pub fn land(&mut self, id: u64) -> Option<Flight> {
+        self.flights.remove(&id)
+    }
+
+    /// The decode replica `decode` took request `id`; it waits there for `blocks` to receive.
+    pub fn receive(&mut self, id: u64, decode: u32, blocks: u64) {
+        let f = self.flights.get_mut(&id).expect("a flight in its gap");
+        assert_eq!(
+            f.phase,
+            Phase::Gap,
+            "a request was taken by two decode replicas"
+        );
+        f.decode = decode;
+        f.phase = Phase::Receiving;
+        f.blocks_decode = blocks;
+        self.queue(decode).push_back(id);
+    }
+
+    /// The first request waiting at `decode` for receive blocks.
+    pub fn next_receiving(&mut self, decode: u32) -> Option<u64> {
+        self.queue(decode).front().copied()
+    }
+
+    /// That request stops waiting: its KV goes on the wire (`on_wire`), or needs none.
+    pub fn pop_receiving(&mut self, decode: u32, on_wire: bool) {
+        let id = self
+            .queue(decode)
+            .pop_front()
+            .expect("a request waits to receive");
+        if on_wire {
+            let f = self.flights.get_mut(&id).expect("queued, so flying");
+            f.phase = Phase::OnWire;
+        }
+    }
+
+    /// Request `id`, waiting at `decode`, waits no more.
+    pub fn drop_receiving(&mut self, decode: u32, id: u64) {
+        self.queue(decode).retain(|&x| x != id);
+    }
+
+    /// The decode side aborted request `id` while its KV is on the wire.
+    pub fn abort_on_wire(&mut self, id: u64) {
+        let f = self.flights.get_mut(&id).expect("on the wire");
+        assert_eq!(
+            f.phase,
+            Phase::OnWire,
+            "an abort on the wire of a request not on it"
+        );
+        f.aborted = true;
+    }
+
+    /// Holds settled at the end of the run: (by their lease, given up).
+    pub fn settled(&self) -> (u64, u64) {
+        self.settled
+    }
+
+    /// Requests with blocks given up at the end of the run.
+    pub fn abandoned(&self) -> u64 {
+        self.abandoned.len() as u64
+    }
+
+    pub fn stats(&self) -> HandoffStats {
+        self.stats
     }
 
     /// Whether a decode-side hold waits for two completions and faults on the second.
@@ -166,7 +309,7 @@ impl Handoff {
         &mut self.wires[prefill as usize]
     }
 
-    pub fn queue(&mut self, decode: u32) -> &mut VecDeque<u64> {
+    fn queue(&mut self, decode: u32) -> &mut VecDeque<u64> {
         &mut self.receiving[(decode - self.prefill_n) as usize]
     }
 
@@ -222,5 +365,104 @@ impl Handoff {
         self.stats.transfer_bytes = t.bytes.min(u64::MAX as u128) as u64;
         self.stats.transfer_wait_s = t.wait_ns as f64 / 1e9;
         back
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handoff() -> Handoff {
+        let path = "storm-disaggregated.ron";
+        let text = include_str!("../../../scenarios/library/storm-disaggregated.ron");
+        let s = Scenario::parse(text, path).expect("a library scenario");
+        let pd = s.prefill_decode().expect("a prefill/decode graph");
+        Handoff::new(&s, 1, pd)
+    }
+
+    fn flight(phase: Phase) -> Flight {
+        Flight {
+            tag: 0,
+            prefill: 0,
+            decode: 0,
+            phase,
+            blocks_prefill: 1,
+            bytes: 1,
+            blocks_decode: 0,
+            aborted: false,
+        }
+    }
+
+    #[test]
+    fn a_flight_in_order_passes_every_assertion() {
+        let mut h = handoff();
+        let d = h.prefill_n;
+        h.prefilled(7, 0);
+        assert_eq!((h.take_prefilled(7), h.take_prefilled(7)), (Some(0), None));
+        h.fly(7, flight(Phase::Gap));
+        h.receive(7, d, 2);
+        assert_eq!(h.next_receiving(d), Some(7));
+        h.pop_receiving(d, true);
+        h.abort_on_wire(7);
+        let f = h.land(7).expect("its flight");
+        assert!(f.aborted && f.phase == Phase::OnWire && f.blocks_decode == 2);
+        h.hang_killed(0.5);
+        assert_eq!((h.stats().hang_kills, h.stats().wedge_s), (1, 0.5));
+    }
+
+    #[test]
+    #[should_panic(expected = "prefilled twice")]
+    fn prefilled_twice() {
+        let mut h = handoff();
+        h.prefilled(7, 0);
+        h.prefilled(7, 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "between the stages twice")]
+    fn flying_twice() {
+        let mut h = handoff();
+        h.fly(7, flight(Phase::Gap));
+        h.fly(7, flight(Phase::Gap));
+    }
+
+    #[test]
+    #[should_panic(expected = "starts in the gap")]
+    fn flying_from_the_wire() {
+        handoff().fly(7, flight(Phase::OnWire));
+    }
+
+    #[test]
+    #[should_panic(expected = "two decode replicas")]
+    fn received_twice() {
+        let mut h = handoff();
+        let d = h.prefill_n;
+        h.fly(7, flight(Phase::Gap));
+        h.receive(7, d, 1);
+        h.receive(7, d, 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "waits to receive")]
+    fn popped_from_an_empty_queue() {
+        let mut h = handoff();
+        let d = h.prefill_n;
+        h.pop_receiving(d, true);
+    }
+
+    #[test]
+    #[should_panic(expected = "not on it")]
+    fn aborted_on_the_wire_while_receiving() {
+        let mut h = handoff();
+        let d = h.prefill_n;
+        h.fly(7, flight(Phase::Gap));
+        h.receive(7, d, 1);
+        h.abort_on_wire(7);
+    }
+
+    #[test]
+    #[should_panic(expected = "negative length")]
+    fn a_negative_wedge() {
+        handoff().hang_killed(-1.0);
     }
 }

@@ -39,10 +39,14 @@ pub use baseline::{CfRecord, CfTable};
 pub use error::RunError;
 pub use event::{Cause, Event};
 
+use cancelsim_models::gpu::StepTable;
 #[cfg(feature = "broken-variants")]
 use cancelsim_models::ownership::ControllerBug;
 use cancelsim_models::ownership::{ClockDomain, EvidenceLevel, Owners, Retention};
 use cancelsim_models::protocol::Scope;
+use std::sync::Arc;
+
+use crate::workload::TraceReader;
 
 use accounts::Accounts;
 use arrivals::Arrivals;
@@ -110,7 +114,7 @@ pub struct World<'s> {
     sink: PlaybackSink,
     accounts: Accounts,
     baseline: Baseline<'s>,
-    recorder: Recorder,
+    recorder: Recorder<'s>,
     recover: Recover,
     /// The slab's occupancy over time: Little's L, measured apart from the books' λ and W.
     occupancy: Occupancy,
@@ -131,12 +135,23 @@ impl Occupancy {
     }
 }
 
+/// What a run reads from outside, opened at the edge (`run.rs`) and handed in: the world itself
+/// never opens a file.
+#[derive(Default)]
+pub struct Inputs {
+    /// The measured step times of a `Table` profile.
+    pub step_table: Option<Arc<StepTable>>,
+    /// The trace an open-loop `Trace` source replays, opened at its first row.
+    pub trace: Option<TraceReader>,
+}
+
 impl<'s> World<'s> {
     pub fn new(
         scenario: &'s Scenario,
         seed: u64,
         mode: Mode<'s>,
         cf_out: Option<&'s mut CfTable>,
+        inputs: Inputs,
     ) -> Result<Self, RunError> {
         debug_assert!(scenario.validate().is_ok());
         let (policy, label, baseline) = match mode {
@@ -154,9 +169,9 @@ impl<'s> World<'s> {
             kernel: Kernel::new(scenario.limits()),
             owners: Owners::new(RETENTION),
             requests: Requests::default(),
-            arrivals: Arrivals::new(scenario, seed).map_err(RunError::Input)?,
+            arrivals: Arrivals::new(scenario, seed, inputs.trace).map_err(RunError::Input)?,
             conversations: Conversations::new(seed, &scenario.workload),
-            cluster: Cluster::new(scenario, step_table(scenario)?.as_ref()),
+            cluster: Cluster::new(scenario, inputs.step_table.as_ref()),
             handoff: scenario
                 .prefill_decode()
                 .map(|pd| Handoff::new(scenario, seed, pd)),
@@ -181,7 +196,7 @@ impl<'s> World<'s> {
     }
 
     /// Record samples, rows or a trace while running.
-    pub fn with_recording(mut self, r: Recording) -> Self {
+    pub fn with_recording(mut self, r: Recording<'s>) -> Self {
         self.recorder = Recorder::new(r);
         self
     }
@@ -449,19 +464,5 @@ impl<'s> World<'s> {
             return Err(Stop::broken(vec![], "a conversation never ended"));
         }
         Ok(())
-    }
-}
-
-/// The measured step times of a `Table` profile, read for the run (None for other profiles).
-fn step_table(
-    s: &Scenario,
-) -> Result<Option<std::sync::Arc<cancelsim_models::gpu::StepTable>>, RunError> {
-    match &s.cluster.profile {
-        crate::scenario::ProfileRef::Table { path, .. } => {
-            crate::step_table::load(&s.base_dir.join(path))
-                .map(Some)
-                .map_err(RunError::Input)
-        }
-        _ => Ok(None),
     }
 }

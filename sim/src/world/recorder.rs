@@ -12,8 +12,8 @@ use crate::record::{
     SAMPLES_MAX,
 };
 
-pub(crate) struct Recorder {
-    opts: Recording,
+pub(crate) struct Recorder<'r> {
+    opts: Recording<'r>,
     extras: Extras,
     next_sample_ns: u64,
     /// Flows drawn so far: flow ids are global in a trace, so each is `pid << 32 | counter`.
@@ -33,8 +33,8 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-impl Recorder {
-    pub fn new(opts: Recording) -> Recorder {
+impl<'r> Recorder<'r> {
+    pub fn new(opts: Recording<'r>) -> Recorder<'r> {
         let trace = opts.trace.is_some().then(TraceLog::default);
         Recorder {
             opts,
@@ -204,10 +204,8 @@ impl Recorder {
         }
     }
 
-    /// What was recorded, with the sink handed back for the next run.
-    pub fn finish(mut self) -> Extras {
-        self.extras.sink = self.opts.sink.take();
-        self.extras.trace_sink = self.opts.trace.take();
+    /// What was recorded (the sinks stay with their owner).
+    pub fn finish(self) -> Extras {
         self.extras
     }
 }

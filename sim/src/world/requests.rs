@@ -62,6 +62,33 @@ impl Req {
         }
     }
 
+    /// Routed to `replica` (a shared queue routes once it is past its arrival).
+    pub fn route(&mut self, replica: u32) {
+        assert!(
+            !self.life.enqueued(),
+            "a request was routed after it was enqueued"
+        );
+        self.replica = replica;
+    }
+
+    /// Across the link: the decode replica `decode` has it from now.
+    pub fn hand_to_decode(&mut self, decode: u32) {
+        assert!(
+            self.life.in_handoff(),
+            "a request went to a decode stage outside a handoff"
+        );
+        self.replica = decode;
+    }
+
+    /// The frontend sent the abort that ends its output at a stop string.
+    pub fn abort_at_stop(&mut self) {
+        assert!(
+            self.stop_detect_ns.is_some(),
+            "a stop-string abort without a stop string"
+        );
+        self.stop_abort = true;
+    }
+
     /// Its evidence timeline in virtual ns (unknown: `None`).
     pub fn evidence_ns(&self, level: EvidenceLevel) -> Option<u64> {
         self.cancel.evidence(level)
@@ -125,7 +152,7 @@ impl Requests {
 
     /// The request leaves: its tag is free for the next arrival.
     pub fn remove(&mut self, tag: Tag) {
-        debug_assert!(self.slab[tag as usize].live);
+        assert!(self.slab[tag as usize].live, "a request left twice");
         self.slab[tag as usize].live = false;
         self.free.push(tag);
         self.live -= 1;
@@ -156,5 +183,50 @@ impl std::ops::Index<Tag> for Requests {
 impl std::ops::IndexMut<Tag> for Requests {
     fn index_mut(&mut self, tag: Tag) -> &mut Req {
         &mut self.slab[tag as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> Req {
+        let a = Arrival {
+            id: 1,
+            time_ns: 0,
+            prompt_tokens: 1,
+            output_tokens: 1,
+        };
+        Req::new(&a, 0, 1, 0)
+    }
+
+    #[test]
+    #[should_panic(expected = "routed after it was enqueued")]
+    fn routed_once_enqueued() {
+        let mut q = req();
+        q.route(1);
+        q.life.enqueue(0);
+        q.route(2);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a handoff")]
+    fn to_a_decode_stage_without_a_handoff() {
+        req().hand_to_decode(1);
+    }
+
+    #[test]
+    #[should_panic(expected = "without a stop string")]
+    fn a_stop_abort_without_a_stop_string() {
+        req().abort_at_stop();
+    }
+
+    #[test]
+    #[should_panic(expected = "left twice")]
+    fn a_tag_removed_twice() {
+        let mut r = Requests::default();
+        let t = r.insert(req());
+        r.remove(t);
+        r.remove(t);
     }
 }

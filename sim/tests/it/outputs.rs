@@ -26,15 +26,18 @@ fn write_cut(
     trace_events_max: u64,
 ) -> (Finished, Report) {
     let dir = RunDir::begin(root, &scenario.name).unwrap();
+    let (mut sink, mut trace) = (dir.requests_sink().unwrap(), dir.trace_sink().unwrap());
     let opts = RunOptions {
         sample_ns: 100_000_000,
-        sink: Some(dir.requests_sink().unwrap()),
-        trace: Some(dir.trace_sink().unwrap()),
+        sink: Some(sink.as_mut()),
+        trace: Some(trace.as_mut()),
         trace_events_max,
         ..RunOptions::default()
     };
     let (report, extras) = run::run(scenario, scenario.seed, opts).unwrap();
-    let done = dir.finish(&report, extras, force).unwrap();
+    let done = dir
+        .finish(&report, extras, (Some(sink), Some(trace)), force)
+        .unwrap();
     if !matches!(done.written, Written::Kept(_)) {
         assert_eq!(done.plots.len(), 4);
     }
@@ -195,12 +198,12 @@ fn a_failed_run_leaves_no_partial_directory() {
     let mut scenario = Scenario::default_embedded();
     scenario.limits.max_events = 500;
     let dir = RunDir::begin(&root, &scenario.name).unwrap();
-    let sink = dir.requests_sink().unwrap();
+    let mut sink = dir.requests_sink().unwrap();
     assert!(run::run(
         &scenario,
         1,
         RunOptions {
-            sink: Some(sink),
+            sink: Some(sink.as_mut()),
             ..RunOptions::default()
         }
     )

@@ -20,9 +20,9 @@ impl RequestSink for Rows {
 /// The counterfactual's summary and its rows, for the scenario `ron`.
 pub(crate) fn rows_of(ron: &str) -> (cancelsim::metrics::Summary, Vec<RequestRow>) {
     let scenario = Scenario::parse(ron, "<inline>").unwrap();
-    let rows = Rows::default();
+    let mut rows = Rows::default();
     let opts = RunOptions {
-        sink: Some(Box::new(rows.clone())),
+        sink: Some(&mut rows),
         ..RunOptions::default()
     };
     let (report, _) = run::run(&scenario, scenario.seed, opts).unwrap();
