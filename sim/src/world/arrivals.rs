@@ -2,30 +2,24 @@
 //! million-request trace never sits in memory. It also hashes every arrival, conversations' too,
 //! into the run's `workload_hash`.
 
-use super::error::{Scheduled, Step, Stop};
+use super::error::{Step, Stop};
 use super::event::Event;
 use super::event::Tag;
-use crate::kernel::{Class, Kernel};
+use super::follow::Follow;
 use crate::scenario::{Scenario, Workload};
 use crate::workload::{self, Arrival, OpenLoop, TraceReader};
 
 /// The client's own timers of request `(id, tag)`: its deadline and its disconnect, if the
 /// workload has them.
-pub(crate) fn client_timers(
-    k: &mut Kernel<Event>,
-    w: &Workload,
-    seed: u64,
-    (id, tag): (u64, Tag),
-) -> Scheduled {
+pub(crate) fn client_timers(f: &mut Follow, w: &Workload, seed: u64, (id, tag): (u64, Tag)) {
     let (deadline, disconnect) = workload::timing(w, seed, id);
     // Weak: a request that left does not keep the run alive with its client's timers.
     if let Some(d) = deadline {
-        k.schedule_weak_in(d, Class::Control, Event::Deadline { request: id, tag })?;
+        f.weak_after(d, Event::Deadline { request: id, tag });
     }
     if let Some(d) = disconnect {
-        k.schedule_weak_in(d, Class::Control, Event::Disconnect { request: id, tag })?;
+        f.weak_after(d, Event::Disconnect { request: id, tag });
     }
-    Ok(())
 }
 
 pub(crate) struct Arrivals {
@@ -49,22 +43,22 @@ impl Arrivals {
     }
 
     /// The first event of the run: the first open-loop arrival, or the first conversation.
-    pub fn begin(&mut self, k: &mut Kernel<Event>, s: &Scenario) -> Step {
+    pub fn begin(&mut self, f: &mut Follow, s: &Scenario) -> Step {
         if self.open.is_some() {
-            self.pull(k, s)
+            self.pull(f, s)
         } else {
-            k.schedule_at(0, Class::Arrival, Event::ConversationStart { conv: 0 })?;
+            f.at(0, Event::ConversationStart { conv: 0 });
             Ok(())
         }
     }
 
     /// Schedule the source's next arrival, if any.
-    pub fn pull(&mut self, k: &mut Kernel<Event>, s: &Scenario) -> Step {
+    pub fn pull(&mut self, f: &mut Follow, s: &Scenario) -> Step {
         let open = self.open.as_mut().expect("open-loop source");
         if let Some(a) = open.next(&s.workload).map_err(Stop::Input)? {
             self.pending = Some(a);
             self.pending_prefix = open.prefix_ids().into();
-            k.schedule_at(a.time_ns, Class::Arrival, Event::Arrival { request: a.id })?;
+            f.at(a.time_ns, Event::Arrival { request: a.id });
         }
         Ok(())
     }

@@ -8,13 +8,12 @@ use cancelsim_models::protocol::{Abort, Handle, Scope};
 
 pub(crate) use super::cancel_state::CancelState;
 use super::cluster::radius;
-use super::error::Scheduled;
 use super::event::Event;
 use super::event::Tag;
+use super::follow::Follow;
 use crate::coverage::Mark;
 use crate::dist::ms_to_ns;
 use crate::kernel::rng::{key, Purpose, Stream};
-use crate::kernel::{Class, Kernel, LimitError};
 use crate::metrics::CancelRpc;
 use crate::scenario::{CheckpointConfig, GroupScope, IdentityMode, Policy, Scenario, Stage};
 
@@ -129,17 +128,17 @@ impl<'s> CancelClient<'s> {
     /// still holds the request; a request that never reached a backend gets nothing.
     pub fn on_intent(
         &mut self,
-        k: &mut Kernel<Event>,
+        f: &mut Follow,
         st: &mut CancelState,
         id: u64,
         tag: Tag,
         holds: bool,
-    ) -> Scheduled {
+    ) {
         let Some(policy) = self.policy else {
-            return Ok(());
+            return;
         };
         if matches!(policy, Policy::FinishAndDiscard) {
-            return Ok(());
+            return;
         }
         if st.begin(holds) {
             self.in_flight += 1;
@@ -156,13 +155,12 @@ impl<'s> CancelClient<'s> {
             tag,
             attempt: 0,
         };
-        k.schedule_in(delay, Class::Control, submit)?;
+        f.after(delay, submit);
         if let Policy::PerRequestWithFallback { fallback_after_ms } = policy {
             // Weak, as the timeout: it matters only while an attempt is awaited.
             let at = ms_to_ns(*fallback_after_ms);
-            k.schedule_weak_in(at, Class::Control, Event::Fallback { request: id, tag })?;
+            f.weak_after(at, Event::Fallback { request: id, tag });
         }
-        Ok(())
     }
 
     /// At the first submission under `PerRequestWithFallback`, a backend that cannot observe
@@ -210,12 +208,12 @@ impl<'s> CancelClient<'s> {
     /// duplicated, and it times out unless acknowledged.
     pub fn send(
         &mut self,
-        k: &mut Kernel<Event>,
+        f: &mut Follow,
         st: &mut CancelState,
         (request, tag): (u64, Tag),
         (replica, handle): (u32, &Handle),
         attempt: u8,
-    ) -> Scheduled {
+    ) {
         let scope = self.scope(handle);
         if st.send(attempt) {
             self.awaiting += 1;
@@ -238,11 +236,11 @@ impl<'s> CancelClient<'s> {
                 scope,
                 attempt,
             };
-            k.schedule_in(latency, Class::Control, deliver)?;
+            f.after(latency, deliver);
             if dup {
                 // The same attempt delivered twice: the backend must treat it idempotently.
                 self.rpc.duplicates += 1;
-                k.schedule_in(dup_latency, Class::Control, deliver)?;
+                f.after(dup_latency, deliver);
             }
         }
         let timeout = Event::CancelTimeout {
@@ -253,8 +251,7 @@ impl<'s> CancelClient<'s> {
         // Weak: once the attempt is acknowledged the timeout changes nothing, and a timeout
         // longer than the run (`timeout_ms: 1e9`) must not keep a finished run alive. While the
         // attempt is awaited, the run goes on through it (`awaiting`).
-        k.schedule_weak_in(ms_to_ns(a.timeout_ms), Class::Control, timeout)?;
-        Ok(())
+        f.weak_after(ms_to_ns(a.timeout_ms), timeout);
     }
 
     /// The abort a delivered attempt makes, with its fault drawn (the backend's randomness is
@@ -281,13 +278,13 @@ impl<'s> CancelClient<'s> {
     /// may settle), `Some(false)` if it retries, `None` if the timeout is stale.
     pub fn timeout(
         &mut self,
-        k: &mut Kernel<Event>,
+        f: &mut Follow,
         st: &mut CancelState,
         (request, tag): (u64, Tag),
         attempt: u8,
-    ) -> Result<Option<bool>, LimitError> {
+    ) -> Option<bool> {
         if st.done() || st.attempts() != attempt + 1 {
-            return Ok(None);
+            return None;
         }
         if (st.attempts() as u32) < self.scenario.adapter.max_attempts {
             let attempt = attempt + 1;
@@ -296,8 +293,8 @@ impl<'s> CancelClient<'s> {
                 tag,
                 attempt,
             };
-            k.schedule_in(0, Class::Control, retry)?;
-            return Ok(Some(false));
+            f.after(0, retry);
+            return Some(false);
         }
         st.exhaust();
         self.settle(st);
@@ -305,7 +302,7 @@ impl<'s> CancelClient<'s> {
         if matches!(self.policy, Some(Policy::PerRequestWithFallback { .. })) {
             self.fall_back(st);
         }
-        Ok(Some(true))
+        Some(true)
     }
 
     /// An acknowledgement reaches the adapter.
@@ -346,12 +343,11 @@ impl<'s> CancelClient<'s> {
     }
 
     /// The backend observed the cancel of `(id, tag)`: its acknowledgement travels back.
-    pub fn send_ack(&self, k: &mut Kernel<Event>, id: u64, tag: Tag) -> Scheduled {
+    pub fn send_ack(&self, f: &mut Follow, id: u64, tag: Tag) {
         let mut s = Stream::keyed(self.seed, Purpose::CancelRpc, id, key::ACK_LATENCY);
         let latency = ms_to_ns(self.scenario.adapter.rpc_latency_ms.sample(&mut s));
         let ack = Event::CancelAck { request: id, tag };
-        k.schedule_in(latency, Class::Control, ack)?;
-        Ok(())
+        f.after(latency, ack);
     }
 
     /// A request terminated by the backend without an intent of its own.

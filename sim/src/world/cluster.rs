@@ -13,10 +13,10 @@ use cancelsim_models::protocol::{
 };
 use cancelsim_models::replica::{self, Replica};
 
-use super::error::Scheduled;
 use super::event::Event;
+use super::follow::Follow;
 use crate::dist::ms_to_ns;
-use crate::kernel::{Class, Kernel, LimitError};
+use crate::kernel::LimitError;
 use crate::scenario::{
     AfterCompletion, CheckpointConfig, IdentityMode, Radius, Release, Router, Scenario, Scheduler,
 };
@@ -70,7 +70,7 @@ fn configured(s: &Scenario, table: Option<&Arc<StepTable>>) -> Replica {
             cost,
             checkpoint: match b.checkpoint {
                 CheckpointConfig::EveryStep => Checkpoint::EveryPasses(1),
-                CheckpointConfig::EveryKSteps(k) => Checkpoint::EveryPasses(k),
+                CheckpointConfig::EveryKSteps(f) => Checkpoint::EveryPasses(f),
                 CheckpointConfig::Never => Checkpoint::Never,
             },
             release: match b.release {
@@ -315,12 +315,11 @@ impl Cluster {
     }
 
     /// Ask for a scheduler pass of `replica` at this tick, once.
-    pub fn request_pass(&mut self, k: &mut Kernel<Event>, replica: u32) -> Scheduled {
+    pub fn request_pass(&mut self, f: &mut Follow, replica: u32) {
         if !self.pass_pending[replica as usize] {
             self.pass_pending[replica as usize] = true;
-            k.schedule_in(0, Class::Schedule, Event::SchedulePass { replica })?;
+            f.after(0, Event::SchedulePass { replica });
         }
-        Ok(())
     }
 
     /// A batcher timer fired: a stale one (the batch formed earlier) costs one empty pass.
@@ -380,24 +379,19 @@ impl Cluster {
     }
 
     /// After a pass: schedule the batcher's timer if it wants one it does not have yet.
-    pub fn arm_timer(&mut self, k: &mut Kernel<Event>, replica: u32, now_ns: u64) -> Scheduled {
+    pub fn arm_timer(&mut self, f: &mut Follow, replica: u32, now_ns: u64) {
         let r = replica as usize;
         let timer = self.replicas[r].timer_ns();
         if let Some(at) = timer.filter(|_| timer != self.timer_at[r]) {
             self.timer_at[r] = Some(at.max(now_ns));
-            k.schedule_at(
-                at.max(now_ns),
-                Class::Schedule,
-                Event::BatcherTimer { replica },
-            )?;
+            f.at(at.max(now_ns), Event::BatcherTimer { replica });
         }
-        Ok(())
     }
 
     /// An abort reaches `replica`'s backend; it acts at its next checkpoint.
-    pub fn abort(&mut self, k: &mut Kernel<Event>, replica: u32, abort: Abort) -> Scheduled {
+    pub fn abort(&mut self, f: &mut Follow, replica: u32, abort: Abort) {
         self.replicas[replica as usize].abort(abort);
-        self.request_pass(k, replica)
+        self.request_pass(f, replica)
     }
 
     /// A request on `replica` got a cancel intent now: its blocks count as retained from here.

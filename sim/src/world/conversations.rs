@@ -2,12 +2,12 @@
 
 use rustc_hash::FxHashMap;
 
-use super::error::Scheduled;
 use super::event::Event;
 use super::event::Tag;
+use super::follow::Follow;
 use crate::dist::round_ns;
 use crate::kernel::rng::{key, Purpose, Stream};
-use crate::kernel::{Class, Kernel, LimitError, NS_PER_S};
+use crate::kernel::NS_PER_S;
 use crate::metrics::WorkloadEvents;
 use crate::scenario::{Source, Workload};
 use crate::workload::{self, Arrival, TOKENS_MAX};
@@ -67,7 +67,7 @@ impl Conversations {
     }
 
     /// Conversation `conv` starts: the next start is scheduled, and its first turn now.
-    pub fn start(&mut self, k: &mut Kernel<Event>, w: &Workload, conv: u64) -> Scheduled {
+    pub fn start(&mut self, f: &mut Follow, w: &Workload, conv: u64) {
         let Source::Conversations {
             conversations,
             start_rate_per_s,
@@ -81,7 +81,7 @@ impl Conversations {
         if self.started < *conversations {
             let gap = self.starts.exponential(NS_PER_S as f64 / start_rate_per_s);
             let next = Event::ConversationStart { conv: conv + 1 };
-            k.schedule_in(round_ns(gap), Class::Arrival, next)?;
+            f.after(round_ns(gap), next);
         }
         let turns = workload::conversation_turns(w, self.seed, conv);
         if turns > 0 {
@@ -97,20 +97,19 @@ impl Conversations {
                 first_seen: None,
             };
             self.convs.insert(conv, c);
-            k.schedule_at(k.now_ns(), Class::Arrival, Event::TurnStart { conv })?;
+            f.after(0, Event::TurnStart { conv });
         }
-        Ok(())
     }
 
     /// A turn starts: its barge-in (in policy runs) is scheduled, and its generation and
     /// requests are returned in order, for the world to admit.
     pub fn turn_start(
         &mut self,
-        k: &mut Kernel<Event>,
+        f: &mut Follow,
         w: &Workload,
         conv: u64,
         barge_ins: bool,
-    ) -> Result<(u32, Vec<Arrival>), LimitError> {
+    ) -> (u32, Vec<Arrival>) {
         let Source::Conversations {
             requests_per_turn, ..
         } = &w.source
@@ -123,7 +122,7 @@ impl Conversations {
         let draws = workload::turn_draws(w, self.seed, conv, turn);
         if let (Some(after), true) = (draws.barge_in_after_ns, barge_ins) {
             let generation = turn;
-            k.schedule_in(after, Class::Control, Event::BargeIn { conv, generation })?;
+            f.after(after, Event::BargeIn { conv, generation });
         }
         let c = self.convs.get_mut(&conv).expect("live conversation");
         c.outstanding = per_turn;
@@ -133,7 +132,7 @@ impl Conversations {
             c.shared_bounds = c.bounds.as_slice().into();
         }
         let history = c.bounds.last().copied().unwrap_or(0);
-        let now_ns = k.now_ns();
+        let now_ns = f.now_ns();
         let arrivals: Vec<Arrival> = (0..per_turn)
             .map(|i| {
                 let id = workload::conversation_request_id(conv, turn, i);
@@ -148,7 +147,7 @@ impl Conversations {
             })
             .collect();
         c.first_prompt = arrivals.first().map_or(0, |a| a.prompt_tokens);
-        Ok((turn, arrivals))
+        (turn, arrivals)
     }
 
     /// The token stream request `id` of `conv`'s current turn continues, if turns carry their
@@ -206,34 +205,23 @@ impl Conversations {
     }
 
     /// A request of generation `g` of `conv` is done (or refused, or gone).
-    pub fn request_done(
-        &mut self,
-        k: &mut Kernel<Event>,
-        w: &Workload,
-        conv: u64,
-        g: u32,
-    ) -> Result<TurnEnd, LimitError> {
+    pub fn request_done(&mut self, f: &mut Follow, w: &Workload, conv: u64, g: u32) -> TurnEnd {
         let Some(c) = self.convs.get_mut(&conv) else {
-            return Ok(TurnEnd::Pending);
+            return TurnEnd::Pending;
         };
         if c.turn != g || c.outstanding == 0 {
-            return Ok(TurnEnd::Pending); // a superseded generation no longer drives the turn
+            return TurnEnd::Pending; // a superseded generation no longer drives the turn
         }
         c.outstanding -= 1;
         if c.outstanding > 0 {
-            return Ok(TurnEnd::Pending);
+            return TurnEnd::Pending;
         }
         let think = workload::turn_draws(w, self.seed, conv, g).think_ns;
-        self.next_turn(k, conv, think)
+        self.next_turn(f, conv, think)
     }
 
     /// The next turn of `conv` starts `delay_ns` from now, unless that was the last one.
-    pub fn next_turn(
-        &mut self,
-        k: &mut Kernel<Event>,
-        conv: u64,
-        delay_ns: u64,
-    ) -> Result<TurnEnd, LimitError> {
+    pub fn next_turn(&mut self, f: &mut Follow, conv: u64, delay_ns: u64) -> TurnEnd {
         let history = self.history;
         let c = self.convs.get_mut(&conv).expect("live conversation");
         if history {
@@ -246,10 +234,10 @@ impl Conversations {
         c.turn += 1;
         if c.turn >= c.turns {
             self.convs.remove(&conv);
-            return Ok(TurnEnd::Over);
+            return TurnEnd::Over;
         }
-        k.schedule_in(delay_ns, Class::Arrival, Event::TurnStart { conv })?;
-        Ok(TurnEnd::Next)
+        f.after(delay_ns, Event::TurnStart { conv });
+        TurnEnd::Next
     }
 
     /// Every conversation ended (conservation).

@@ -30,9 +30,9 @@ impl World<'_> {
     /// The sink takes the request's next chunk.
     pub(super) fn hold_next_chunk(&mut self, tag: Tag) -> Step {
         let who = self.requests[tag].chunk_owner();
-        let (k, owners) = (&mut self.kernel, &mut self.owners);
+        let (f, owners) = (&mut self.follow, &mut self.owners);
         let chunks = &mut self.requests[tag].chunks;
-        match self.sink.hold(k, owners, who, tag, chunks)? {
+        match self.sink.hold(f, owners, who, tag, chunks)? {
             Hold::Settle => self.chunk_settled(tag),
             Hold::Now(ticket) => self.admit_chunk(tag, &ticket, 0),
             Hold::Waiting => Ok(()),
@@ -42,11 +42,11 @@ impl World<'_> {
     /// After the wait: the post-wait admission check, against the state at this moment.
     fn admit_chunk(&mut self, tag: Tag, ticket: &Ticket<u64>, retry: u8) -> Step {
         let who = self.requests[tag].chunk_owner();
-        let (k, owners) = (&mut self.kernel, &mut self.owners);
+        let (f, owners) = (&mut self.follow, &mut self.owners);
         let chunks = &mut self.requests[tag].chunks;
         match self
             .sink
-            .admit(k, owners, (who, tag), chunks, (ticket, retry))?
+            .admit(f, owners, (who, tag), chunks, (ticket, retry))?
         {
             Admitted::Played { final_chunk } => {
                 if final_chunk {

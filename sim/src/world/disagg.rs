@@ -24,7 +24,6 @@ use super::World;
 use crate::coverage::Mark;
 use crate::dist::ms_to_ns;
 use crate::kernel::rng::{key, Purpose, Stream};
-use crate::kernel::Class;
 use crate::metrics::HandoffStats;
 use crate::scenario::{CheckpointConfig, Policy, Stage};
 use crate::workload;
@@ -91,7 +90,7 @@ impl World<'_> {
         let latency_ns = h.latency_ns();
         self.lease_timer(prefill, id)?;
         let ev = Event::Handoff { request: id, tag };
-        self.kernel.schedule_in(latency_ns, Class::Control, ev)?;
+        self.follow.after(latency_ns, ev);
         self.stage_reached(tag, Stage::KvTransfer)
     }
 
@@ -175,7 +174,7 @@ impl World<'_> {
                 request: id,
                 prefill: f.prefill,
             };
-            self.kernel.schedule_at(lands_ns, Class::Completion, ev)?;
+            self.follow.at(lands_ns, ev);
         }
     }
 
@@ -256,7 +255,7 @@ impl World<'_> {
             let what = "a decode replica refused a request its prefill replica took";
             return Err(Stop::broken(vec![new.id], what));
         }
-        self.cluster.request_pass(&mut self.kernel, f.decode)?;
+        self.cluster.request_pass(&mut self.follow, f.decode);
         self.try_receive(f.decode)
     }
 
@@ -277,7 +276,8 @@ impl World<'_> {
             replica,
             cancel,
         };
-        Ok(self.kernel.schedule_in(delay_ns, Class::Control, ev)?)
+        self.follow.after(delay_ns, ev);
+        Ok(())
     }
 
     /// A handoff message reaches `replica`'s cleanup owner.
@@ -303,7 +303,8 @@ impl World<'_> {
                     key: u64::MAX - request,
                     ideal: false,
                 };
-                Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
+                self.cluster.abort(&mut self.follow, replica, abort);
+                Ok(())
             }
         }
     }
@@ -313,7 +314,7 @@ impl World<'_> {
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         h.returned(replica, &r);
         self.cluster.unpin(replica, r.blocks);
-        self.cluster.request_pass(&mut self.kernel, replica)?;
+        self.cluster.request_pass(&mut self.follow, replica);
         if self.cluster.is_prefill(replica) {
             return Ok(());
         }
@@ -340,7 +341,7 @@ impl World<'_> {
             // while work waits (`World::waits_on_leases`); at its end, leases left are settled.
             let ev = Event::LeaseCheck { replica };
             let delay_ns = at_ns - self.kernel.now_ns();
-            self.kernel.schedule_weak_in(delay_ns, Class::Control, ev)?;
+            self.follow.weak_after(delay_ns, ev);
         }
         Ok(())
     }
@@ -415,7 +416,7 @@ impl World<'_> {
                 debug_assert!(stopped.is_some(), "a flight on the wire has its transfer");
                 self.accounts.hit(Mark::TransferCancelled);
                 self.cluster.unpin(f.decode, f.blocks_decode);
-                self.cluster.request_pass(&mut self.kernel, f.decode)?;
+                self.cluster.request_pass(&mut self.follow, f.decode);
             }
         }
         if f.phase != Phase::Gap {
@@ -499,7 +500,7 @@ impl World<'_> {
                 replica: prefill,
                 since_ns: now_ns,
             };
-            self.kernel.schedule_in(ms_to_ns(ms), Class::Control, ev)?;
+            self.follow.after(ms_to_ns(ms), ev);
         }
         Ok(())
     }
@@ -518,7 +519,8 @@ impl World<'_> {
             key: u64::MAX - (1 << 32) - replica as u64,
             ideal: false,
         };
-        Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
+        self.cluster.abort(&mut self.follow, replica, abort);
+        Ok(())
     }
 
     /// The run is over: leases left are settled, blocks held with none are never returned; both

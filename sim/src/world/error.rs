@@ -102,6 +102,3 @@ impl Stop {
 }
 
 pub(crate) type Step<T = ()> = Result<T, Stop>;
-
-/// What scheduling events can fail with: a run limit.
-pub(crate) type Scheduled = Result<(), LimitError>;

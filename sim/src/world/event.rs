@@ -2,7 +2,7 @@
 
 use cancelsim_models::protocol::Scope;
 
-use crate::kernel::Traced;
+use crate::kernel::{Class, Traced};
 
 /// A slab index: the handle a replica echoes in every output and release (the requests' slab,
 /// `requests.rs`, hands them out). Defined here, with the events that carry it, so the components
@@ -137,7 +137,39 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// Its tie class at one tick (`kernel::Class`): output first, then control, arrivals, and
+    /// scheduler passes last. One class per kind, so no call site picks it.
+    pub fn class(&self) -> Class {
+        match self {
+            Event::StepDone { .. } | Event::KvLanded { .. } => Class::Completion,
+            Event::Arrival { .. } | Event::ConversationStart { .. } | Event::TurnStart { .. } => {
+                Class::Arrival
+            }
+            Event::SchedulePass { .. } | Event::BatcherTimer { .. } => Class::Schedule,
+            Event::BargeIn { .. }
+            | Event::Deadline { .. }
+            | Event::Disconnect { .. }
+            | Event::Intent { .. }
+            | Event::CancelSubmit { .. }
+            | Event::CancelDeliver { .. }
+            | Event::CancelTimeout { .. }
+            | Event::CancelAck { .. }
+            | Event::Fallback { .. }
+            | Event::ChunkAdmit { .. }
+            | Event::BarrierAck { .. }
+            | Event::Handoff { .. }
+            | Event::Notice { .. }
+            | Event::LeaseCheck { .. }
+            | Event::StopAbort { .. }
+            | Event::HangCheck { .. } => Class::Control,
+        }
+    }
+}
+
 impl Traced for Event {
+    /// The kind's code in the run hash. Append-only: never renumber or reuse a code, or every
+    /// golden hash changes; a new kind takes the next number.
     fn kind_code(&self) -> u8 {
         match self {
             Event::Arrival { .. } => 1,

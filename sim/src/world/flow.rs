@@ -15,7 +15,7 @@ use super::requests::{Req, Tag, TurnRef};
 use super::{arrivals, World};
 use crate::coverage::Mark;
 use crate::dist::ms_to_ns;
-use crate::kernel::{Class, LimitError};
+use crate::kernel::LimitError;
 use crate::scenario::Stage;
 use crate::workload::{self, Arrival};
 
@@ -23,7 +23,7 @@ impl World<'_> {
     pub(super) fn on_arrival(&mut self, request: u64) -> Step {
         let a = self.arrivals.take(request);
         self.arrive(a, None)?;
-        self.arrivals.pull(&mut self.kernel, self.scenario)
+        self.arrivals.pull(&mut self.follow, self.scenario)
     }
 
     /// A deadline or a disconnect of a request still in progress.
@@ -48,7 +48,8 @@ impl World<'_> {
             key: request | 1 << 63,
             ideal: false,
         };
-        Ok(self.cluster.abort(&mut self.kernel, q.replica, abort)?)
+        self.cluster.abort(&mut self.follow, q.replica, abort);
+        Ok(())
     }
 
     pub(super) fn on_storm_intent(&mut self, request: u64, tag: Tag) -> Step {
@@ -86,7 +87,7 @@ impl World<'_> {
             self.on_retired(r)?;
         }
         self.cluster.recycle(out);
-        self.cluster.request_pass(&mut self.kernel, replica)?;
+        self.cluster.request_pass(&mut self.follow, replica);
         self.receive_on(replica)
     }
 
@@ -112,7 +113,7 @@ impl World<'_> {
                 replica,
                 step: d.step,
             };
-            self.kernel.schedule_at(d.end_ns, Class::Completion, done)?;
+            self.follow.at(d.end_ns, done);
         }
         for &tag in &out.started {
             if self.requests[tag].life.start(now_ns) {
@@ -122,7 +123,8 @@ impl World<'_> {
             }
         }
         self.cluster.recycle(out);
-        Ok(self.cluster.arm_timer(&mut self.kernel, replica, now_ns)?)
+        self.cluster.arm_timer(&mut self.follow, replica, now_ns);
+        Ok(())
     }
 
     fn is_done(&self, tag: Tag) -> bool {
@@ -251,12 +253,13 @@ impl World<'_> {
         self.accounts.admitted();
         if self.cancel.policy().is_some() {
             let w = &self.scenario.workload;
-            arrivals::client_timers(&mut self.kernel, w, self.seed, (a.id, tag))?;
+            arrivals::client_timers(&mut self.follow, w, self.seed, (a.id, tag));
         }
         if let Some((Stage::Queued, delay)) = plan {
             self.plan_intent(tag, delay)?;
         }
-        Ok(self.cluster.request_pass(&mut self.kernel, replica)?)
+        self.cluster.request_pass(&mut self.follow, replica);
+        Ok(())
     }
 
     fn reject(&mut self, tag: Tag) -> Step {
@@ -277,7 +280,8 @@ impl World<'_> {
             return Ok(());
         }
         let ev = Event::Intent { request: q.id, tag };
-        Ok(self.kernel.schedule_in(delay_ns, Class::Control, ev)?)
+        self.follow.after(delay_ns, ev);
+        Ok(())
     }
 
     /// If the request's storm stage is `stage`, its intent is planned now.
@@ -328,8 +332,9 @@ impl World<'_> {
             // Between the stages: the stage it is at shares its blocks and link with others.
             self.cluster.intent_between(q.replica);
         }
-        let k = &mut self.kernel;
-        Ok(self.cancel.on_intent(k, &mut q.cancel, id, tag, holds)?)
+        let f = &mut self.follow;
+        self.cancel.on_intent(f, &mut q.cancel, id, tag, holds);
+        Ok(())
     }
 
     /// The local invalidation: the first terminal transition wins, and never changes after.
@@ -380,7 +385,8 @@ impl World<'_> {
         let domain = ClockDomain::Backend;
         self.evidence(o.tag, EvidenceLevel::BackendObservation, domain)?;
         if self.requests[o.tag].cancel.intent_ns().is_some() {
-            return Ok(self.cancel.send_ack(&mut self.kernel, o.id, o.tag)?);
+            self.cancel.send_ack(&mut self.follow, o.id, o.tag);
+            return Ok(());
         }
         // Terminated by the backend without an intent of its own: a group scope, a fault, or a
         // reused id. The adapter sees the request fail. Whoever's cancel it was, even its own
@@ -438,7 +444,7 @@ impl World<'_> {
         let last = last || stop_ns.is_some();
         if let Some(delay_ns) = stop_ns {
             let ev = Event::StopAbort { request: q.id, tag };
-            self.kernel.schedule_in(delay_ns, Class::Control, ev)?;
+            self.follow.after(delay_ns, ev);
         }
         let q = &mut self.requests[tag];
         q.life.token(index, now_ns);

@@ -26,6 +26,7 @@ mod disagg;
 mod error;
 mod event;
 mod flow;
+mod follow;
 mod handoff;
 mod life;
 mod playback;
@@ -56,6 +57,7 @@ use cancel::{scope_mark, Ack};
 use cluster::Cluster;
 use conversations::Conversations;
 use error::{Step, Stop};
+use follow::Follow;
 use handoff::Handoff;
 use playback::PlaybackSink;
 use recorder::Recorder;
@@ -103,6 +105,8 @@ pub struct World<'s> {
     seed: u64,
     label: String,
     kernel: Kernel<Event>,
+    /// What the event being handled asks for; into the kernel after each dispatch.
+    follow: Follow,
     owners: Owners<u64>,
     requests: Requests,
     arrivals: Arrivals,
@@ -167,6 +171,7 @@ impl<'s> World<'s> {
             seed,
             label,
             kernel: Kernel::new(scenario.limits()),
+            follow: Follow::default(),
             owners: Owners::new(RETENTION),
             requests: Requests::default(),
             arrivals: Arrivals::new(scenario, seed, inputs.trace).map_err(RunError::Input)?,
@@ -208,8 +213,10 @@ impl<'s> World<'s> {
 
     /// Run to completion; the summary and what was recorded.
     pub fn run_recorded(mut self) -> Result<(Summary, Extras), RunError> {
-        let started = self.arrivals.begin(&mut self.kernel, self.scenario);
+        self.follow.open(self.kernel.now_ns());
+        let started = self.arrivals.begin(&mut self.follow, self.scenario);
         started.map_err(|e| self.stopped(e))?;
+        self.follow.schedule(&mut self.kernel)?;
         loop {
             let (accounts, handoff, cancel) = (&self.accounts, &self.handoff, &self.cancel);
             let go_on =
@@ -221,7 +228,9 @@ impl<'s> World<'s> {
             self.occupancy
                 .advance(self.kernel.now_ns(), self.requests.live_count());
             self.sample_until(self.kernel.now_ns());
+            self.follow.open(self.kernel.now_ns());
             self.dispatch(event).map_err(|e| self.stopped(e))?;
+            self.follow.schedule(&mut self.kernel)?;
             if self.kernel.events_dispatched() % crate::record::PROGRESS_EVERY_EVENTS == 0 {
                 self.recorder
                     .progress(self.accounts.tally().counts.scheduled);
@@ -262,7 +271,8 @@ impl<'s> World<'s> {
             Event::Arrival { request } => self.on_arrival(request),
             Event::ConversationStart { conv } => {
                 let w = &self.scenario.workload;
-                Ok(self.conversations.start(&mut self.kernel, w, conv)?)
+                self.conversations.start(&mut self.follow, w, conv);
+                Ok(())
             }
             Event::TurnStart { conv } => self.on_turn_start(conv),
             Event::BargeIn { conv, generation } => self.on_barge_in(conv, generation),
@@ -270,7 +280,8 @@ impl<'s> World<'s> {
             Event::SchedulePass { replica } => self.on_schedule_pass(replica),
             Event::BatcherTimer { replica } => {
                 self.cluster.timer_fired(replica, self.kernel.now_ns());
-                Ok(self.cluster.request_pass(&mut self.kernel, replica)?)
+                self.cluster.request_pass(&mut self.follow, replica);
+                Ok(())
             }
             Event::Deadline { request, tag } => self.on_timer(request, tag, Cause::Deadline),
             Event::Disconnect { request, tag } => self.on_timer(request, tag, Cause::Disconnect),
@@ -334,10 +345,10 @@ impl<'s> World<'s> {
         }
         let q = &mut self.requests[tag];
         let to = (q.replica, &q.handle);
-        let k = &mut self.kernel;
-        Ok(self
-            .cancel
-            .send(k, &mut q.cancel, (request, tag), to, attempt)?)
+        let f = &mut self.follow;
+        self.cancel
+            .send(f, &mut q.cancel, (request, tag), to, attempt);
+        Ok(())
     }
 
     fn on_cancel_deliver(&mut self, request: u64, replica: u32, scope: Scope, attempt: u8) -> Step {
@@ -346,7 +357,8 @@ impl<'s> World<'s> {
         if self.handoff_abort(request, replica, &abort)? {
             return Ok(());
         }
-        Ok(self.cluster.abort(&mut self.kernel, replica, abort)?)
+        self.cluster.abort(&mut self.follow, replica, abort);
+        Ok(())
     }
 
     fn on_cancel_timeout(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
@@ -356,7 +368,7 @@ impl<'s> World<'s> {
         let st = &mut self.requests[tag].cancel;
         let gave_up = self
             .cancel
-            .timeout(&mut self.kernel, st, (request, tag), attempt)?;
+            .timeout(&mut self.follow, st, (request, tag), attempt);
         if gave_up == Some(true) {
             return self.try_finalize(tag);
         }

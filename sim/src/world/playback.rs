@@ -7,12 +7,12 @@ use cancelsim_models::ownership::{
     Admission, BarrierId, Disposition, Owners, State, Ticket, UpdateClass,
 };
 
-use super::error::{Scheduled, Step, Stop};
+use super::error::{Step, Stop};
 use super::event::Event;
 use super::event::Tag;
+use super::follow::Follow;
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{key, Purpose, Stream};
-use crate::kernel::{Class, Kernel};
 use crate::metrics::Playback;
 use crate::scenario::PlaybackConfig;
 
@@ -156,7 +156,7 @@ impl PlaybackSink {
     /// Hold the next chunk: record it as output evidence, then begin its admission.
     pub fn hold(
         &mut self,
-        k: &mut Kernel<Event>,
+        f: &mut Follow,
         owners: &mut Owners<u64>,
         who: Owner,
         tag: Tag,
@@ -182,7 +182,7 @@ impl PlaybackSink {
                 return Err(Stop::broken(vec![who.id], what));
             }
         }
-        let now_ns = k.now_ns();
+        let now_ns = f.now_ns();
         let ticket = self.begin(owners, who, now_ns as f64)?;
         if self.zero_writer_wait {
             return Ok(Hold::Now(ticket));
@@ -199,7 +199,7 @@ impl PlaybackSink {
             epoch: ticket.epoch,
             retry: 0,
         };
-        k.schedule_in(wait, Class::Control, admit)?;
+        f.after(wait, admit);
         Ok(Hold::Waiting)
     }
 
@@ -232,14 +232,14 @@ impl PlaybackSink {
     /// Phase two, after the wait, against the state at this moment.
     pub fn admit(
         &mut self,
-        k: &mut Kernel<Event>,
+        f: &mut Follow,
         owners: &mut Owners<u64>,
         (who, tag): (Owner, Tag),
         c: &mut Chunks,
         (ticket, retry): (&Ticket<u64>, u8),
     ) -> Step<Admitted> {
         let id = who.id;
-        let now = k.now_ns() as f64;
+        let now = f.now_ns() as f64;
         let result = owners
             .admit_end(ticket, now)
             .map_err(Stop::controller(id))?;
@@ -262,7 +262,7 @@ impl PlaybackSink {
                 self.counts.expired += 1;
                 Ok(Admitted::Expired)
             }
-            Admission::Blocked => self.blocked(k, owners, (who, tag), ticket, retry),
+            Admission::Blocked => self.blocked(f, owners, (who, tag), ticket, retry),
         }
     }
 
@@ -290,7 +290,7 @@ impl PlaybackSink {
     /// times.
     fn blocked(
         &mut self,
-        k: &mut Kernel<Event>,
+        f: &mut Follow,
         owners: &Owners<u64>,
         (who, tag): (Owner, Tag),
         ticket: &Ticket<u64>,
@@ -312,7 +312,7 @@ impl PlaybackSink {
             epoch: again.epoch,
             retry: retry + 1,
         };
-        k.schedule_in(wait, Class::Control, admit)?;
+        f.after(wait, admit);
         Ok(Admitted::Retrying)
     }
 
@@ -325,19 +325,13 @@ impl PlaybackSink {
     }
 
     /// An interruption: a clear operation starts on `owner`'s sink, acknowledged later.
-    pub fn clear(
-        &mut self,
-        k: &mut Kernel<Event>,
-        owners: &mut Owners<u64>,
-        owner: u64,
-    ) -> Scheduled {
+    pub fn clear(&mut self, f: &mut Follow, owners: &mut Owners<u64>, owner: u64) {
         let barrier = BarrierId::of_owner(owner);
         let epoch = owners.barrier_advance_on(barrier);
         owners.set_clear_on(barrier, false);
         let mut s = Stream::keyed(self.seed, Purpose::Playback, owner, epoch);
         let ack = ms_to_ns(self.cfg.clear_ack_ms.sample(&mut s));
-        k.schedule_in(ack, Class::Control, Event::BarrierAck { owner, epoch })?;
-        Ok(())
+        f.after(ack, Event::BarrierAck { owner, epoch });
     }
 
     /// A clear is acknowledged: the barrier is clear again, unless a newer clear started.

@@ -13,9 +13,9 @@ impl World<'_> {
     pub(super) fn on_turn_start(&mut self, conv: u64) -> Step {
         let barge_ins = self.cancel.policy().is_some();
         let w = &self.scenario.workload;
-        let (turn, arrivals) =
-            self.conversations
-                .turn_start(&mut self.kernel, w, conv, barge_ins)?;
+        let (turn, arrivals) = self
+            .conversations
+            .turn_start(&mut self.follow, w, conv, barge_ins);
         for a in arrivals {
             self.arrive(a, Some((conv, turn)))?;
         }
@@ -28,7 +28,7 @@ impl World<'_> {
         let Some(members) = self.conversations.barge_in(conv, generation) else {
             return Ok(());
         };
-        self.sink.clear(&mut self.kernel, &mut self.owners, conv)?;
+        self.sink.clear(&mut self.follow, &mut self.owners, conv);
         for &(id, tag) in &members {
             if workload::conversation_request_index(id) == 0 && self.requests.live(id, tag) {
                 let seen = self.requests[tag].life.tokens();
@@ -40,7 +40,7 @@ impl World<'_> {
                 self.intent(tag, Cause::Interruption)?;
             }
         }
-        let end = self.conversations.next_turn(&mut self.kernel, conv, 0)?;
+        let end = self.conversations.next_turn(&mut self.follow, conv, 0);
         self.turn_ended(conv, end);
         Ok(())
     }
@@ -59,7 +59,7 @@ impl World<'_> {
             self.conversations.seen(c, g, q.life.tokens().min(q.output));
         }
         let w = &self.scenario.workload;
-        let end = self.conversations.request_done(&mut self.kernel, w, c, g)?;
+        let end = self.conversations.request_done(&mut self.follow, w, c, g);
         self.turn_ended(c, end);
         Ok(())
     }
