@@ -24,46 +24,52 @@ impl World<'_> {
         let ticket = self
             .sink
             .ticket(self.requests[tag].chunk_owner(), born_ns, epoch);
-        self.admit_chunk(tag, &ticket, retry)
+        self.deliver(tag, Some((ticket, retry)))
     }
 
     /// The sink takes the request's next chunk.
     pub(super) fn hold_next_chunk(&mut self, tag: Tag) -> Step {
-        let who = self.requests[tag].chunk_owner();
-        let (f, owners) = (&mut self.follow, &mut self.owners);
-        let chunks = &mut self.requests[tag].chunks;
-        match self.sink.hold(f, owners, who, tag, chunks)? {
-            Hold::Settle => self.chunk_settled(tag),
-            Hold::Now(ticket) => self.admit_chunk(tag, &ticket, 0),
-            Hold::Waiting => Ok(()),
-        }
+        self.deliver(tag, None)
     }
 
-    /// After the wait: the post-wait admission check, against the state at this moment.
-    fn admit_chunk(&mut self, tag: Tag, ticket: &Ticket<u64>, retry: u8) -> Step {
-        let who = self.requests[tag].chunk_owner();
-        let (f, owners) = (&mut self.follow, &mut self.owners);
-        let chunks = &mut self.requests[tag].chunks;
-        match self
-            .sink
-            .admit(f, owners, (who, tag), chunks, (ticket, retry))?
-        {
-            Admitted::Played { final_chunk } => {
-                if final_chunk {
-                    self.complete(tag)?;
+    /// Chunks through the sink, in order: the one held whose writer's wait is over (`held`),
+    /// or else the next one, held now; each admitted against the state at this moment. It goes
+    /// on to the next chunk while one passes at once (no writer's wait), and stops at the first
+    /// that waits, retries or ends the request's output.
+    fn deliver(&mut self, tag: Tag, mut held: Option<(Ticket<u64>, u8)>) -> Step {
+        loop {
+            let who = self.requests[tag].chunk_owner();
+            let (f, owners) = (&mut self.follow, &mut self.owners);
+            let chunks = &mut self.requests[tag].chunks;
+            let (ticket, retry) = match held.take() {
+                Some(h) => h,
+                None => match self.sink.hold(f, owners, who, tag, chunks)? {
+                    Hold::Settle => return self.chunk_settled(tag),
+                    Hold::Now(ticket) => (ticket, 0),
+                    Hold::Waiting => return Ok(()),
+                },
+            };
+            let (f, owners) = (&mut self.follow, &mut self.owners);
+            let chunks = &mut self.requests[tag].chunks;
+            match self
+                .sink
+                .admit(f, owners, (who, tag), chunks, (&ticket, retry))?
+            {
+                Admitted::Played { final_chunk } => {
+                    if final_chunk {
+                        self.complete(tag)?;
+                    }
+                    if !self.sink.has_next(&self.requests[tag].chunks) {
+                        return self.try_finalize(tag);
+                    }
                 }
-                if self.sink.has_next(&self.requests[tag].chunks) {
-                    self.hold_next_chunk(tag)
-                } else {
-                    self.try_finalize(tag)
+                Admitted::Suppressed => return self.chunk_settled(tag),
+                Admitted::Expired | Admitted::GaveUp => {
+                    self.intent(tag, Cause::Playback)?;
+                    return self.chunk_settled(tag);
                 }
+                Admitted::Retrying => return Ok(()),
             }
-            Admitted::Suppressed => self.chunk_settled(tag),
-            Admitted::Expired | Admitted::GaveUp => {
-                self.intent(tag, Cause::Playback)?;
-                self.chunk_settled(tag)
-            }
-            Admitted::Retrying => Ok(()),
         }
     }
 
@@ -72,7 +78,7 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         playback::complete(&mut self.owners, q.id)?;
         q.life.terminate();
-        self.turn_over(tag)?;
+        self.turn_over(tag);
         self.stage_reached(tag, Stage::AfterCompletion)
     }
 

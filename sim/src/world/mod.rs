@@ -28,6 +28,8 @@ mod event;
 mod flow;
 mod follow;
 mod handoff;
+mod intent;
+mod leave;
 mod life;
 mod playback;
 mod recorder;

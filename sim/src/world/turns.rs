@@ -2,10 +2,8 @@
 //! a generation, and a request's end moves its turn on (with the output its user saw, for the
 //! next turn's history).
 
-use super::conversations::TurnEnd;
 use super::error::Step;
 use super::event::Cause;
-use super::requests::{Req, Tag};
 use super::World;
 use crate::workload;
 
@@ -43,36 +41,5 @@ impl World<'_> {
         let end = self.conversations.next_turn(&mut self.follow, conv, 0);
         self.turn_ended(conv, end);
         Ok(())
-    }
-
-    /// The request became terminal (completed, cancelled, expired or refused): its turn has one
-    /// request fewer out. Once per request, however it ended.
-    pub(super) fn turn_over(&mut self, tag: Tag) -> Step {
-        let q = &mut self.requests[tag];
-        if !q.life.end_turn() {
-            return Ok(());
-        }
-        let Some((c, g)) = q.conv else {
-            return Ok(());
-        };
-        if workload::conversation_request_index(q.id) == 0 {
-            self.conversations.seen(c, g, q.life.tokens().min(q.output));
-        }
-        let w = &self.scenario.workload;
-        let end = self.conversations.request_done(&mut self.follow, w, c, g);
-        self.turn_ended(c, end);
-        Ok(())
-    }
-
-    fn turn_ended(&mut self, conv: u64, end: TurnEnd) {
-        if end == TurnEnd::Over {
-            self.sink.owner_gone(&mut self.owners, conv);
-        }
-    }
-
-    /// Whether the request's own owner (its conversation) has had a cancel intent: then the
-    /// owner's group was hit, and the request is part of that group, not a sibling of it.
-    pub(super) fn group_hit(&self, q: &Req) -> bool {
-        q.conv.is_some_and(|(c, _)| self.conversations.group_hit(c))
     }
 }

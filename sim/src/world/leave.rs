@@ -1,0 +1,106 @@
+//! The end of a request: its turn moves on (once, however it ended), and it leaves the system
+//! once nothing more can happen to it, into the books, against the baseline, to the recorder.
+//! The bottom of the world's route: every handler ends here, and it calls no handler back.
+
+use super::conversations::TurnEnd;
+use super::error::{Step, Stop};
+use super::recorder::Left;
+use super::requests::{Req, Tag};
+use super::World;
+use crate::workload::{self};
+use cancelsim_models::ownership::State;
+
+impl World<'_> {
+    /// Leave the system once nothing more can happen to the request.
+    pub(super) fn try_finalize(&mut self, tag: Tag) -> Step {
+        let q = &self.requests[tag];
+        if !q.live {
+            return Ok(());
+        }
+        let state = self.owners.state(&q.id);
+        let terminal = state.is_none_or(State::is_terminal);
+        // Not before its replica is done with it: a step in flight still holds its tag, and its
+        // output must be charged to this request, not to the next owner of the tag.
+        let engine_done = (q.life.engine_retired() || !q.life.enqueued()) && !q.life.in_handoff();
+        let settled = self.cancel.settled(&q.cancel, q.life.enqueued());
+        if !terminal || !engine_done || q.chunks.busy() || q.cancel.intent_pending() || !settled {
+            return Ok(());
+        }
+        // The world never substitutes a state the controller did not give: a record of a
+        // request still in the world is never evicted (`Retention::until_retired`).
+        let Some(state) = state else {
+            let what = "the controller lost the record of a request still in the world";
+            return Err(Stop::broken(vec![q.id], what));
+        };
+        self.owners.retire(&q.id).map_err(Stop::controller(q.id))?;
+        self.leave(tag, state);
+        Ok(())
+    }
+
+    /// The request leaves: into the books, against the baseline, to the recorder.
+    pub(super) fn leave(&mut self, tag: Tag, state: State) {
+        let now_ns = self.kernel.now_ns();
+        if let Some(h) = self.handoff.as_mut() {
+            h.take_abort_seen(self.requests[tag].id);
+        }
+        self.requests[tag].chunks.drop_stream();
+        debug_assert!(
+            !self.requests[tag].cancel.awaiting() || self.cancel.policy().is_none(),
+            "a request leaves once its cancel settled"
+        );
+        self.cancel.settle(&mut self.requests[tag].cancel);
+        let q = &self.requests[tag];
+        // Failed before admission without a cancel of its own (a killed engine, say): it waited
+        // for admission until now, and the time to recover must see it.
+        if !q.life.started() && q.cancel.intent_ns().is_none() {
+            self.recover.admitted(q.arrival_ns, now_ns);
+        }
+        let fd = self.cancel.finish_and_discard();
+        self.accounts.left(q, state, fd, now_ns);
+        // A sibling: no intent of its own, but it shared a replica with a request that got one
+        // while it was there, or it was killed or corrupted by someone's cancel.
+        let shared = q.life.enqueued()
+            && self.cluster.intent_epoch(q.replica) > q.life.epoch_at_enqueue()
+            && !self.group_hit(q);
+        let sibling = q.cancel.intent_ns().is_none() && (q.cancel.sibling() || shared);
+        let judged = self.baseline.left(q, state, sibling);
+        let how = Left {
+            state,
+            sibling: judged.sibling,
+            survived: judged.survived,
+            now_ns,
+        };
+        self.recorder.left(q, &self.label, how);
+        self.requests.remove(tag);
+    }
+
+    /// The request became terminal (completed, cancelled, expired or refused): its turn has one
+    /// request fewer out. Once per request, however it ended.
+    pub(super) fn turn_over(&mut self, tag: Tag) {
+        let q = &mut self.requests[tag];
+        if !q.life.end_turn() {
+            return;
+        }
+        let Some((c, g)) = q.conv else {
+            return;
+        };
+        if workload::conversation_request_index(q.id) == 0 {
+            self.conversations.seen(c, g, q.life.tokens().min(q.output));
+        }
+        let w = &self.scenario.workload;
+        let end = self.conversations.request_done(&mut self.follow, w, c, g);
+        self.turn_ended(c, end);
+    }
+
+    pub(super) fn turn_ended(&mut self, conv: u64, end: TurnEnd) {
+        if end == TurnEnd::Over {
+            self.sink.owner_gone(&mut self.owners, conv);
+        }
+    }
+
+    /// Whether the request's own owner (its conversation) has had a cancel intent: then the
+    /// owner's group was hit, and the request is part of that group, not a sibling of it.
+    pub(super) fn group_hit(&self, q: &Req) -> bool {
+        q.conv.is_some_and(|(c, _)| self.conversations.group_hit(c))
+    }
+}
