@@ -1,6 +1,8 @@
-//! Prints `tier seed run_hash` (or the run's error) for the fuzzer's drawn scenarios: the
-//! corpus of a differential check. Build it at two commits and `diff` the outputs; a refactor
-//! that claims "hashes unchanged" must print the same lines.
+//! Prints `tier seed run_hash summary_hash` (or the run's error) for the fuzzer's drawn
+//! scenarios: the corpus of a differential check. `summary_hash` is the BLAKE3 of the whole
+//! report as `summary.json` holds it, less the commit it was built from, so a summary field that
+//! changes while the event stream does not still shows. Build it at two commits and `diff` the
+//! outputs; a refactor that claims "hashes unchanged" must print the same lines.
 //!
 //!     cargo run --release --example fuzz_hashes -- SMALL_SEEDS BIG_SEEDS > hashes.txt
 //!
@@ -14,7 +16,12 @@ fn line(tier: Tier, seed: u64) -> String {
     let base = std::path::PathBuf::from("scenarios");
     let s = fuzz::scenario(seed, tier, base);
     match cancelsim::run::report(&s, seed) {
-        Ok(r) => format!("{tier:?} {seed} {}", r.run_hash),
+        Ok(mut r) => {
+            r.commit.clear();
+            let json = serde_json::to_string(&r).expect("a report serialises");
+            let summary = blake3::hash(json.as_bytes()).to_hex();
+            format!("{tier:?} {seed} {} {summary}", r.run_hash)
+        }
         Err(e) => format!("{tier:?} {seed} error: {e}"),
     }
 }

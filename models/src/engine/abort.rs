@@ -2,7 +2,7 @@
 //! their handle's scope, may fault with a blast radius, and release blocks fenced or at once.
 //! (`abort`, `checkpoint` and `mark_intent` themselves are the `Scheduler` methods in `mod.rs`.)
 
-use super::{free_blocks, release_fenced, Books, Engine, Phase};
+use super::{Engine, Phase};
 use crate::protocol::{
     Abort, BlastRadius, Checkpoint, CheckpointReport, Observed, Outbox, ReleaseMode, Scope,
     UnknownAbort,
@@ -168,16 +168,16 @@ impl Engine {
         };
         match release {
             ReleaseMode::Fenced => {
-                self.fenced_total += seq.blocks;
+                self.pool.fence(seq.blocks);
                 seq.fence();
-                release_fenced(books!(self), seq);
+                self.pool.release_fenced(seq);
             }
             ReleaseMode::Immediate => {
-                self.fenced_total -= seq.fenced_blocks;
+                self.pool.unfence(seq.fenced_blocks);
                 seq.fence();
                 seq.fenced_blocks = 0;
                 let cached = std::mem::take(&mut seq.fenced_cached);
-                free_blocks(&mut books!(self), seq, blocks, &cached);
+                self.pool.free(seq, blocks, &cached);
                 if seq.inflight > 0 && blocks > 0 && !ideal {
                     // The newest dispatched step is the last that can still write them.
                     self.taint.push(blocks, self.step_next - 1);

@@ -4,7 +4,6 @@
 use crate::gpu::StepShape;
 use crate::protocol::Dispatch;
 
-use super::books::{release_fenced, Books};
 use super::seq::{Entry, Phase, Step};
 use super::Engine;
 
@@ -52,7 +51,7 @@ impl Engine {
             } else {
                 1
             };
-            let grow = self.kv.blocks_for((seq.ctx + tokens) as u64) - seq.blocks;
+            let grow = self.pool.blocks_for((seq.ctx + tokens) as u64) - seq.blocks;
             if !self.make_room(i, grow, now_ns, c) {
                 break;
             }
@@ -76,7 +75,7 @@ impl Engine {
     /// the other slot, was preempted in flight each time, and the replica stepped on instead of
     /// stalling. Without pinned blocks this never holds: every request fits the pool alone.
     fn make_room(&mut self, i: usize, grow: u64, now_ns: u64, c: &mut Compose) -> bool {
-        if self.take_blocks(grow) {
+        if self.pool.take(grow) {
             return true;
         }
         if self.pinned_blocks > 0 {
@@ -87,15 +86,15 @@ impl Engine {
                 .filter(|&&s| s != me)
                 .map(|&s| seqs[s as usize].blocks)
                 .sum();
-            if self.kv.free_blocks() + self.fenced_pending() + others < grow {
+            if self.pool.free_blocks() + self.fenced_pending() + others < grow {
                 return false;
             }
         }
         loop {
-            if self.take_blocks(grow) {
+            if self.pool.take(grow) {
                 return true;
             }
-            if self.kv.free_blocks() + self.fenced_pending() >= grow {
+            if self.pool.free_blocks() + self.fenced_pending() >= grow {
                 return false;
             }
             if self.running.len() <= i + 1 {
@@ -136,7 +135,7 @@ impl Engine {
         } else {
             return None;
         };
-        let new_blocks = self.kv.blocks_for((held + tokens) as u64) - hit_blocks;
+        let new_blocks = self.pool.blocks_for((held + tokens) as u64) - hit_blocks;
         Some(Admission {
             kv_ready,
             held,
@@ -168,8 +167,8 @@ impl Engine {
             } else {
                 self.cfg.watermark_blocks
             };
-            if self.kv.free_blocks() < a.new_blocks + a.taking + reserve {
-                if self.marked_blocks > 0 {
+            if self.pool.free_blocks() < a.new_blocks + a.taking + reserve {
+                if self.pool.marked() > 0 {
                     self.stats.admission_stalls += 1;
                 }
                 if self.pinned_blocks > 0 {
@@ -178,7 +177,7 @@ impl Engine {
                 break; // admission only when the blocks are there
             }
             self.reuse_cached(slot, now_ns, &a);
-            let taken = self.take_blocks(a.new_blocks);
+            let taken = self.pool.take(a.new_blocks);
             assert!(taken, "the free blocks were counted");
             let seq = &mut self.seqs[slot as usize];
             if seq.incarnation == 0 {
@@ -197,24 +196,21 @@ impl Engine {
     /// blocks, and it skips computing their tokens.
     fn reuse_cached(&mut self, slot: u32, now_ns: u64, a: &Admission) {
         let seq = &mut self.seqs[slot as usize];
-        if let Some(cache) = self.cache.as_mut() {
+        if self.pool.cache().is_some() {
             if !a.kv_ready {
                 self.stats.prefix_query_tokens += seq.need as u64;
                 self.stats.prefix_hit_tokens += a.held as u64;
             }
             for i in 0..a.hit_blocks {
-                cache.hit(
-                    &mut self.kv,
-                    seq.content.key(self.cfg.block_tokens as u64, i),
-                );
+                self.pool
+                    .hit(seq.content.key(self.cfg.block_tokens as u64, i));
             }
         }
         seq.touch(now_ns);
         seq.blocks += a.hit_blocks;
         seq.cached = a.hit_blocks as u32;
         if seq.marked {
-            self.marked_blocks += a.hit_blocks;
-            self.stats.marked_blocks_peak = self.stats.marked_blocks_peak.max(self.marked_blocks);
+            self.pool.mark(a.hit_blocks);
         }
     }
 
@@ -282,7 +278,7 @@ impl Engine {
     /// cached when it is preempted, and a finished request's own blocks go back without content
     /// (vLLM keeps them, but nothing can hit them; here they do not crowd the eviction order).
     fn register_full_blocks(&mut self, slot: u32, own_too: bool) {
-        let Some(cache) = self.cache.as_mut() else {
+        let Some(cache) = self.pool.cache() else {
             return;
         };
         let bt = self.cfg.block_tokens as u64;
@@ -307,9 +303,9 @@ impl Engine {
         self.register_full_blocks(slot, true);
         let seq = &mut self.seqs[slot as usize];
         seq.touch(now_ns);
-        self.fenced_total += seq.blocks;
+        self.pool.fence(seq.blocks);
         seq.fence();
-        release_fenced(books!(self), seq);
+        self.pool.release_fenced(seq);
         seq.restart();
         self.waiting.push_front(slot, &self.seqs);
         self.stats.preemptions += 1;

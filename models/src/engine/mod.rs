@@ -20,7 +20,7 @@
 //! cancel side (`abort`, `checkpoint`, `mark_intent`) is in `abort.rs`.
 
 #[macro_use]
-mod books;
+mod pool;
 mod abort;
 mod compose;
 mod run;
@@ -41,8 +41,8 @@ use crate::protocol::{
     Rejection, ReleaseMode, ReplicaStats, Retired, Scheduler, StepOutput, StepReport, UnknownAbort,
 };
 
-use books::{free_blocks, release_fenced, Books};
 use compose::Compose;
+use pool::Pool;
 use seq::{BoundedIds, Entry, Phase, Seq, Slots, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
 use waiting::Waiting;
@@ -77,7 +77,8 @@ pub struct EngineConfig {
 
 pub struct Engine {
     cfg: EngineConfig,
-    kv: KvPool,
+    /// The KV blocks, the prefix cache and the counts that follow the blocks.
+    pool: Pool,
     seqs: Vec<Seq>,
     free_slots: Vec<u32>,
     waiting: Waiting,
@@ -85,8 +86,6 @@ pub struct Engine {
     serial_next: u64,
     /// Slots not yet freed, by runtime id: a request-scope abort finds its request here.
     by_runtime: FxHashMap<u64, Slots>,
-    /// Sum of the fenced blocks of all requests (blocks on their way back to the pool).
-    fenced_total: u64,
     running: Vec<u32>,
     inflight: VecDeque<Step>,
     spare_entries: Vec<Vec<Entry>>,
@@ -105,8 +104,6 @@ pub struct Engine {
     abort_keys: BoundedIds,
     /// Engine slot of each caller tag, for `mark_intent`.
     slot_of_tag: Vec<Option<u32>>,
-    /// Blocks held by marked requests, now.
-    marked_blocks: u64,
     /// Blocks taken from the pool for work outside the engine (a KV transfer's buffers).
     pinned_blocks: u64,
     /// Tags of requests dispatched for the first time, drained by `take_started`.
@@ -115,8 +112,6 @@ pub struct Engine {
     /// run since without. New prompts wait until one does, or the preempted request would be
     /// admitted again at once, and preempted again, for ever.
     preempted_last: bool,
-    /// The prefix cache, with `prefix_caching`.
-    cache: Option<PrefixCache>,
     /// Pending aborts of the ideal cancel (handled at once): counted, so a pass with none
     /// pending never scans the pending aborts (a backend that rarely checks piles them up).
     ideal_pending: u32,
@@ -129,14 +124,17 @@ impl Engine {
         let prefix_caching = cfg.prefix_caching;
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.window > 0);
         Engine {
-            kv: KvPool::new(cfg.kv_blocks, cfg.block_tokens),
+            pool: Pool::new(
+                KvPool::new(cfg.kv_blocks, cfg.block_tokens),
+                prefix_caching.then(PrefixCache::default),
+                cfg.block_tokens as u64,
+            ),
             cfg,
             seqs: Vec::new(),
             free_slots: Vec::new(),
             waiting: Waiting::default(),
             serial_next: 0,
             by_runtime: FxHashMap::default(),
-            fenced_total: 0,
             running: Vec::new(),
             inflight: VecDeque::new(),
             spare_entries: Vec::new(),
@@ -151,11 +149,9 @@ impl Engine {
             tombstones: BoundedIds::default(),
             abort_keys: BoundedIds::default(),
             slot_of_tag: Vec::new(),
-            marked_blocks: 0,
             pinned_blocks: 0,
             started: Vec::new(),
             preempted_last: false,
-            cache: prefix_caching.then(PrefixCache::default),
             ideal_pending: 0,
             run_memo: run::RunMemo::default(),
         }
@@ -172,7 +168,7 @@ impl Engine {
         seq.inflight -= 1;
         let fenced_before = seq.fenced_blocks;
         let outcome = seq.outcome(e, now_ns);
-        self.fenced_total += seq.fenced_blocks - fenced_before;
+        self.pool.fence(seq.fenced_blocks - fenced_before);
         match outcome {
             Outcome::Token { .. } => self.stats.tokens_delivered += 1,
             Outcome::Discarded { sampled: true } => self.stats.tokens_discarded += 1,
@@ -187,7 +183,7 @@ impl Engine {
         });
         if seq.inflight == 0 && seq.fenced_blocks > 0 {
             seq.touch(now_ns);
-            release_fenced(books!(self), seq);
+            self.pool.release_fenced(seq);
         }
         matches!(outcome, Outcome::Token { last: true, .. })
     }
@@ -196,8 +192,7 @@ impl Engine {
     /// flight still writes (an immediate release), its output is corrupted from now on.
     fn on_alloc(&mut self, slot: u32, blocks: u64) {
         if self.seqs[slot as usize].marked {
-            self.marked_blocks += blocks;
-            self.stats.marked_blocks_peak = self.stats.marked_blocks_peak.max(self.marked_blocks);
+            self.pool.mark(blocks);
         }
         if self.taint.allocate(blocks) {
             self.seqs[slot as usize].corrupted = true;
@@ -388,8 +383,7 @@ impl Scheduler for Engine {
         }
         seq.touch(now_ns);
         seq.marked = true;
-        self.marked_blocks += seq.blocks + seq.fenced_blocks;
-        self.stats.marked_blocks_peak = self.stats.marked_blocks_peak.max(self.marked_blocks);
+        self.pool.mark(seq.blocks + seq.fenced_blocks);
     }
 
     fn timer_ns(&self) -> Option<u64> {
@@ -400,8 +394,8 @@ impl Scheduler for Engine {
         Gauges {
             waiting: self.waiting.len(),
             running: self.running.len() as u64,
-            kv_blocks: self.kv.in_use(),
-            kv_retained: self.marked_blocks,
+            kv_blocks: self.pool.kv().in_use(),
+            kv_retained: self.pool.marked(),
             kv_pinned: self.pinned_blocks,
         }
     }
@@ -416,11 +410,11 @@ impl Scheduler for Engine {
     }
 
     fn kv(&self) -> &KvPool {
-        &self.kv
+        self.pool.kv()
     }
 
     fn accepts(&self, r: &NewRequest) -> Result<(), Rejection> {
-        let total = fits(&self.kv, r)?;
+        let total = fits(self.pool.kv(), r)?;
         if !self.cfg.chunked_prefill && total > self.cfg.max_num_batched_tokens as u64 {
             return Err(Rejection::TooLongForBudget);
         }
@@ -457,7 +451,7 @@ impl Scheduler for Engine {
     }
 
     fn totals(&self) -> ReplicaStats {
-        let s = &self.stats;
+        let s = &self.stats();
         ReplicaStats {
             steps: s.steps,
             busy_ns: s.busy_ns,

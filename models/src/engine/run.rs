@@ -32,7 +32,7 @@ impl Engine {
     /// prompt token (one token is always computed, to sample from), and how many of them are
     /// free. The same answer as a scan, in O(blocks changed) when `slot` was the front already.
     pub(super) fn cached_run(&mut self, slot: u32) -> (u64, u64) {
-        let Some(cache) = self.cache.as_mut() else {
+        let Some(cache) = self.pool.cache() else {
             return (0, 0);
         };
         let seq = &self.seqs[slot as usize];
@@ -96,7 +96,7 @@ impl Engine {
 
     /// No request waits: the front's run is forgotten, and the cache stops journaling.
     pub(super) fn forget_run(&mut self) {
-        if let Some(cache) = self.cache.as_mut() {
+        if let Some(cache) = self.pool.cache() {
             if self.run_memo.owner.is_some() {
                 cache.watch(false);
                 self.run_memo.owner = None;
