@@ -321,9 +321,9 @@ impl Accounts {
         }
         self.outcomes.update(&q.id.to_le_bytes());
         self.outcomes.update(&[state as u8]);
-        self.outcomes.update(&q.chunks.digest.to_le_bytes());
+        self.outcomes.update(&q.chunks.digest().to_le_bytes());
         self.outcomes.update(&q.life.tokens().to_le_bytes());
-        self.outcomes.update(&q.chunks.admitted.to_le_bytes());
+        self.outcomes.update(&q.chunks.admitted().to_le_bytes());
         self.t.little.in_system -= 1;
         self.t.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
         self.t.little.sojourns += 1;

@@ -415,3 +415,49 @@ pub(crate) fn evidence_mark(level: EvidenceLevel) -> Mark {
         EvidenceLevel::ResourceRelease => Mark::EvidenceResourceRelease,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intended() -> CancelState {
+        let mut st = CancelState::new(None);
+        assert!(st.intent_at(0));
+        st
+    }
+
+    #[test]
+    fn the_client_counts_what_its_requests_await() {
+        let s = Scenario::default_embedded();
+        let mut c = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
+        let (mut f, mut st) = (Follow::default(), intended());
+        c.on_intent(&mut f, &mut st, 7, 0, true);
+        c.send(&mut f, &mut st, (7, 0), (0, &Handle::default()), 0);
+        assert_eq!((c.in_flight(), c.awaiting()), (1, 1));
+        c.backend_acted(&mut st);
+        assert_eq!(c.ack(&mut st), Ack::First);
+        assert_eq!((c.in_flight(), c.awaiting()), (0, 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "an awaited cancel was counted")]
+    fn settled_by_a_client_that_never_sent_it() {
+        let s = Scenario::default_embedded();
+        let mut a = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
+        let mut b = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
+        let (mut f, mut st) = (Follow::default(), intended());
+        a.send(&mut f, &mut st, (7, 0), (0, &Handle::default()), 0);
+        b.settle(&mut st);
+    }
+
+    #[test]
+    #[should_panic(expected = "a cancel in flight was counted")]
+    fn acted_on_by_a_client_that_never_began_it() {
+        let s = Scenario::default_embedded();
+        let mut a = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
+        let mut b = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
+        let (mut f, mut st) = (Follow::default(), intended());
+        a.on_intent(&mut f, &mut st, 7, 0, true);
+        b.backend_acted(&mut st);
+    }
+}

@@ -27,11 +27,11 @@ pub(crate) struct Chunks {
     /// A chunk is held (between `update` and the end of its admission).
     in_flight: bool,
     /// Chunks done with: played, or suppressed.
-    pub admitted: u32,
+    admitted: u32,
     /// From this chunk on, its blocks were reused while still written: corrupted markers.
     first_corrupt: Option<u32>,
     /// FNV-1a of the markers played, in order.
-    pub digest: u64,
+    digest: u64,
     corrupted_seen: bool,
     /// The request's writer-wait draws, in chunk order; made at its first held chunk.
     stream: Option<Box<Stream>>,
@@ -54,6 +54,16 @@ impl Default for Chunks {
 }
 
 impl Chunks {
+    /// Chunks done with: played, or suppressed.
+    pub fn admitted(&self) -> u32 {
+        self.admitted
+    }
+
+    /// FNV-1a of the markers played, in order: what its user heard.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
     /// Chunks are still held or waiting: the request cannot leave yet.
     pub fn busy(&self) -> bool {
         self.in_flight || self.queued > 0

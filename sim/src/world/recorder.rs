@@ -230,7 +230,7 @@ fn row(q: &Req, policy: &str, disposition: &'static str, how: Left) -> RequestRo
         prompt_tokens: q.prompt,
         output_tokens: q.output,
         tokens_generated: l.tokens(),
-        chunks_played: q.chunks.admitted,
+        chunks_played: q.chunks.admitted(),
         arrival_ms: ms(q.arrival_ns),
         ttft_ms: completed.then(|| ms(l.first_token_ns() - q.arrival_ns)),
         e2e_ms: completed.then(|| ms(l.last_token_ns() - q.arrival_ns)),
