@@ -297,7 +297,7 @@ impl Accounts {
             "a request left that never arrived"
         );
         assert!(now_ns >= q.arrival_ns, "a request left before it arrived");
-        if q.cancel.plan().is_some() {
+        if q.cancel().plan().is_some() {
             match state {
                 // Refused at arrival: finished `Cancelled` in the controller, but never cancelled.
                 _ if q.life.rejected() => self.t.targets.rejected += 1,
@@ -307,23 +307,23 @@ impl Accounts {
                 State::Running => {}
             }
         }
-        if let (Some(o), Some(r)) = (q.cancel.observed_ns(), q.life.released_ns()) {
+        if let (Some(o), Some(r)) = (q.cancel().observed_ns(), q.life.released_ns()) {
             if r > o {
                 self.t.coverage.hit(Mark::ReleaseAfterFence);
             }
         }
         self.disposition(q, state);
-        self.t.gpu.requests_ns += q.cost.gpu_ns();
+        self.t.gpu.requests_ns += q.cost().gpu_ns();
         self.t.tokens_left += q.life.tokens() as u64;
-        self.t.token_steps_left += q.cost.token_steps();
-        if let Some(intent_ns) = q.cancel.intent_ns() {
+        self.t.token_steps_left += q.cost().token_steps();
+        if let Some(intent_ns) = q.cancel().intent_ns() {
             self.cancelled_left(q, state, intent_ns, finish_and_discard);
         }
         self.outcomes.update(&q.id.to_le_bytes());
         self.outcomes.update(&[state as u8]);
-        self.outcomes.update(&q.chunks.digest().to_le_bytes());
+        self.outcomes.update(&q.chunks().digest().to_le_bytes());
         self.outcomes.update(&q.life.tokens().to_le_bytes());
-        self.outcomes.update(&q.chunks.admitted().to_le_bytes());
+        self.outcomes.update(&q.chunks().admitted().to_le_bytes());
         self.t.little.in_system -= 1;
         self.t.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
         self.t.little.sojourns += 1;
@@ -354,7 +354,7 @@ impl Accounts {
 
     /// A request with an intent leaves: cleanup evidence and leaked work by cause.
     fn cancelled_left(&mut self, q: &Req, state: State, intent_ns: u64, fd: bool) {
-        let c = &q.cancel;
+        let c = q.cancel();
         // Never observed: the backend still held the request at the intent, and never observed
         // the cancel (its work ran on, and nobody confirmed that it stopped). Cleanup pending:
         // held at the intent and no release confirmed by the time it leaves.
@@ -375,7 +375,7 @@ impl Accounts {
                 Some(at) => self.t.cleanup[i].record(at.saturating_sub(intent_ns)),
             }
         }
-        let (pre, post) = (q.cost.leak_pre_ns(), q.cost.leak_post_ns());
+        let (pre, post) = (q.cost().leak_pre_ns(), q.cost().leak_post_ns());
         let by = &mut self.t.leaked.by_cause;
         if fd {
             by.finish_and_discard += pre + post;

@@ -36,6 +36,23 @@ pub(crate) struct CancelState {
 }
 
 impl CancelState {
+    /// No plan, no intent, nothing sent.
+    pub const NEW: CancelState = CancelState {
+        plan: None,
+        intent_pending: false,
+        intent_ns: None,
+        attempts: 0,
+        acked: false,
+        exhausted: false,
+        fallback: false,
+        observed_ns: None,
+        collateral: false,
+        sibling: false,
+        evidence_ns: None,
+        in_flight: false,
+        awaiting: false,
+    };
+
     pub fn new(plan: Option<(Stage, u64)>) -> CancelState {
         CancelState {
             plan,

@@ -64,7 +64,7 @@ impl World<'_> {
         let now_ns = self.kernel.now_ns();
         let q = &self.requests[tag];
         let (id, prompt) = (q.id, q.prompt as u64);
-        if q.cancel.intent_ns().is_some() && self.cancel.policy() == Some(&Policy::Ideal) {
+        if q.cancel().intent_ns().is_some() && self.cancel.policy() == Some(&Policy::Ideal) {
             // The ideal aborts at once, so its final prefill step's output is discarded.
             let what = "the ideal cancel left a cancelled request's blocks pinned for its transfer";
             return Err(Stop::broken(vec![id], what));

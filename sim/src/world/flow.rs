@@ -7,10 +7,9 @@ use cancelsim_models::ownership::State;
 use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
 use cancelsim_models::protocol::{Abort, NewRequest, Outcome, Released, Retired, Scope};
 
-use super::cancel::CancelState;
 use super::error::{Step, Stop};
 use super::event::{Cause, Event};
-use super::requests::{Req, Tag, TurnRef};
+use super::requests::{Arriving, Req, Tag, TurnRef};
 use super::{arrivals, World};
 use crate::kernel::LimitError;
 use crate::scenario::Stage;
@@ -53,7 +52,7 @@ impl World<'_> {
         if !self.requests.live(request, tag) {
             return Ok(());
         }
-        self.requests[tag].cancel.intent_fired();
+        self.requests[tag].cancel_mut().intent_fired();
         self.intent(tag, Cause::Storm)?;
         self.try_finalize(tag)
     }
@@ -65,9 +64,8 @@ impl World<'_> {
         let (report, out) = self.cluster.step_done(replica, step, now_ns);
         let prefill = self.cluster.is_prefill(replica);
         for &o in &out.outputs {
-            let q = &mut self.requests[o.tag];
-            self.accounts
-                .step_share(&mut q.cost, &q.cancel, &o, &report, now_ns);
+            let (cost, cancel) = self.requests[o.tag].cost_and_cancel();
+            self.accounts.step_share(cost, cancel, &o, &report, now_ns);
             match o.outcome {
                 Outcome::Token { last: true, .. } if prefill => {
                     self.prefill_done(o.tag, replica)?
@@ -152,14 +150,15 @@ impl World<'_> {
         // A shared queue routes once the request is past its arrival (it may wait there).
         let early = (!self.cluster.shares_queue()).then(|| self.cluster.route(session));
         let plan = self.cancel.plan(a.id, now_ns);
-        let tag = self.requests.insert(Req {
+        let arriving = Arriving {
             replica: early.unwrap_or(0),
             handle,
             conv,
-            cancel: CancelState::new(plan),
             stop_detect_ns: workload::stop_string(&self.scenario.workload, self.seed, a.id),
-            ..Req::new(&a, now_ns, owner, generation)
-        });
+            plan,
+        };
+        let q = Req::arriving(&a, now_ns, (owner, generation), arriving);
+        let tag = self.requests.insert(q);
         if let Some((c, _)) = conv {
             self.conversations.joined(c, a.id, tag);
         }
@@ -206,7 +205,7 @@ impl World<'_> {
     fn enqueue(&mut self, tag: Tag, a: Arrival) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &self.requests[tag];
-        let (replica, plan, q_conv) = (q.replica, q.cancel.plan(), q.conv);
+        let (replica, plan, q_conv) = (q.replica, q.cancel().plan(), q.conv);
         let new = NewRequest {
             id: a.id,
             tag,
@@ -278,10 +277,12 @@ impl World<'_> {
         }
         let q = &mut self.requests[rel.tag];
         let (held, retained) = (rel.kv_block_ns, rel.kv_block_ns_marked);
-        self.accounts.released(&mut q.cost, held, retained);
+        self.accounts.released(q.cost_mut(), held, retained);
         q.life.release(rel.restarts, self.kernel.now_ns());
-        self.cancel.backend_acted(&mut q.cancel);
-        if q.cancel.intent_ns().is_some() {
+        if let Some(st) = q.cancel_if_any() {
+            self.cancel.backend_acted(st);
+        }
+        if q.cancel().intent_ns().is_some() {
             let domain = ClockDomain::Backend;
             self.evidence(rel.tag, EvidenceLevel::ResourceRelease, domain)?;
         }
@@ -321,8 +322,8 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         q.life.token(index, now_ns);
         // Blocks released unsafely by someone's cancel: a sibling harmed by it.
-        if corrupted && q.chunks.corrupted() && q.cancel.intent_ns().is_none() {
-            q.cancel.harmed();
+        if corrupted && q.chunks_mut().corrupted() && q.cancel().intent_ns().is_none() {
+            q.cancel_mut().harmed();
         }
         if index == 1 {
             self.stage_reached(tag, Stage::Decode)?;
@@ -333,10 +334,10 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         if q.life.terminal() {
             debug_assert!(self.owners.state(&q.id).is_none_or(State::is_terminal));
-            self.accounts.late_token(&mut q.cost);
+            self.accounts.late_token(q.cost_mut());
             return Ok(());
         }
-        if self.sink.token(&mut q.chunks, last) {
+        if self.sink.token(q.chunks_mut(), last) {
             self.hold_next_chunk(tag)?;
         }
         Ok(())
@@ -350,7 +351,7 @@ impl World<'_> {
     fn discarded_token(&mut self, tag: Tag) {
         let q = &mut self.requests[tag];
         if q.life.terminal() && self.owners.state(&q.id) != Some(State::Completed) {
-            self.accounts.late_token(&mut q.cost);
+            self.accounts.late_token(q.cost_mut());
         }
     }
 
@@ -359,7 +360,7 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         q.life.last_token(now_ns);
         self.accounts.completion_at(now_ns);
-        let c = &q.cancel;
+        let c = q.cancel();
         if c.intent_ns().is_some() && c.evidence(EvidenceLevel::FinalCallback).is_none() {
             self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
         }

@@ -19,7 +19,7 @@ impl World<'_> {
     /// Schedule a storm target's intent `delay_ns` from now (once).
     pub(super) fn plan_intent(&mut self, tag: Tag, delay_ns: u64) -> Step {
         let q = &mut self.requests[tag];
-        if !q.cancel.schedule_intent() {
+        if !q.cancel_mut().schedule_intent() {
             return Ok(());
         }
         let ev = Event::Intent { request: q.id, tag };
@@ -29,7 +29,7 @@ impl World<'_> {
 
     /// If the request's storm stage is `stage`, its intent is planned now.
     pub(super) fn stage_reached(&mut self, tag: Tag, stage: Stage) -> Step {
-        match self.requests[tag].cancel.plan() {
+        match self.requests[tag].cancel().plan() {
             Some((s, delay)) if s == stage => self.plan_intent(tag, delay),
             _ => Ok(()),
         }
@@ -40,10 +40,10 @@ impl World<'_> {
     pub(super) fn intent(&mut self, tag: Tag, cause: Cause) -> Step {
         let now_ns = self.kernel.now_ns();
         let q = &mut self.requests[tag];
-        if !q.cancel.intent_at(now_ns) {
+        if !q.cancel_mut().intent_at(now_ns) {
             return Ok(());
         }
-        let (id, plan, conv, cancel_won) = (q.id, q.cancel.plan(), q.conv, q.output_done());
+        let (id, plan, conv, cancel_won) = (q.id, q.cancel().plan(), q.conv, q.output_done());
         if let Some((c, _)) = conv {
             self.conversations.note_intent(c);
         }
@@ -76,7 +76,7 @@ impl World<'_> {
             self.cluster.intent_between(q.replica);
         }
         let f = &mut self.follow;
-        self.cancel.on_intent(f, &mut q.cancel, id, tag, holds);
+        self.cancel.on_intent(f, q.cancel_mut(), id, tag, holds);
         Ok(())
     }
 
@@ -123,11 +123,11 @@ impl World<'_> {
             return Ok(());
         }
         let q = &mut self.requests[o.tag];
-        q.cancel.observed_at(self.kernel.now_ns());
-        self.cancel.backend_acted(&mut q.cancel);
+        q.cancel_mut().observed_at(self.kernel.now_ns());
+        self.cancel.backend_acted(q.cancel_mut());
         let domain = ClockDomain::Backend;
         self.evidence(o.tag, EvidenceLevel::BackendObservation, domain)?;
-        if self.requests[o.tag].cancel.intent_ns().is_some() {
+        if self.requests[o.tag].cancel().intent_ns().is_some() {
             self.cancel.send_ack(&mut self.follow, o.id, o.tag);
             return Ok(());
         }
@@ -135,7 +135,7 @@ impl World<'_> {
         // reused id. The adapter sees the request fail. Whoever's cancel it was, even its own
         // owner's (a stale abort of a reused id killing the next turn), it is a loss.
         let q = &mut self.requests[o.tag];
-        q.cancel.killed_as_collateral();
+        q.cancel_mut().killed_as_collateral();
         self.cancel.collateral_kill();
         self.terminate(o.tag, Disposition::Cancelled)?;
         self.turn_over(o.tag);
@@ -154,7 +154,8 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         let at = Timestamp { domain, ns };
         let owners = &mut self.owners;
-        if q.cancel.record(owners, q.id, (level, at), now_ns)? {
+        let id = q.id;
+        if q.cancel_mut().record(owners, id, (level, at), now_ns)? {
             self.accounts.hit(evidence_mark(level));
         }
         Ok(())

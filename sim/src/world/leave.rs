@@ -22,8 +22,9 @@ impl World<'_> {
         // Not before its replica is done with it: a step in flight still holds its tag, and its
         // output must be charged to this request, not to the next owner of the tag.
         let engine_done = (q.life.engine_retired() || !q.life.enqueued()) && !q.life.in_handoff();
-        let settled = self.cancel.settled(&q.cancel, q.life.enqueued());
-        if !terminal || !engine_done || q.chunks.busy() || q.cancel.intent_pending() || !settled {
+        let settled = self.cancel.settled(q.cancel(), q.life.enqueued());
+        if !terminal || !engine_done || q.chunks().busy() || q.cancel().intent_pending() || !settled
+        {
             return Ok(());
         }
         // The world never substitutes a state the controller did not give: a record of a
@@ -43,16 +44,18 @@ impl World<'_> {
         if let Some(h) = self.handoff.as_mut() {
             h.take_abort_seen(self.requests[tag].id);
         }
-        self.requests[tag].chunks.drop_stream();
+        self.requests[tag].chunks_mut().drop_stream();
         debug_assert!(
-            !self.requests[tag].cancel.awaiting() || self.cancel.policy().is_none(),
+            !self.requests[tag].cancel().awaiting() || self.cancel.policy().is_none(),
             "a request leaves once its cancel settled"
         );
-        self.cancel.settle(&mut self.requests[tag].cancel);
+        if let Some(st) = self.requests[tag].cancel_if_any() {
+            self.cancel.settle(st);
+        }
         let q = &self.requests[tag];
         // Failed before admission without a cancel of its own (a killed engine, say): it waited
         // for admission until now, and the time to recover must see it.
-        if !q.life.started() && q.cancel.intent_ns().is_none() {
+        if !q.life.started() && q.cancel().intent_ns().is_none() {
             self.recover.admitted(q.arrival_ns, now_ns);
         }
         let fd = self.cancel.finish_and_discard();
@@ -62,7 +65,7 @@ impl World<'_> {
         let shared = q.life.enqueued()
             && self.cluster.intent_epoch(q.replica) > q.life.epoch_at_enqueue()
             && !self.group_hit(q);
-        let sibling = q.cancel.intent_ns().is_none() && (q.cancel.sibling() || shared);
+        let sibling = q.cancel().intent_ns().is_none() && (q.cancel().sibling() || shared);
         let judged = self.baseline.left(q, state, sibling);
         let how = Left {
             state,

@@ -331,7 +331,7 @@ impl<'s> World<'s> {
     }
 
     fn on_cancel_submit(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
-        if !self.requests.live(request, tag) || self.requests[tag].cancel.done() {
+        if !self.requests.live(request, tag) || self.requests[tag].cancel().done() {
             return Ok(());
         }
         debug_assert!(
@@ -341,15 +341,16 @@ impl<'s> World<'s> {
         if attempt == 0 {
             self.evidence(tag, EvidenceLevel::CancelSubmission, ClockDomain::Local)?;
             if self.cancel.falls_back_at_submit() {
-                self.cancel.fall_back(&mut self.requests[tag].cancel);
+                self.cancel.fall_back(self.requests[tag].cancel_mut());
                 return self.try_finalize(tag);
             }
         }
         let q = &mut self.requests[tag];
-        let to = (q.replica, &q.handle);
+        let (replica, handle) = (q.replica, q.handle);
         let f = &mut self.follow;
+        let to = (replica, &handle);
         self.cancel
-            .send(f, &mut q.cancel, (request, tag), to, attempt);
+            .send(f, q.cancel_mut(), (request, tag), to, attempt);
         Ok(())
     }
 
@@ -367,7 +368,7 @@ impl<'s> World<'s> {
         if !self.requests.live(request, tag) {
             return Ok(());
         }
-        let st = &mut self.requests[tag].cancel;
+        let st = self.requests[tag].cancel_mut();
         let gave_up = self
             .cancel
             .timeout(&mut self.follow, st, (request, tag), attempt);
@@ -382,7 +383,7 @@ impl<'s> World<'s> {
             self.cancel.late_ack();
             return Ok(());
         }
-        if self.cancel.ack(&mut self.requests[tag].cancel) == Ack::First {
+        if self.cancel.ack(self.requests[tag].cancel_mut()) == Ack::First {
             self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
         }
         self.try_finalize(tag)
@@ -390,7 +391,7 @@ impl<'s> World<'s> {
 
     fn on_fallback(&mut self, request: u64, tag: Tag) -> Step {
         if self.requests.live(request, tag)
-            && self.cancel.fallback_timer(&mut self.requests[tag].cancel)
+            && self.cancel.fallback_timer(self.requests[tag].cancel_mut())
         {
             return self.try_finalize(tag);
         }

@@ -160,7 +160,7 @@ impl<'r> Recorder<'r> {
     /// The cancel as a flow: intent, then backend observation, then resource release, each a
     /// 1 µs marker slice on the "cancels" thread that the flow binds to.
     fn cancel_flow(&mut self, q: &Req, group: &mut Vec<TraceEvent>) {
-        let Some(intent_ns) = q.cancel.intent_ns() else {
+        let Some(intent_ns) = q.cancel().intent_ns() else {
             return;
         };
         let pid = self.opts.trace_pid;
@@ -223,28 +223,28 @@ fn row(q: &Req, policy: &str, disposition: &'static str, how: Left) -> RequestRo
         replica: q.replica,
         runtime_id: q.handle.runtime_id,
         disposition,
-        target: q.cancel.plan().is_some(),
+        target: q.cancel().plan().is_some(),
         sibling: how.sibling,
         survived: how.survived,
-        collateral: q.cancel.collateral(),
+        collateral: q.cancel().collateral(),
         prompt_tokens: q.prompt,
         output_tokens: q.output,
         tokens_generated: l.tokens(),
-        chunks_played: q.chunks.admitted(),
+        chunks_played: q.chunks().admitted(),
         arrival_ms: ms(q.arrival_ns),
         ttft_ms: completed.then(|| ms(l.first_token_ns() - q.arrival_ns)),
         e2e_ms: completed.then(|| ms(l.last_token_ns() - q.arrival_ns)),
-        intent_ms: q.cancel.intent_ns().map(ms),
+        intent_ms: q.cancel().intent_ns().map(ms),
         local_invalidation_ms: ev(EvidenceLevel::LocalInvalidation),
         cancel_submission_ms: ev(EvidenceLevel::CancelSubmission),
         backend_observation_ms: ev(EvidenceLevel::BackendObservation),
         final_callback_ms: ev(EvidenceLevel::FinalCallback),
         resource_release_ms: ev(EvidenceLevel::ResourceRelease),
-        leaked_gpu_ms: (q.cost.leak_pre_ns() + q.cost.leak_post_ns()) / 1e6,
-        late_discards: q.cost.late_tokens(),
-        gpu_ms: q.cost.gpu_ns() / 1e6,
-        token_steps: q.cost.token_steps(),
-        kv_block_s: q.cost.kv_block_ns() as f64 / NS_PER_S as f64,
+        leaked_gpu_ms: (q.cost().leak_pre_ns() + q.cost().leak_post_ns()) / 1e6,
+        late_discards: q.cost().late_tokens(),
+        gpu_ms: q.cost().gpu_ns() / 1e6,
+        token_steps: q.cost().token_steps(),
+        kv_block_s: q.cost().kv_block_ns() as f64 / NS_PER_S as f64,
         scheduling_delay_ms: l.started().then(|| ms(l.started_ns() - q.arrival_ns)),
         restarts: l.restarts(),
     }

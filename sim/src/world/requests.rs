@@ -7,6 +7,7 @@ use cancelsim_models::protocol::Handle;
 
 use super::cancel::CancelState;
 use super::playback::{Chunks, Owner};
+use crate::scenario::Stage;
 use crate::workload::{Arrival, STOP_OVERRUN_MAX, TOKENS_MAX};
 
 pub(crate) use super::event::Tag;
@@ -34,10 +35,15 @@ pub(crate) struct Req {
     pub handle: Handle,
     pub conv: Option<TurnRef>,
     pub life: Life,
-    pub chunks: Chunks,
-    pub cancel: CancelState,
-    pub cost: Cost,
+    chunks: Chunks,
+    cost: Cost,
+    /// Its cancel path, boxed at its first change: most requests never have one, and a
+    /// waiting request reads as `CancelState::NEW` until then.
+    cancel: Option<Box<CancelState>>,
 }
+
+/// What every request without a cancel path of its own reads.
+static CANCEL_NEW: CancelState = CancelState::NEW;
 
 impl Req {
     /// A request just arrived at `now_ns`, with nothing decided about it yet.
@@ -56,10 +62,68 @@ impl Req {
             handle: Handle::default(),
             conv: None,
             life: Life::default(),
-            chunks: Chunks::default(),
-            cancel: CancelState::default(),
-            cost: Cost::default(),
+            chunks: Chunks::NEW,
+            cost: Cost::NEW,
+            cancel: None,
         }
+    }
+
+    /// A request arriving at `now_ns`, with what the world decided about it at once.
+    pub fn arriving(a: &Arrival, now_ns: u64, (owner, generation): (u64, u32), d: Arriving) -> Req {
+        let mut q = Req {
+            replica: d.replica,
+            handle: d.handle,
+            conv: d.conv,
+            stop_detect_ns: d.stop_detect_ns,
+            ..Req::new(a, now_ns, owner, generation)
+        };
+        if d.plan.is_some() {
+            // A storm's target: its plan is its cancel path's first state.
+            *q.cancel_mut() = CancelState::new(d.plan);
+        }
+        q
+    }
+
+    pub fn chunks(&self) -> &Chunks {
+        &self.chunks
+    }
+
+    pub fn chunks_mut(&mut self) -> &mut Chunks {
+        &mut self.chunks
+    }
+
+    pub fn cancel(&self) -> &CancelState {
+        self.cancel.as_deref().unwrap_or(&CANCEL_NEW)
+    }
+
+    pub fn cancel_mut(&mut self) -> &mut CancelState {
+        self.cancel.get_or_insert_with(Box::default)
+    }
+
+    pub fn cost(&self) -> &Cost {
+        &self.cost
+    }
+
+    pub fn cost_mut(&mut self) -> &mut Cost {
+        &mut self.cost
+    }
+
+    /// Its costs to charge a step to, and its cancel path, which decides what is leaked.
+    pub fn cost_and_cancel(&mut self) -> (&mut Cost, &CancelState) {
+        let cancel = self.cancel.as_deref().unwrap_or(&CANCEL_NEW);
+        (&mut self.cost, cancel)
+    }
+
+    /// Its cancel path, if anything ever happened on it: for the transitions that change
+    /// nothing on a fresh one (settling, the backend acting), which need not box one.
+    pub fn cancel_if_any(&mut self) -> Option<&mut CancelState> {
+        self.cancel.as_deref_mut()
+    }
+
+    /// It left: only its tag's slot remains, for the next arrival.
+    fn leave(&mut self) {
+        self.live = false;
+        self.cancel = None;
     }
 
     /// Routed to `replica` (a shared queue routes once it is past its arrival).
@@ -91,7 +155,7 @@ impl Req {
 
     /// Its evidence timeline in virtual ns (unknown: `None`).
     pub fn evidence_ns(&self, level: EvidenceLevel) -> Option<u64> {
-        self.cancel.evidence(level)
+        self.cancel().evidence(level)
     }
 
     /// Who its chunks belong to, as the playback sink needs it.
@@ -119,7 +183,19 @@ impl Req {
     }
 }
 
-/// The slab: live requests by tag, and the tags free for reuse.
+/// What the world decides about a request as it arrives.
+pub(crate) struct Arriving {
+    /// Its replica, if routed at once (else 0 until a shared queue routes it).
+    pub replica: u32,
+    pub handle: Handle,
+    pub conv: Option<TurnRef>,
+    pub stop_detect_ns: Option<u64>,
+    /// The storm's plan for it, if it is a target.
+    pub plan: Option<(Stage, u64)>,
+}
+
+/// The slab: live requests by tag, and the tags free for reuse. Paged, so a million waiting
+/// requests cost what they hold.
 #[derive(Default)]
 pub(crate) struct Requests {
     slab: Vec<Req>,
@@ -133,7 +209,7 @@ impl Requests {
         self.live += 1;
         match self.free.pop() {
             Some(t) => {
-                self.slab[t as usize] = req;
+                self[t] = req;
                 t
             }
             None => {
@@ -152,8 +228,10 @@ impl Requests {
 
     /// The request leaves: its tag is free for the next arrival.
     pub fn remove(&mut self, tag: Tag) {
-        assert!(self.slab[tag as usize].live, "a request left twice");
-        self.slab[tag as usize].live = false;
+        assert!(self[tag].live, "a request left twice");
+        // Its boxed part goes now, not when the tag is reused: memory follows the requests in
+        // the system, not those that left.
+        self[tag].leave();
         self.free.push(tag);
         self.live -= 1;
     }
