@@ -8,6 +8,7 @@
 pub mod capacity;
 pub mod check;
 pub mod coverage;
+pub mod diff;
 pub mod dist;
 pub mod input;
 pub mod kernel;

@@ -100,6 +100,10 @@ enum Command {
         #[arg(value_enum)]
         which: cli::schema::Which,
     },
+    /// Where two run directories (or two sweeps) first differ: `summary.json` field by field,
+    /// `requests.csv` and `timeseries.csv` row by row (the build's identity and the run hashes
+    /// left out). Exit 0 if they agree, 1 if they differ.
+    Diff { a: PathBuf, b: PathBuf },
     /// Replay a JSON Lines op log through the ownership controller: one JSON result per line.
     Replay {
         /// The op log, or `-` for standard input.
@@ -134,6 +138,7 @@ fn main() -> ExitCode {
         Some(Command::Run { scenario, opts }) => cli::run::run(scenario, opts),
         Some(Command::Schema { which }) => cli::schema::schema(which),
         Some(Command::Replay { file, expect }) => cli::replay::replay(&file, expect),
+        Some(Command::Diff { a, b }) => cli::diff::diff(&a, &b),
         Some(Command::Sweep {
             sweep,
             out,

@@ -15,6 +15,7 @@ macro_rules! say_part {
 pub mod capacity;
 pub mod cases;
 pub mod check;
+pub mod diff;
 pub mod profiles;
 pub mod replay;
 pub mod run;

@@ -6,6 +6,7 @@ mod capacity;
 mod check;
 mod cli;
 mod defects;
+mod diff;
 mod hardening;
 mod model;
 mod outputs;

@@ -1,0 +1,208 @@
+//! `cancelsim diff` on run directories and sweeps: agreement where the answers are the same,
+//! the first request and field where they are not, and no agreement on a missing, empty or
+//! corrupt file.
+
+use crate::scratch::Scratch;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TINY: &str = r#"Scenario(
+    name: "tiny",
+    seed: 3,
+    workload: (
+        source: Poisson(rate_per_s: 50.0, requests: 200),
+        output_tokens: Exponential(mean: 15.0),
+    ),
+    cluster: (
+        profile: Named("llama-3.1-8b-h100"),
+        scheduler: Continuous(max_num_seqs: 8),
+    ),
+    cancellation: (fraction: 0.2, stage: Decode),
+)
+"#;
+
+/// (exit code, stdout, stderr) of `cancelsim diff a b`.
+fn diff(a: &Path, b: &Path) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .arg("diff")
+        .args([a, b])
+        .output()
+        .expect("cancelsim runs");
+    let text = |v: Vec<u8>| String::from_utf8(v).unwrap();
+    (out.status.code(), text(out.stdout), text(out.stderr))
+}
+
+/// Run the tiny scenario into `dir/out`; the run directory.
+fn run_into(dir: &Path, out: &str) -> PathBuf {
+    std::fs::write(dir.join("s.ron"), TINY).unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args(["run", "s.ron", "--out", out])
+        .current_dir(dir)
+        .output()
+        .expect("cancelsim runs")
+        .status;
+    assert!(status.success());
+    let scenario = dir.join(out).join("tiny");
+    let mut runs = std::fs::read_dir(&scenario).unwrap();
+    runs.next().unwrap().unwrap().path()
+}
+
+fn copy(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// Replace line `n` (1-based) of `file` by `f(line)`.
+fn edit_line(file: &Path, n: usize, mut f: impl FnMut(&str) -> String) {
+    let text = std::fs::read_to_string(file).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| if i + 1 == n { f(l) } else { l.to_string() })
+        .collect();
+    std::fs::write(file, lines.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn two_runs_of_one_scenario_agree_row_for_row() {
+    let dir = Scratch::new("diff", "agree", true);
+    let (a, b) = (run_into(&dir, "a"), run_into(&dir, "b"));
+    let (code, out, err) = diff(&a, &b);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("requests.csv: the same"), "{out}");
+    assert!(out.contains("run hashes: the same"), "{out}");
+    // Every request of every run (the counterfactual, the policies, the ideal) was compared.
+    let rows = std::fs::read_to_string(a.join("requests.csv"))
+        .unwrap()
+        .lines()
+        .count()
+        - 1;
+    assert!(rows >= 200 * 2, "{rows} rows");
+    assert!(
+        out.contains(&format!("the same ({rows} compared)")),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_first_differing_request_and_field_are_named() {
+    let dir = Scratch::new("diff", "differ", true);
+    let a = run_into(&dir, "a");
+    let b = dir.join("b");
+    copy(&a, &b);
+    let csv = b.join("requests.csv");
+    let header = std::fs::read_to_string(&csv)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let cols: Vec<&str> = header.split(',').collect();
+    let id_col = cols.iter().position(|&c| c == "id").unwrap();
+    let prompt_col = cols.iter().position(|&c| c == "prompt_tokens").unwrap();
+    // Line 31 and line 40 change; the report names line 31, its request and the column.
+    let mut id = String::new();
+    for n in [31, 40] {
+        edit_line(&csv, n, |l| {
+            let mut f: Vec<String> = l.split(',').map(str::to_string).collect();
+            if n == 31 {
+                id = f[id_col].clone();
+            }
+            f[prompt_col] = "999999".into();
+            f.join(",")
+        });
+    }
+    let (code, out, _) = diff(&a, &b);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("requests.csv: 2 of "), "{out}");
+    assert!(out.contains("first at line 31 (policy "), "{out}");
+    assert!(out.contains(&format!("id {id}), prompt_tokens: ")), "{out}");
+    assert!(out.contains("vs 999999 (B)"), "{out}");
+    assert!(out.contains("summary.json: the same"), "{out}");
+}
+
+#[test]
+fn a_summary_field_that_moves_is_named_by_its_path() {
+    let dir = Scratch::new("diff", "summary", true);
+    let a = run_into(&dir, "a");
+    let b = dir.join("b");
+    copy(&a, &b);
+    let path = b.join("summary.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let p99 = v["policies"][0]["ttft_ms"]["p99"].as_f64().unwrap();
+    v["policies"][0]["ttft_ms"]["p99"] = serde_json::json!(p99 + 0.5);
+    // The build's identity and the run hash are left out: changing them changes nothing.
+    v["commit"] = serde_json::json!("0000000");
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    let (code, out, _) = diff(&a, &b);
+    assert_eq!(code, Some(1), "{out}");
+    let label = v["policies"][0]["policy"].as_str().unwrap();
+    assert!(out.contains("summary.json: 1 of "), "{out}");
+    assert!(
+        out.contains(&format!("first at policies[0]({label}).ttft_ms.p99: ")),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_missing_empty_or_corrupt_file_is_an_error_not_an_agreement() {
+    let dir = Scratch::new("diff", "bad", true);
+    let a = run_into(&dir, "a");
+    type Spoil<'a> = &'a dyn Fn(&Path);
+    let cases: [(&str, Spoil); 4] = [
+        ("no-requests", &|b| {
+            std::fs::remove_file(b.join("requests.csv")).unwrap()
+        }),
+        ("empty-requests", &|b| {
+            std::fs::write(b.join("requests.csv"), "").unwrap()
+        }),
+        ("corrupt-summary", &|b| {
+            std::fs::write(b.join("summary.json"), "{\"a\":").unwrap()
+        }),
+        ("nothing", &|b| {
+            std::fs::remove_file(b.join("summary.json")).unwrap()
+        }),
+    ];
+    for (name, spoil) in cases {
+        let b = dir.join(name);
+        copy(&a, &b);
+        spoil(&b);
+        let (code, out, err) = diff(&a, &b);
+        assert_eq!(code, Some(2), "{name}: {out}{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+        assert!(err.starts_with("error: "), "{name}: {err}");
+        // Both ways round.
+        assert_eq!(diff(&b, &a).0, Some(2), "{name}, reversed");
+    }
+}
+
+#[test]
+fn sweeps_compare_by_their_results_leaving_the_run_hashes_out() {
+    let dir = Scratch::new("diff", "sweeps", true);
+    let header = "task,point,seed,run_policy,report_run_hash,run_hash,completed";
+    let results = |hash: &str, completed: u32| {
+        format!("{header}\n0,0,1,per_request,{hash},{hash},{completed}\n1,0,2,per_request,{hash},{hash},200\n")
+    };
+    for (name, hash, completed) in [("a", "aaaa", 200), ("b", "bbbb", 200), ("c", "aaaa", 199)] {
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        std::fs::write(dir.join(name).join("results.csv"), results(hash, completed)).unwrap();
+    }
+    let (code, out, _) = diff(&dir.join("a"), &dir.join("b"));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("run hashes: aaaa (A) vs bbbb (B)"), "{out}");
+    let (code, out, _) = diff(&dir.join("a"), &dir.join("c"));
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("first at line 2, completed: 200 (A) vs 199 (B)"),
+        "{out}"
+    );
+    // A sweep against a run directory is refused.
+    let run = run_into(&dir, "r");
+    assert_eq!(diff(&dir.join("a"), &run).0, Some(2));
+}
