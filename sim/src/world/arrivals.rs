@@ -66,7 +66,7 @@ impl Arrivals {
     /// The pending arrival, now due.
     pub fn take(&mut self, request: u64) -> Arrival {
         let a = self.pending.take().expect("an arrival is pending");
-        debug_assert_eq!(a.id, request);
+        assert_eq!(a.id, request, "arrivals taken out of order");
         self.taken_prefix = (a.id, std::mem::take(&mut self.pending_prefix));
         a
     }
@@ -96,5 +96,21 @@ impl Arrivals {
 
     pub fn workload_hash(&self) -> String {
         self.hasher.finalize().to_hex().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn an_arrival_taken_out_of_order() {
+        let s = Scenario::default_embedded();
+        let mut a = Arrivals::new(&s, 1, None).unwrap();
+        let mut f = Follow::default();
+        a.begin(&mut f, &s).unwrap();
+        let pending = a.pending.expect("a first arrival").id;
+        a.take(pending + 1);
     }
 }

@@ -334,6 +334,7 @@ impl Cluster {
     /// released; give it back with `recycle`.
     pub fn checkpoint(&mut self, replica: u32, now_ns: u64) -> (CheckpointReport, Outbox) {
         let r = replica as usize;
+        assert!(self.pass_pending[r], "a scheduler pass no one asked for");
         self.pass_pending[r] = false;
         let mut out = std::mem::take(&mut self.outbox);
         let report = self.replicas[r].checkpoint(now_ns, &mut out);
@@ -476,4 +477,35 @@ fn rendezvous(key: u64, range: std::ops::Range<u32>) -> u32 {
     range
         .max_by_key(|&r| (weight(r), r))
         .expect("at least one replica")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "no one asked for")]
+    fn a_pass_nobody_asked_for() {
+        let s = Scenario::default_embedded();
+        let mut c = Cluster::new(&s, None);
+        c.checkpoint(0, 0);
+    }
+
+    #[test]
+    fn a_pass_is_asked_for_once_until_it_runs() {
+        let s = Scenario::default_embedded();
+        let mut c = Cluster::new(&s, None);
+        let mut f = Follow::default();
+        c.request_pass(&mut f, 0);
+        c.request_pass(&mut f, 0);
+        let mut k = crate::kernel::Kernel::new(s.limits());
+        f.schedule(&mut k).unwrap();
+        assert_eq!(
+            k.next_event().unwrap(),
+            Some(Event::SchedulePass { replica: 0 })
+        );
+        assert_eq!(k.next_event().unwrap(), None, "asked for once");
+        let (_, out) = c.checkpoint(0, 0);
+        c.recycle(out);
+    }
 }

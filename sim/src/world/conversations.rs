@@ -76,6 +76,7 @@ impl Conversations {
         else {
             unreachable!("conversation events need a conversation source")
         };
+        assert_eq!(conv, self.started, "conversations started out of order");
         self.events.conversations += 1;
         self.started += 1;
         if self.started < *conversations {
@@ -248,5 +249,39 @@ impl Conversations {
     /// Counters of conversations, turns and interruptions.
     pub fn events(&self) -> &WorkloadEvents {
         &self.events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::Scenario;
+
+    fn workload() -> Workload {
+        let text = r#"Scenario(name: "c", seed: 1,
+            workload: (source: Conversations(conversations: 3, start_rate_per_s: 1.0,
+                turns: Constant(2.0), think_ms: Constant(10.0))),
+            cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()))"#;
+        Scenario::parse(text, "<conversations>").unwrap().workload
+    }
+
+    #[test]
+    fn conversations_start_in_order() {
+        let w = workload();
+        let mut c = Conversations::new(1, &w);
+        let mut f = Follow::default();
+        c.start(&mut f, &w, 0);
+        c.start(&mut f, &w, 1);
+        assert_eq!(c.events().conversations, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn a_conversation_started_twice() {
+        let w = workload();
+        let mut c = Conversations::new(1, &w);
+        let mut f = Follow::default();
+        c.start(&mut f, &w, 0);
+        c.start(&mut f, &w, 0);
     }
 }

@@ -175,7 +175,8 @@ impl PlaybackSink {
         tag: Tag,
         c: &mut Chunks,
     ) -> Step<Hold> {
-        debug_assert!(!c.in_flight && c.queued > 0);
+        assert!(!c.in_flight, "a chunk was held while another one was");
+        assert!(c.queued > 0, "a chunk was held that was never made");
         let chunk = c.admitted;
         let is_final = who.output_done && chunk + 1 == c.made;
         c.queued -= 1;
@@ -431,5 +432,40 @@ mod tests {
         sink.settle(&mut c);
         assert_eq!((c.admitted, sink.counts().suppressed), (3, 3));
         assert!(!c.busy());
+    }
+
+    fn who() -> Owner {
+        Owner {
+            id: 1,
+            owner: 1,
+            generation: 0,
+            output_done: false,
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "never made")]
+    fn a_chunk_held_before_it_was_made() {
+        let mut sink = PlaybackSink::new(&PlaybackConfig::default(), 1);
+        let (mut f, mut owners) = (Follow::default(), Owners::default());
+        let _ = sink.hold(&mut f, &mut owners, who(), 0, &mut Chunks::default());
+    }
+
+    #[test]
+    #[should_panic(expected = "while another one was")]
+    fn two_chunks_held_at_once() {
+        let cfg = PlaybackConfig {
+            chunk_tokens: 1,
+            ..PlaybackConfig::default()
+        };
+        let mut sink = PlaybackSink::new(&cfg, 1);
+        let (mut f, mut owners) = (Follow::default(), Owners::default());
+        owners.start(1, 0).unwrap();
+        let mut c = Chunks::default();
+        assert!(sink.token(&mut c, false));
+        let held = sink.hold(&mut f, &mut owners, who(), 0, &mut c);
+        assert!(matches!(held, Ok(Hold::Waiting | Hold::Now(_))));
+        sink.token(&mut c, false);
+        let _ = sink.hold(&mut f, &mut owners, who(), 0, &mut c);
     }
 }

@@ -45,6 +45,7 @@ impl Recover {
 
     /// A request that arrived at `arrival_ns` was admitted now.
     pub fn admitted(&mut self, arrival_ns: u64, now_ns: u64) {
+        assert!(now_ns >= arrival_ns, "a request admitted before it arrived");
         let Some((from_ns, _)) = self.window_ns else {
             return;
         };
@@ -114,6 +115,12 @@ mod tests {
 
     fn admit(r: &mut Recover, t: u64, wait_ms: u64) {
         r.admitted(t * S, t * S + wait_ms * 1_000_000);
+    }
+
+    #[test]
+    #[should_panic(expected = "admitted before it arrived")]
+    fn admitted_before_arrival() {
+        Recover::new(None).admitted(5, 4);
     }
 
     #[test]
