@@ -100,7 +100,10 @@ fn runs(a: &Path, b: &Path) -> Result<Diff, String> {
     let (ja, jb) = (read(a)?, read(b)?);
     let mut summary = Compared::new("summary.json");
     json(&mut summary, "", &ja, &jb);
-    let hash = |v: &Value| v.get("run_hash").map(|h| h.to_string()).unwrap_or_default();
+    let hash = |v: &Value| {
+        let h = v.get("run_hash").and_then(Value::as_str);
+        h.unwrap_or_default().to_string()
+    };
     let hashes = (hash(&ja) != hash(&jb)).then(|| (hash(&ja), hash(&jb)));
     let mut files = vec![summary];
     for name in ["requests.csv", "timeseries.csv"] {

@@ -1,13 +1,12 @@
 //! The one entry point of a simulation: the counterfactual, then one run per policy, on one
 //! seed. `main`, `check` and `sweep` all come through `run`.
 
-use crate::metrics::CapacityCost;
-use crate::metrics::Summary;
-use crate::record::{Extras, Recording, RequestSink, TraceSink};
 use std::sync::Arc;
 
 use cancelsim_models::gpu::StepTable;
 
+use crate::metrics::{CapacityCost, Summary};
+use crate::record::{Extras, Recording, RequestSink, TraceSink};
 use crate::scenario::{Policy, ProfileRef, Scenario, Source};
 use crate::workload::TraceReader;
 #[cfg(feature = "broken-variants")]

@@ -19,10 +19,9 @@
 //! answers with what to schedule (a step's end time) and what came out (tokens, releases). The
 //! cancel side (`abort`, `checkpoint`, `mark_intent`) is in `abort.rs`.
 
-#[macro_use]
-mod pool;
 mod abort;
 mod compose;
+mod pool;
 mod run;
 mod seq;
 mod waiting;
@@ -451,7 +450,7 @@ impl Scheduler for Engine {
     }
 
     fn totals(&self) -> ReplicaStats {
-        let s = &self.stats();
+        let s = self.stats();
         ReplicaStats {
             steps: s.steps,
             busy_ns: s.busy_ns,

@@ -419,11 +419,12 @@ pub(crate) fn evidence_mark(level: EvidenceLevel) -> Mark {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::world::cancel_state::tests::intended;
 
-    fn intended() -> CancelState {
-        let mut st = CancelState::new(None);
-        assert!(st.intent_at(0));
-        st
+    /// Two clients of one scenario: a cancel counted by one and settled by the other.
+    fn two(s: &Scenario) -> (CancelClient<'_>, CancelClient<'_>) {
+        let c = || CancelClient::new(s, 1, Some(&Policy::PerRequest), false);
+        (c(), c())
     }
 
     #[test]
@@ -443,8 +444,7 @@ mod tests {
     #[should_panic(expected = "an awaited cancel was counted")]
     fn settled_by_a_client_that_never_sent_it() {
         let s = Scenario::default_embedded();
-        let mut a = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
-        let mut b = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
+        let (mut a, mut b) = two(&s);
         let (mut f, mut st) = (Follow::default(), intended());
         a.send(&mut f, &mut st, (7, 0), (0, &Handle::default()), 0);
         b.settle(&mut st);
@@ -454,8 +454,7 @@ mod tests {
     #[should_panic(expected = "a cancel in flight was counted")]
     fn acted_on_by_a_client_that_never_began_it() {
         let s = Scenario::default_embedded();
-        let mut a = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
-        let mut b = CancelClient::new(&s, 1, Some(&Policy::PerRequest), false);
+        let (mut a, mut b) = two(&s);
         let (mut f, mut st) = (Follow::default(), intended());
         a.on_intent(&mut f, &mut st, 7, 0, true);
         b.backend_acted(&mut st);

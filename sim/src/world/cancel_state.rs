@@ -244,10 +244,11 @@ impl CancelState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn intended() -> CancelState {
+    /// A cancel path with its intent (at 5 ns).
+    pub(in crate::world) fn intended() -> CancelState {
         let mut st = CancelState::new(None);
         assert!(st.intent_at(5));
         st

@@ -17,7 +17,8 @@ fn scratch(name: &str) -> Scratch {
     Scratch::new("cli", name, true)
 }
 
-const GOOD: &str = r#"Scenario(
+/// A small valid scenario, which other tests vary.
+pub(crate) const GOOD: &str = r#"Scenario(
     name: "tiny",
     seed: 3,
     workload: (

@@ -6,20 +6,14 @@ use crate::scratch::Scratch;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const TINY: &str = r#"Scenario(
-    name: "tiny",
-    seed: 3,
-    workload: (
-        source: Poisson(rate_per_s: 50.0, requests: 200),
-        output_tokens: Exponential(mean: 15.0),
-    ),
-    cluster: (
-        profile: Named("llama-3.1-8b-h100"),
-        scheduler: Continuous(max_num_seqs: 8),
-    ),
-    cancellation: (fraction: 0.2, stage: Decode),
-)
-"#;
+/// The CLI tests' small scenario, with a storm, so that its policy runs differ.
+fn tiny() -> String {
+    let good = crate::cli::GOOD
+        .trim_end()
+        .strip_suffix(')')
+        .expect("a scenario");
+    format!("{good}    cancellation: (fraction: 0.2, stage: Decode),\n)\n")
+}
 
 /// (exit code, stdout, stderr) of `cancelsim diff a b`.
 fn diff(a: &Path, b: &Path) -> (Option<i32>, String, String) {
@@ -34,7 +28,7 @@ fn diff(a: &Path, b: &Path) -> (Option<i32>, String, String) {
 
 /// Run the tiny scenario into `dir/out`; the run directory.
 fn run_into(dir: &Path, out: &str) -> PathBuf {
-    std::fs::write(dir.join("s.ron"), TINY).unwrap();
+    std::fs::write(dir.join("s.ron"), tiny()).unwrap();
     let status = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
         .args(["run", "s.ron", "--out", out])
         .current_dir(dir)
@@ -137,8 +131,10 @@ fn a_summary_field_that_moves_is_named_by_its_path() {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let p99 = v["policies"][0]["ttft_ms"]["p99"].as_f64().unwrap();
     v["policies"][0]["ttft_ms"]["p99"] = serde_json::json!(p99 + 0.5);
-    // The build's identity and the run hash are left out: changing them changes nothing.
+    // The build's identity and the run hash are left out: changing them changes nothing, and
+    // the run hashes are reported apart.
     v["commit"] = serde_json::json!("0000000");
+    v["run_hash"] = serde_json::json!("ffff");
     std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
     let (code, out, _) = diff(&a, &b);
     assert_eq!(code, Some(1), "{out}");
@@ -148,6 +144,7 @@ fn a_summary_field_that_moves_is_named_by_its_path() {
         out.contains(&format!("first at policies[0]({label}).ttft_ms.p99: ")),
         "{out}"
     );
+    assert!(out.contains("vs ffff (B)\n"), "{out}");
 }
 
 #[test]
