@@ -313,17 +313,17 @@ impl Accounts {
             }
         }
         self.disposition(q, state);
-        self.t.gpu.requests_ns += q.cost().gpu_ns();
+        self.t.gpu.requests_ns += q.cost.gpu_ns();
         self.t.tokens_left += q.life.tokens() as u64;
-        self.t.token_steps_left += q.cost().token_steps();
+        self.t.token_steps_left += q.cost.token_steps();
         if let Some(intent_ns) = q.cancel().intent_ns() {
             self.cancelled_left(q, state, intent_ns, finish_and_discard);
         }
         self.outcomes.update(&q.id.to_le_bytes());
         self.outcomes.update(&[state as u8]);
-        self.outcomes.update(&q.chunks().digest().to_le_bytes());
+        self.outcomes.update(&q.chunks.digest().to_le_bytes());
         self.outcomes.update(&q.life.tokens().to_le_bytes());
-        self.outcomes.update(&q.chunks().admitted().to_le_bytes());
+        self.outcomes.update(&q.chunks.admitted().to_le_bytes());
         self.t.little.in_system -= 1;
         self.t.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
         self.t.little.sojourns += 1;
@@ -375,7 +375,7 @@ impl Accounts {
                 Some(at) => self.t.cleanup[i].record(at.saturating_sub(intent_ns)),
             }
         }
-        let (pre, post) = (q.cost().leak_pre_ns(), q.cost().leak_post_ns());
+        let (pre, post) = (q.cost.leak_pre_ns(), q.cost.leak_post_ns());
         let by = &mut self.t.leaked.by_cause;
         if fd {
             by.finish_and_discard += pre + post;

@@ -82,7 +82,7 @@ impl Baseline<'_> {
         match self {
             Baseline::Record(table) => {
                 if let Some(t) = table.as_deref_mut() {
-                    let digest = q.chunks().digest();
+                    let digest = q.chunks.digest();
                     t.insert(
                         q.id,
                         CfRecord {
@@ -126,7 +126,7 @@ impl Siblings {
     /// A sibling against its counterfactual record: survived, and latency deltas if both
     /// completed.
     fn compare(&mut self, base: CfRecord, q: &Req, state: State) -> bool {
-        let survived = base.state == state && base.digest == q.chunks().digest();
+        let survived = base.state == state && base.digest == q.chunks.digest();
         if survived {
             self.survived += 1;
         }

@@ -40,7 +40,7 @@ impl World<'_> {
         loop {
             let who = self.requests[tag].chunk_owner();
             let (f, owners) = (&mut self.follow, &mut self.owners);
-            let chunks = self.requests[tag].chunks_mut();
+            let chunks = &mut self.requests[tag].chunks;
             let (ticket, retry) = match held.take() {
                 Some(h) => h,
                 None => match self.sink.hold(f, owners, who, tag, chunks)? {
@@ -50,7 +50,7 @@ impl World<'_> {
                 },
             };
             let (f, owners) = (&mut self.follow, &mut self.owners);
-            let chunks = self.requests[tag].chunks_mut();
+            let chunks = &mut self.requests[tag].chunks;
             match self
                 .sink
                 .admit(f, owners, (who, tag), chunks, (&ticket, retry))?
@@ -59,7 +59,7 @@ impl World<'_> {
                     if final_chunk {
                         self.complete(tag)?;
                     }
-                    if !self.sink.has_next(self.requests[tag].chunks()) {
+                    if !self.sink.has_next(&self.requests[tag].chunks) {
                         return self.try_finalize(tag);
                     }
                 }
@@ -84,7 +84,7 @@ impl World<'_> {
 
     /// The chunk held is done with, and the request is terminal: the rest is suppressed.
     fn chunk_settled(&mut self, tag: Tag) -> Step {
-        self.sink.settle(self.requests[tag].chunks_mut());
+        self.sink.settle(&mut self.requests[tag].chunks);
         self.try_finalize(tag)
     }
 }

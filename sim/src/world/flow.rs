@@ -277,7 +277,7 @@ impl World<'_> {
         }
         let q = &mut self.requests[rel.tag];
         let (held, retained) = (rel.kv_block_ns, rel.kv_block_ns_marked);
-        self.accounts.released(q.cost_mut(), held, retained);
+        self.accounts.released(&mut q.cost, held, retained);
         q.life.release(rel.restarts, self.kernel.now_ns());
         if let Some(st) = q.cancel_if_any() {
             self.cancel.backend_acted(st);
@@ -322,7 +322,7 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         q.life.token(index, now_ns);
         // Blocks released unsafely by someone's cancel: a sibling harmed by it.
-        if corrupted && q.chunks_mut().corrupted() && q.cancel().intent_ns().is_none() {
+        if corrupted && q.chunks.corrupted() && q.cancel().intent_ns().is_none() {
             q.cancel_mut().harmed();
         }
         if index == 1 {
@@ -334,10 +334,10 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         if q.life.terminal() {
             debug_assert!(self.owners.state(&q.id).is_none_or(State::is_terminal));
-            self.accounts.late_token(q.cost_mut());
+            self.accounts.late_token(&mut q.cost);
             return Ok(());
         }
-        if self.sink.token(q.chunks_mut(), last) {
+        if self.sink.token(&mut q.chunks, last) {
             self.hold_next_chunk(tag)?;
         }
         Ok(())
@@ -351,7 +351,7 @@ impl World<'_> {
     fn discarded_token(&mut self, tag: Tag) {
         let q = &mut self.requests[tag];
         if q.life.terminal() && self.owners.state(&q.id) != Some(State::Completed) {
-            self.accounts.late_token(q.cost_mut());
+            self.accounts.late_token(&mut q.cost);
         }
     }
 

@@ -23,8 +23,7 @@ impl World<'_> {
         // output must be charged to this request, not to the next owner of the tag.
         let engine_done = (q.life.engine_retired() || !q.life.enqueued()) && !q.life.in_handoff();
         let settled = self.cancel.settled(q.cancel(), q.life.enqueued());
-        if !terminal || !engine_done || q.chunks().busy() || q.cancel().intent_pending() || !settled
-        {
+        if !terminal || !engine_done || q.chunks.busy() || q.cancel().intent_pending() || !settled {
             return Ok(());
         }
         // The world never substitutes a state the controller did not give: a record of a
@@ -44,7 +43,7 @@ impl World<'_> {
         if let Some(h) = self.handoff.as_mut() {
             h.take_abort_seen(self.requests[tag].id);
         }
-        self.requests[tag].chunks_mut().drop_stream();
+        self.requests[tag].chunks.drop_stream();
         debug_assert!(
             !self.requests[tag].cancel().awaiting() || self.cancel.policy().is_none(),
             "a request leaves once its cancel settled"

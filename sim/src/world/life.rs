@@ -194,15 +194,6 @@ pub(crate) struct Cost {
 }
 
 impl Cost {
-    pub const NEW: Cost = Cost {
-        gpu_ns: 0.0,
-        leak_pre_ns: 0.0,
-        leak_post_ns: 0.0,
-        late_tokens: 0,
-        token_steps: 0,
-        kv_block_ns: 0,
-    };
-
     /// `tokens` of its tokens were in a step.
     pub fn stepped(&mut self, tokens: u32) {
         self.token_steps += tokens as u64;

@@ -39,24 +39,21 @@ pub(crate) struct Chunks {
 
 impl Default for Chunks {
     fn default() -> Self {
-        Chunks::NEW
+        Chunks {
+            fill: 0,
+            made: 0,
+            queued: 0,
+            in_flight: false,
+            admitted: 0,
+            first_corrupt: None,
+            digest: DIGEST_SEED,
+            corrupted_seen: false,
+            stream: None,
+        }
     }
 }
 
 impl Chunks {
-    /// A request's chunks before its first token.
-    pub const NEW: Chunks = Chunks {
-        fill: 0,
-        made: 0,
-        queued: 0,
-        in_flight: false,
-        admitted: 0,
-        first_corrupt: None,
-        digest: DIGEST_SEED,
-        corrupted_seen: false,
-        stream: None,
-    };
-
     /// Chunks done with: played, or suppressed.
     pub fn admitted(&self) -> u32 {
         self.admitted

@@ -1,6 +1,7 @@
 //! The requests in the system: a slab indexed by the `tag` the replicas echo back, so no hash
 //! lookup happens per token. A request's record is split by the component that owns each part:
-//! its lifecycle and costs in `life`, its chunks in `playback`, its cancel path in `cancel`.
+//! its lifecycle and costs in `life`, its chunks in `playback`, its cancel path in
+//! `cancel_state` (boxed at its first change).
 
 use cancelsim_models::ownership::EvidenceLevel;
 use cancelsim_models::protocol::Handle;
@@ -35,8 +36,8 @@ pub(crate) struct Req {
     pub handle: Handle,
     pub conv: Option<TurnRef>,
     pub life: Life,
-    chunks: Chunks,
-    cost: Cost,
+    pub chunks: Chunks,
+    pub cost: Cost,
     /// Its cancel path, boxed at its first change: most requests never have one, and a
     /// waiting request reads as `CancelState::NEW` until then.
     cancel: Option<Box<CancelState>>,
@@ -62,8 +63,8 @@ impl Req {
             handle: Handle::default(),
             conv: None,
             life: Life::default(),
-            chunks: Chunks::NEW,
-            cost: Cost::NEW,
+            chunks: Chunks::default(),
+            cost: Cost::default(),
             cancel: None,
         }
     }
@@ -84,28 +85,12 @@ impl Req {
         q
     }
 
-    pub fn chunks(&self) -> &Chunks {
-        &self.chunks
-    }
-
-    pub fn chunks_mut(&mut self) -> &mut Chunks {
-        &mut self.chunks
-    }
-
     pub fn cancel(&self) -> &CancelState {
         self.cancel.as_deref().unwrap_or(&CANCEL_NEW)
     }
 
     pub fn cancel_mut(&mut self) -> &mut CancelState {
         self.cancel.get_or_insert_with(Box::default)
-    }
-
-    pub fn cost(&self) -> &Cost {
-        &self.cost
-    }
-
-    pub fn cost_mut(&mut self) -> &mut Cost {
-        &mut self.cost
     }
 
     /// Its costs to charge a step to, and its cancel path, which decides what is leaked.
@@ -168,7 +153,6 @@ impl Req {
         }
     }
 
-    /// All its output tokens are out.
     /// Output tokens the engine is asked for: past a stop string it does not know the end, and
     /// would run to the request's `max_tokens`.
     pub fn engine_output(&self) -> u32 {
@@ -178,6 +162,7 @@ impl Req {
         }
     }
 
+    /// All its output tokens are out.
     pub fn output_done(&self) -> bool {
         self.life.tokens() == self.output
     }
