@@ -169,12 +169,12 @@ impl<K: Identity> Owners<K> {
         let Some(row) = self.rows.get_mut(identity) else {
             return self.missing(identity, UpdateClass::Late);
         };
-        if let Some(current) = row.revision {
+        if let Some(current) = row.revision() {
             if revision < current {
                 return Ok(UpdateClass::Stale);
             }
             if revision == current {
-                let same = *row.payload == *payload && row.final_output == final_output;
+                let same = row.payload() == payload && row.final_output == final_output;
                 return Ok(if same {
                     UpdateClass::Duplicate
                 } else {
@@ -185,10 +185,7 @@ impl<K: Identity> Owners<K> {
         if row.state != State::Running || row.final_output {
             return Ok(UpdateClass::Conflict);
         }
-        debug_assert!(row.revision.is_none_or(|r| revision > r));
-        row.revision = Some(revision);
-        row.payload = Payload::from(payload);
-        row.final_output = final_output;
+        row.accept(revision, payload, final_output);
         Ok(UpdateClass::Accepted)
     }
 
@@ -253,11 +250,11 @@ impl<K: Identity> Owners<K> {
             debug_assert_eq!(state, Some(State::Expired));
             return Ok(Admission::Expired);
         }
-        if row.revision.is_none() {
+        if row.revision().is_none() {
             return Ok(Admission::Empty);
         }
         self.submitted += 1;
-        Ok(Admission::Submitted(row.payload.clone()))
+        Ok(Admission::Submitted(row.payload_held()))
     }
 
     /// Whether admission rechecks the terminal state after the wait (always, but in a
@@ -331,9 +328,9 @@ impl<K: Identity> Owners<K> {
             .get_mut(identity)
             .ok_or(OwnershipError::UnknownRequest)?;
         // Validate on a copy, then keep it: a rejected record changes nothing, not even the box.
-        let mut ledger = row.ledger.as_deref().copied().unwrap_or_default();
+        let mut ledger = row.ledger();
         ledger.record(level, at)?;
-        **row.ledger.get_or_insert_with(Box::default) = ledger;
+        row.set_ledger(ledger);
         Ok(())
     }
 

@@ -223,12 +223,25 @@ pub struct RequestSnapshot {
 pub(super) struct Row {
     pub(super) generation: u64,
     pub(super) state: State,
-    pub(super) revision: Option<u64>,
-    pub(super) payload: Payload,
     pub(super) final_output: bool,
-    /// Boxed at its first evidence: most requests never have a cancel, and a record is kept for
-    /// every request in the system (96 bytes less each).
-    pub(super) ledger: Option<Box<Ledger>>,
+    /// Its accepted output and evidence, boxed at the first of either: a record is kept for
+    /// every request in the system, most of them waiting with neither (24 bytes a record
+    /// instead of 112).
+    more: Option<Box<More>>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct More {
+    /// `None` until the first accepted output (the reference's revision −1).
+    revision: Option<u64>,
+    payload: Payload,
+    ledger: Ledger,
+}
+
+impl Default for Payload {
+    fn default() -> Payload {
+        Payload::empty()
+    }
 }
 
 impl Row {
@@ -236,21 +249,52 @@ impl Row {
         Row {
             generation,
             state: State::Running,
-            revision: None,
-            payload: Payload::empty(),
             final_output: false,
-            ledger: None,
+            more: None,
         }
+    }
+
+    pub(super) fn revision(&self) -> Option<u64> {
+        self.more.as_ref().and_then(|m| m.revision)
+    }
+
+    pub(super) fn payload(&self) -> &[u8] {
+        self.more.as_ref().map_or(&[], |m| &m.payload)
+    }
+
+    /// The output accepted at `revision`.
+    /// Its accepted payload as held (a shared one is not copied).
+    pub(super) fn payload_held(&self) -> Payload {
+        self.more
+            .as_ref()
+            .map(|m| m.payload.clone())
+            .unwrap_or_default()
+    }
+
+    pub(super) fn accept(&mut self, revision: u64, payload: &[u8], final_output: bool) {
+        let more = self.more.get_or_insert_with(Box::default);
+        debug_assert!(more.revision.is_none_or(|r| revision > r));
+        more.revision = Some(revision);
+        more.payload = Payload::from(payload);
+        self.final_output = final_output;
+    }
+
+    pub(super) fn ledger(&self) -> Ledger {
+        self.more.as_ref().map(|m| m.ledger).unwrap_or_default()
+    }
+
+    pub(super) fn set_ledger(&mut self, ledger: Ledger) {
+        self.more.get_or_insert_with(Box::default).ledger = ledger;
     }
 
     pub(super) fn snapshot(&self) -> RequestSnapshot {
         RequestSnapshot {
             generation: self.generation,
             state: self.state,
-            revision: self.revision,
-            payload: self.payload.clone(),
+            revision: self.revision(),
+            payload: self.payload_held(),
             final_output: self.final_output,
-            ledger: self.ledger.as_deref().copied().unwrap_or_default(),
+            ledger: self.ledger(),
         }
     }
 }

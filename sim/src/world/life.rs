@@ -2,15 +2,12 @@
 //! has cost so far (`Cost`). Each changes only through the named transitions here, which assert
 //! the order the world relies on; the handlers read the fields through getters.
 
-/// Where a request is in its life, as the world sees it.
+/// Where a request is in its life, as the world sees it. Its times are boxed at the first:
+/// a waiting request holds its flags and the pointer (24 bytes instead of 72).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Life {
     enqueued: bool,
     started: bool,
-    /// When a replica first put it in a step (its scheduling delay ends).
-    started_ns: u64,
-    /// Preemptions with recompute, summed over the replicas it went through.
-    restarts: u32,
     /// Its blocks are back in the pool.
     engine_released: bool,
     /// It left its replica: no step in flight holds it, so its tag may be reused.
@@ -18,20 +15,52 @@ pub(crate) struct Life {
     rejected: bool,
     /// Mirror of the controller's state being terminal, so a token need not look it up.
     terminal: bool,
+    /// Its conversation turn has counted it as ended.
+    turn_over: bool,
+    /// Between a prefill and a decode stage: it may not leave yet.
+    in_handoff: bool,
+    /// The replica's intent epoch when the request reached it.
+    epoch_at_enqueue: u64,
+    times: Option<Box<Times>>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Times {
+    /// When a replica first put it in a step (its scheduling delay ends).
+    started_ns: u64,
+    /// Preemptions with recompute, summed over the replicas it went through.
+    restarts: u32,
     first_token_ns: u64,
     last_token_ns: u64,
     tokens: u32,
     /// When the engine returned the request's blocks (whether or not it had an intent).
     released_ns: Option<u64>,
-    /// The replica's intent epoch when the request reached it.
-    epoch_at_enqueue: u64,
-    /// Its conversation turn has counted it as ended.
-    turn_over: bool,
-    /// Between a prefill and a decode stage: it may not leave yet.
-    in_handoff: bool,
 }
 
+/// What a request's times read before its first.
+static TIMES_NONE: Times = Times {
+    started_ns: 0,
+    restarts: 0,
+    first_token_ns: 0,
+    last_token_ns: 0,
+    tokens: 0,
+    released_ns: None,
+};
+
 impl Life {
+    fn times(&self) -> &Times {
+        self.times.as_deref().unwrap_or(&TIMES_NONE)
+    }
+
+    fn times_mut(&mut self) -> &mut Times {
+        self.times.get_or_insert_with(Box::default)
+    }
+
+    /// It left the world: its flags stay for a stale event to read, its times go with it.
+    pub fn forget_times(&mut self) {
+        self.times = None;
+    }
+
     /// Into a replica's waiting queue (once: the decode stage of a P/D graph is `decode_enqueue`).
     pub fn enqueue(&mut self, epoch: u64) {
         assert!(!self.enqueued, "a request was enqueued twice");
@@ -54,7 +83,7 @@ impl Life {
         if std::mem::replace(&mut self.started, true) {
             return false;
         }
-        self.started_ns = now_ns;
+        self.times_mut().started_ns = now_ns;
         true
     }
 
@@ -73,9 +102,10 @@ impl Life {
             !self.engine_released,
             "a request's blocks were released twice"
         );
-        self.restarts += restarts;
         self.engine_released = true;
-        self.released_ns = Some(now_ns);
+        let t = self.times_mut();
+        t.restarts += restarts;
+        t.released_ns = Some(now_ns);
     }
 
     /// No step in flight holds it any more.
@@ -89,17 +119,19 @@ impl Life {
 
     /// Output token `index` (from 1) came out at `now_ns`.
     pub fn token(&mut self, index: u32, now_ns: u64) {
-        assert_eq!(index, self.tokens + 1, "output tokens out of order");
-        self.tokens = index;
+        let t = self.times_mut();
+        assert_eq!(index, t.tokens + 1, "output tokens out of order");
+        t.tokens = index;
         if index == 1 {
-            self.first_token_ns = now_ns;
+            t.first_token_ns = now_ns;
         }
     }
 
     /// Its last output token came out at `now_ns`.
     pub fn last_token(&mut self, now_ns: u64) {
-        assert!(self.tokens > 0, "a last token before the first");
-        self.last_token_ns = now_ns;
+        let t = self.times_mut();
+        assert!(t.tokens > 0, "a last token before the first");
+        t.last_token_ns = now_ns;
     }
 
     /// Its conversation turn counts it as ended. True the first time.
@@ -141,10 +173,10 @@ impl Life {
         self.started
     }
     pub fn started_ns(&self) -> u64 {
-        self.started_ns
+        self.times().started_ns
     }
     pub fn restarts(&self) -> u32 {
-        self.restarts
+        self.times().restarts
     }
     pub fn engine_released(&self) -> bool {
         self.engine_released
@@ -159,16 +191,16 @@ impl Life {
         self.terminal
     }
     pub fn first_token_ns(&self) -> u64 {
-        self.first_token_ns
+        self.times().first_token_ns
     }
     pub fn last_token_ns(&self) -> u64 {
-        self.last_token_ns
+        self.times().last_token_ns
     }
     pub fn tokens(&self) -> u32 {
-        self.tokens
+        self.times().tokens
     }
     pub fn released_ns(&self) -> Option<u64> {
-        self.released_ns
+        self.times().released_ns
     }
     pub fn epoch_at_enqueue(&self) -> u64 {
         self.epoch_at_enqueue
@@ -178,9 +210,13 @@ impl Life {
     }
 }
 
-/// What one request cost, as its steps and releases come in. Times are GPU ns.
+/// What one request cost, as its steps and releases come in. Times are GPU ns. Nothing until it
+/// first costs something, so a waiting request holds only the pointer (8 bytes instead of 64).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Cost {
+pub(crate) struct Cost(Option<Box<CostState>>);
+
+#[derive(Clone, Debug, Default)]
+struct CostState {
     /// GPU time shared to its own tokens (each step's time split by tokens).
     gpu_ns: f64,
     /// GPU time after its intent, before and after the backend observed the cancel.
@@ -193,54 +229,76 @@ pub(crate) struct Cost {
     kv_block_ns: u128,
 }
 
+/// What a request's costs read before its first.
+static COST_NONE: CostState = CostState {
+    gpu_ns: 0.0,
+    leak_pre_ns: 0.0,
+    leak_post_ns: 0.0,
+    late_tokens: 0,
+    token_steps: 0,
+    kv_block_ns: 0,
+};
+
 impl Cost {
+    fn get(&self) -> &CostState {
+        self.0.as_deref().unwrap_or(&COST_NONE)
+    }
+
+    fn get_mut(&mut self) -> &mut CostState {
+        self.0.get_or_insert_with(Box::default)
+    }
+
     /// `tokens` of its tokens were in a step.
     pub fn stepped(&mut self, tokens: u32) {
-        self.token_steps += tokens as u64;
+        self.get_mut().token_steps += tokens as u64;
     }
 
     /// Its share of a step's time that went to its own output.
     pub fn charge(&mut self, ns: f64) {
         assert!(ns >= 0.0, "a negative GPU share: {ns}");
-        self.gpu_ns += ns;
+        self.get_mut().gpu_ns += ns;
     }
 
     /// GPU work after its intent, before or after the backend observed the cancel.
     pub fn leak(&mut self, ns: f64, observed: bool) {
         assert!(ns >= 0.0, "a negative leak: {ns}");
+        let c = self.get_mut();
         match observed {
-            false => self.leak_pre_ns += ns,
-            true => self.leak_post_ns += ns,
+            false => c.leak_pre_ns += ns,
+            true => c.leak_post_ns += ns,
         }
     }
 
     /// A token came out after its terminal transition.
     pub fn late_token(&mut self) {
-        self.late_tokens += 1;
+        self.get_mut().late_tokens += 1;
     }
 
     /// Its blocks came back, having been held for `block_ns` block-ns.
     pub fn released(&mut self, block_ns: u128) {
-        self.kv_block_ns += block_ns;
+        // A request that never held a block (refused, or cancelled while waiting) costs nothing.
+        if block_ns > 0 {
+            self.get_mut().kv_block_ns += block_ns;
+        }
     }
 
     pub fn gpu_ns(&self) -> f64 {
-        self.gpu_ns
+        self.get().gpu_ns
     }
     pub fn leak_pre_ns(&self) -> f64 {
-        self.leak_pre_ns
+        self.get().leak_pre_ns
     }
     pub fn leak_post_ns(&self) -> f64 {
-        self.leak_post_ns
+        self.get().leak_post_ns
     }
     pub fn late_tokens(&self) -> u32 {
-        self.late_tokens
+        self.get().late_tokens
     }
     pub fn token_steps(&self) -> u64 {
-        self.token_steps
+        self.get().token_steps
     }
     pub fn kv_block_ns(&self) -> u128 {
-        self.kv_block_ns
+        self.get().kv_block_ns
     }
 }
 

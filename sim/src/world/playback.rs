@@ -16,9 +16,13 @@ use crate::kernel::rng::{key, Purpose, Stream};
 use crate::metrics::Playback;
 use crate::scenario::PlaybackConfig;
 
-/// One request's chunks.
+/// One request's chunks: nothing until its first token, so a waiting request holds only the
+/// pointer (8 bytes instead of 48).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Chunks(Option<Box<ChunkState>>);
+
 #[derive(Clone, Debug)]
-pub(crate) struct Chunks {
+struct ChunkState {
     /// Tokens in the chunk being filled.
     fill: u32,
     made: u32,
@@ -37,50 +41,63 @@ pub(crate) struct Chunks {
     stream: Option<Box<Stream>>,
 }
 
-impl Default for Chunks {
-    fn default() -> Self {
-        Chunks {
-            fill: 0,
-            made: 0,
-            queued: 0,
-            in_flight: false,
-            admitted: 0,
-            first_corrupt: None,
-            digest: DIGEST_SEED,
-            corrupted_seen: false,
-            stream: None,
-        }
-    }
+/// What a request's chunks read before its first token.
+static CHUNKS_NEW: ChunkState = ChunkState::NEW;
+
+impl ChunkState {
+    const NEW: ChunkState = ChunkState {
+        fill: 0,
+        made: 0,
+        queued: 0,
+        in_flight: false,
+        admitted: 0,
+        first_corrupt: None,
+        digest: DIGEST_SEED,
+        corrupted_seen: false,
+        stream: None,
+    };
 }
 
 impl Chunks {
+    fn get(&self) -> &ChunkState {
+        self.0.as_deref().unwrap_or(&CHUNKS_NEW)
+    }
+
+    fn get_mut(&mut self) -> &mut ChunkState {
+        self.0.get_or_insert_with(|| Box::new(ChunkState::NEW))
+    }
+
     /// Chunks done with: played, or suppressed.
     pub fn admitted(&self) -> u32 {
-        self.admitted
+        self.get().admitted
     }
 
     /// FNV-1a of the markers played, in order: what its user heard.
     pub fn digest(&self) -> u64 {
-        self.digest
+        self.get().digest
     }
 
     /// Chunks are still held or waiting: the request cannot leave yet.
     pub fn busy(&self) -> bool {
-        self.in_flight || self.queued > 0
+        let c = self.get();
+        c.in_flight || c.queued > 0
     }
 
     /// A token came out corrupted: from the next chunk on, markers are corrupted. True the first
     /// time.
     pub fn corrupted(&mut self) -> bool {
-        if self.first_corrupt.is_some() {
+        let c = self.get_mut();
+        if c.first_corrupt.is_some() {
             return false;
         }
-        self.first_corrupt = Some(self.made);
+        c.first_corrupt = Some(c.made);
         true
     }
 
     pub fn drop_stream(&mut self) {
-        self.stream = None;
+        if let Some(c) = self.0.as_deref_mut() {
+            c.stream = None;
+        }
     }
 }
 
@@ -147,6 +164,7 @@ impl PlaybackSink {
 
     /// A live token enters the sink. True if a chunk is ready and none is held: hold it now.
     pub fn token(&mut self, c: &mut Chunks, last: bool) -> bool {
+        let c = c.get_mut();
         c.fill += 1;
         if c.fill != self.cfg.chunk_tokens && !last {
             return false;
@@ -160,7 +178,7 @@ impl PlaybackSink {
 
     /// Whether a chunk waits behind the one just done with.
     pub fn has_next(&self, c: &Chunks) -> bool {
-        c.queued > 0
+        c.get().queued > 0
     }
 
     /// Hold the next chunk: record it as output evidence, then begin its admission.
@@ -172,6 +190,7 @@ impl PlaybackSink {
         tag: Tag,
         c: &mut Chunks,
     ) -> Step<Hold> {
+        let c = c.get_mut();
         assert!(!c.in_flight, "a chunk was held while another one was");
         assert!(c.queued > 0, "a chunk was held that was never made");
         let chunk = c.admitted;
@@ -280,6 +299,7 @@ impl PlaybackSink {
     /// The consumer takes a chunk: it checks, byte for byte, that the marker is its own
     /// (property 3), and folds it into the request's digest.
     fn play(&mut self, c: &mut Chunks, who: Owner, payload: &[u8]) -> Admitted {
+        let c = c.get_mut();
         self.counts.submitted += 1;
         let chunk = c.admitted;
         let expect = marker(who.id, chunk, false);
@@ -329,6 +349,7 @@ impl PlaybackSink {
 
     /// The held chunk is done with and the request is terminal: the rest is suppressed.
     pub fn settle(&mut self, c: &mut Chunks) {
+        let c = c.get_mut();
         c.in_flight = false;
         self.counts.suppressed += c.queued as u64;
         c.admitted += c.queued;
@@ -427,7 +448,7 @@ mod tests {
         assert_eq!(ready, [false, false, true, false, false, true, true]);
         assert_eq!(sink.counts().chunks, 3);
         sink.settle(&mut c);
-        assert_eq!((c.admitted, sink.counts().suppressed), (3, 3));
+        assert_eq!((c.admitted(), sink.counts().suppressed), (3, 3));
         assert!(!c.busy());
     }
 

@@ -109,6 +109,9 @@ impl Req {
     fn leave(&mut self) {
         self.live = false;
         self.cancel = None;
+        self.chunks = Chunks::default();
+        self.cost = Cost::default();
+        self.life.forget_times();
     }
 
     /// Routed to `replica` (a shared queue routes once it is past its arrival).
@@ -261,6 +264,15 @@ mod tests {
             output_tokens: 1,
         };
         Req::new(&a, 0, 1, 0)
+    }
+
+    #[test]
+    fn sizes() {
+        eprintln!(
+            "Req {} Life {}",
+            std::mem::size_of::<Req>(),
+            std::mem::size_of::<Life>()
+        );
     }
 
     #[test]
