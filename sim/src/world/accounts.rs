@@ -529,7 +529,7 @@ mod tests {
             prompt_tokens: 1,
             output_tokens: 1,
         };
-        Req::new(&a, arrival_ns, 1, 0)
+        Req::new(&a, arrival_ns)
     }
 
     #[test]

@@ -37,6 +37,7 @@ impl World<'_> {
     /// on to the next chunk while one passes at once (no writer's wait), and stops at the first
     /// that waits, retries or ends the request's output.
     fn deliver(&mut self, tag: Tag, mut held: Option<(Ticket<u64>, u8)>) -> Step {
+        self.owners_for(tag)?;
         loop {
             let who = self.requests[tag].chunk_owner();
             let (f, owners) = (&mut self.follow, &mut self.owners);
@@ -75,9 +76,9 @@ impl World<'_> {
 
     /// The application's completion boundary: the last chunk was played.
     fn complete(&mut self, tag: Tag) -> Step {
-        let q = &mut self.requests[tag];
-        playback::complete(&mut self.owners, q.id)?;
-        q.life.terminate();
+        let id = self.requests[tag].id;
+        playback::complete(self.owners_for(tag)?, id)?;
+        self.requests[tag].life.terminate();
         self.turn_over(tag);
         self.stage_reached(tag, Stage::AfterCompletion)
     }

@@ -105,7 +105,7 @@ impl World<'_> {
             self.requests.live(request, tag),
             "in handoff, so in the world"
         );
-        if self.owners.state(&request) != Some(State::Running) {
+        if self.state_of(tag) != Some(State::Running) {
             let h = self.handoff.as_mut().expect("a prefill/decode world");
             let f = h.land(request).expect("a flight in its gap");
             h.count(Count::Stranded);
@@ -239,16 +239,17 @@ impl World<'_> {
     /// (vLLM's `kv_load_failure_policy: recompute`).
     fn decode_admit(&mut self, f: Flight, kv_ready: bool) -> Step {
         let now_ns = self.kernel.now_ns();
+        let handle = self.handle(f.tag);
         let q = &mut self.requests[f.tag];
         q.life.decode_enqueue(self.cluster.intent_epoch(f.decode));
         let new = NewRequest {
             id: q.id,
             tag: f.tag,
-            handle: q.handle,
+            handle,
             prompt_tokens: q.prompt,
             output_tokens: q.engine_output(),
             kv_ready,
-            length_capped: q.stop_detect_ns.is_none()
+            length_capped: q.stop_detect_ns().is_none()
                 && workload::length_capped(&self.scenario.workload, self.seed, q.id),
         };
         if self.cluster.enqueue(f.decode, now_ns, new).is_err() {
@@ -374,7 +375,8 @@ impl World<'_> {
             return Ok(false);
         };
         let tag = f.tag;
-        let own = scope.reaches(&self.requests[tag].handle);
+        let q = &self.requests[tag];
+        let own = scope.reaches(&self.cancel.handle(q.id, q.owner()));
         if !own || replica != f.decode || f.phase == Phase::Gap {
             // The prefill connector frees blocks not on the wire, if it frees on a cancel.
             if own && replica == f.prefill && f.phase != Phase::OnWire {

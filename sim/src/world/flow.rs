@@ -36,10 +36,11 @@ impl World<'_> {
         if !self.requests.live(request, tag) || self.requests[tag].life.engine_released() {
             return Ok(());
         }
+        let runtime_id = self.handle(tag).runtime_id;
         let q = &mut self.requests[tag];
         q.abort_at_stop();
         let abort = Abort {
-            scope: Scope::Request(q.handle.runtime_id),
+            scope: Scope::Request(runtime_id),
             fault: None,
             key: request | 1 << 63,
             ideal: false,
@@ -123,8 +124,7 @@ impl World<'_> {
     }
 
     fn is_done(&self, tag: Tag) -> bool {
-        let q = &self.requests[tag];
-        self.owners.state(&q.id).is_none_or(State::is_terminal) || q.output_done()
+        self.state_of(tag).is_none_or(State::is_terminal) || self.requests[tag].output_done()
     }
 
     /// A request arrives: it starts in the controller, may get a storm plan, and is routed.
@@ -139,8 +139,6 @@ impl World<'_> {
             .into());
         }
         self.arrivals.hash(&a);
-        let (owner, generation) = conv.unwrap_or((a.id, 0));
-        let handle = self.cancel.handle(a.id, owner);
         let session = match conv {
             Some((c, _)) => Some(c),
             // A trace's second prefix block: its first is a system prompt that every row of a
@@ -152,21 +150,17 @@ impl World<'_> {
         let plan = self.cancel.plan(a.id, now_ns);
         let arriving = Arriving {
             replica: early.unwrap_or(0),
-            handle,
             conv,
             stop_detect_ns: workload::stop_string(&self.scenario.workload, self.seed, a.id),
             plan,
         };
-        let q = Req::arriving(&a, now_ns, (owner, generation), arriving);
+        let q = Req::arriving(&a, now_ns, arriving);
         let tag = self.requests.insert(q);
         if let Some((c, _)) = conv {
             self.conversations.joined(c, a.id, tag);
         }
-        let stop_string = self.requests[tag].stop_detect_ns.is_some();
+        let stop_string = self.requests[tag].stop_detect_ns().is_some();
         self.accounts.arrived(plan.is_some(), stop_string);
-        if self.owners.start(a.id, generation as u64).is_err() {
-            return Err(Stop::broken(vec![a.id], "a request identity was reused"));
-        }
         match plan {
             Some((Stage::BeforeAdmission, _)) => {
                 // Cancelled before it reaches a replica: nothing to clean up on a backend.
@@ -204,12 +198,13 @@ impl World<'_> {
     /// Into its replica's waiting queue, or refused if it can never fit there.
     fn enqueue(&mut self, tag: Tag, a: Arrival) -> Step {
         let now_ns = self.kernel.now_ns();
+        let handle = self.handle(tag);
         let q = &self.requests[tag];
         let (replica, plan, q_conv) = (q.replica, q.cancel().plan(), q.conv);
         let new = NewRequest {
             id: a.id,
             tag,
-            handle: q.handle,
+            handle,
             prompt_tokens: a.prompt_tokens,
             // A prefill replica computes the prompt and samples one token, which it keeps.
             output_tokens: match self.cluster.disaggregated() {
@@ -219,7 +214,7 @@ impl World<'_> {
             kv_ready: false,
             // A prefill replica's request is capped at one token (`max_tokens: 1`).
             length_capped: self.cluster.disaggregated()
-                || (q.stop_detect_ns.is_none()
+                || (q.stop_detect_ns().is_none()
                     && workload::length_capped(&self.scenario.workload, self.seed, a.id)),
         };
         // A prefill replica takes the prompt and one token; the decode stage must take it all.
@@ -262,7 +257,7 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         q.life.reject();
         let id = q.id;
-        let cancelled = self.owners.finish(&id, Disposition::Cancelled);
+        let cancelled = self.owners_for(tag)?.finish(&id, Disposition::Cancelled);
         cancelled.map_err(Stop::controller(id))?;
         self.requests[tag].life.terminate();
         self.turn_over(tag);
@@ -313,7 +308,7 @@ impl World<'_> {
             self.accounts.token_overrun();
             return Ok(());
         }
-        let stop_ns = q.stop_detect_ns.filter(|_| index == q.output);
+        let stop_ns = q.stop_detect_ns().filter(|_| index == q.output);
         let last = last || stop_ns.is_some();
         if let Some(delay_ns) = stop_ns {
             let ev = Event::StopAbort { request: q.id, tag };
@@ -331,9 +326,12 @@ impl World<'_> {
         if last {
             self.last_token(tag)?;
         }
+        debug_assert!(
+            !self.requests[tag].life.terminal()
+                || self.state_of(tag).is_none_or(State::is_terminal)
+        );
         let q = &mut self.requests[tag];
         if q.life.terminal() {
-            debug_assert!(self.owners.state(&q.id).is_none_or(State::is_terminal));
             self.accounts.late_token(&mut q.cost);
             return Ok(());
         }
@@ -349,8 +347,9 @@ impl World<'_> {
     /// is a discard, whichever step it came from. (A completed request's overshoot past its end
     /// is the window's waste, not a late output.)
     fn discarded_token(&mut self, tag: Tag) {
+        let state = self.state_of(tag);
         let q = &mut self.requests[tag];
-        if q.life.terminal() && self.owners.state(&q.id) != Some(State::Completed) {
+        if q.life.terminal() && state != Some(State::Completed) {
             self.accounts.late_token(&mut q.cost);
         }
     }

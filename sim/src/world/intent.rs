@@ -51,7 +51,7 @@ impl World<'_> {
         if let (Cause::Storm, Some((stage, _))) = (cause, plan) {
             self.accounts.hit(stage_mark(stage));
         }
-        if self.owners.state(&id) == Some(State::Completed) {
+        if self.state_of(tag) == Some(State::Completed) {
             self.accounts.hit(Mark::RaceCompletionWon);
         } else if cancel_won && self.requests[tag].output > 0 {
             self.accounts.hit(Mark::RaceCancelWon);
@@ -83,12 +83,11 @@ impl World<'_> {
     /// The local invalidation: the first terminal transition wins, and never changes after.
     /// True if this intent ended the request (it was running, or the sink just expired it).
     pub(super) fn invalidate(&mut self, tag: Tag, cause: Cause) -> Step<bool> {
-        let id = self.requests[tag].id;
         let disposition = match cause {
             Cause::Deadline | Cause::Playback => Disposition::Expired,
             Cause::Storm | Cause::Disconnect | Cause::Interruption => Disposition::Cancelled,
         };
-        let before = self.owners.state(&id);
+        let before = self.state_of(tag);
         let after = self.terminate(tag, disposition)?;
         // The sink expires a request itself (the controller did it in admit_end): that is this
         // intent's local invalidation too.
@@ -103,8 +102,9 @@ impl World<'_> {
     /// `finish` in the controller, checking that a terminal disposition never changes.
     pub(super) fn terminate(&mut self, tag: Tag, d: Disposition) -> Step<Option<State>> {
         let id = self.requests[tag].id;
-        let before = self.owners.state(&id);
-        let after = self.owners.finish(&id, d).map_err(Stop::controller(id))?;
+        let before = self.state_of(tag);
+        let after = self.owners_for(tag)?.finish(&id, d);
+        let after = after.map_err(Stop::controller(id))?;
         self.requests[tag].life.terminate();
         if before.is_some_and(State::is_terminal) && after.is_some() && after != before {
             return Err(Stop::broken(vec![id], "a terminal disposition changed"));
@@ -151,6 +151,7 @@ impl World<'_> {
             ClockDomain::Backend => now_ns + offset_ns,
             _ => now_ns,
         };
+        self.owners_for(tag)?;
         let q = &mut self.requests[tag];
         let at = Timestamp { domain, ns };
         let owners = &mut self.owners;

@@ -17,7 +17,7 @@ impl World<'_> {
         if !q.live {
             return Ok(());
         }
-        let state = self.owners.state(&q.id);
+        let state = self.state_of(tag);
         let terminal = state.is_none_or(State::is_terminal);
         // Not before its replica is done with it: a step in flight still holds its tag, and its
         // output must be charged to this request, not to the next owner of the tag.
@@ -32,7 +32,10 @@ impl World<'_> {
             let what = "the controller lost the record of a request still in the world";
             return Err(Stop::broken(vec![q.id], what));
         };
-        self.owners.retire(&q.id).map_err(Stop::controller(q.id))?;
+        let id = q.id;
+        self.owners_for(tag)?
+            .retire(&id)
+            .map_err(Stop::controller(id))?;
         self.leave(tag, state);
         Ok(())
     }
@@ -71,6 +74,7 @@ impl World<'_> {
             sibling: judged.sibling,
             survived: judged.survived,
             now_ns,
+            runtime_id: self.cancel.handle(q.id, q.owner()).runtime_id,
         };
         self.recorder.left(q, &self.label, how);
         self.requests.remove(tag);

@@ -34,6 +34,7 @@ mod life;
 mod playback;
 mod recorder;
 mod recovery;
+mod registry;
 mod requests;
 mod summary;
 mod turns;
@@ -46,7 +47,7 @@ use cancelsim_models::gpu::StepTable;
 #[cfg(feature = "broken-variants")]
 use cancelsim_models::ownership::ControllerBug;
 use cancelsim_models::ownership::{ClockDomain, EvidenceLevel, Owners, Retention};
-use cancelsim_models::protocol::Scope;
+use cancelsim_models::protocol::{Handle, Scope};
 use std::sync::Arc;
 
 use crate::workload::TraceReader;
@@ -330,6 +331,12 @@ impl<'s> World<'s> {
         }
     }
 
+    /// How an abort can name request `tag`: a function of its id and owner, never stored.
+    fn handle(&self, tag: Tag) -> Handle {
+        let q = &self.requests[tag];
+        self.cancel.handle(q.id, q.owner())
+    }
+
     fn on_cancel_submit(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
         if !self.requests.live(request, tag) || self.requests[tag].cancel().done() {
             return Ok(());
@@ -345,8 +352,9 @@ impl<'s> World<'s> {
                 return self.try_finalize(tag);
             }
         }
+        let handle = self.handle(tag);
         let q = &mut self.requests[tag];
-        let (replica, handle) = (q.replica, q.handle);
+        let replica = q.replica;
         let f = &mut self.follow;
         let to = (replica, &handle);
         self.cancel

@@ -27,6 +27,8 @@ pub(crate) struct Left {
     pub sibling: bool,
     pub survived: Option<bool>,
     pub now_ns: u64,
+    /// The id its runtime knew it by.
+    pub runtime_id: u64,
 }
 
 fn ms(ns: u64) -> f64 {
@@ -218,10 +220,10 @@ fn row(q: &Req, policy: &str, disposition: &'static str, how: Left) -> RequestRo
     RequestRow {
         policy: policy.to_string(),
         id: q.id,
-        owner: q.owner,
-        generation: q.generation,
+        owner: q.owner(),
+        generation: q.generation(),
         replica: q.replica,
-        runtime_id: q.handle.runtime_id,
+        runtime_id: how.runtime_id,
         disposition,
         target: q.cancel().plan().is_some(),
         sibling: how.sibling,

@@ -4,7 +4,6 @@
 //! `cancel_state` (boxed at its first change).
 
 use cancelsim_models::ownership::EvidenceLevel;
-use cancelsim_models::protocol::Handle;
 
 use super::cancel::CancelState;
 use super::playback::{Chunks, Owner};
@@ -22,18 +21,19 @@ pub(crate) type TurnRef = (u64, u32);
 pub(crate) struct Req {
     pub id: u64,
     pub live: bool,
+    /// The controller has its record (`registry`): until then the record is implied.
+    registered: bool,
     pub arrival_ns: u64,
     pub prompt: u32,
     pub output: u32,
     /// The output ends at a stop string: the frontend's abort reaches the engine this long
-    /// after the last token comes out.
-    pub stop_detect_ns: Option<u64>,
+    /// after the last token comes out (`NO_STOP`: it has none).
+    stop_detect_ns: u64,
     /// That abort was sent: the engine's observation of it is no one's cancel.
     pub stop_abort: bool,
     pub replica: u32,
-    pub owner: u64,
-    pub generation: u32,
-    pub handle: Handle,
+    /// Its conversation turn; its owner and generation follow from it, and its handle from
+    /// those (`CancelClient::handle`), so none is stored twice.
     pub conv: Option<TurnRef>,
     pub life: Life,
     pub chunks: Chunks,
@@ -43,24 +43,26 @@ pub(crate) struct Req {
     cancel: Option<Box<CancelState>>,
 }
 
+/// `stop_detect_ns` of a request without a stop string (no delay is that long: it is added to
+/// the clock).
+const NO_STOP: u64 = u64::MAX;
+
 /// What every request without a cancel path of its own reads.
 static CANCEL_NEW: CancelState = CancelState::NEW;
 
 impl Req {
     /// A request just arrived at `now_ns`, with nothing decided about it yet.
-    pub fn new(a: &Arrival, now_ns: u64, owner: u64, generation: u32) -> Req {
+    pub fn new(a: &Arrival, now_ns: u64) -> Req {
         Req {
             id: a.id,
             live: true,
+            registered: false,
             arrival_ns: now_ns,
             prompt: a.prompt_tokens,
             output: a.output_tokens,
-            stop_detect_ns: None,
+            stop_detect_ns: NO_STOP,
             stop_abort: false,
             replica: 0,
-            owner,
-            generation,
-            handle: Handle::default(),
             conv: None,
             life: Life::default(),
             chunks: Chunks::default(),
@@ -70,19 +72,47 @@ impl Req {
     }
 
     /// A request arriving at `now_ns`, with what the world decided about it at once.
-    pub fn arriving(a: &Arrival, now_ns: u64, (owner, generation): (u64, u32), d: Arriving) -> Req {
+    pub fn arriving(a: &Arrival, now_ns: u64, d: Arriving) -> Req {
+        assert!(
+            d.stop_detect_ns != Some(NO_STOP),
+            "a stop string detected never"
+        );
         let mut q = Req {
             replica: d.replica,
-            handle: d.handle,
             conv: d.conv,
-            stop_detect_ns: d.stop_detect_ns,
-            ..Req::new(a, now_ns, owner, generation)
+            stop_detect_ns: d.stop_detect_ns.unwrap_or(NO_STOP),
+            ..Req::new(a, now_ns)
         };
         if d.plan.is_some() {
             // A storm's target: its plan is its cancel path's first state.
             *q.cancel_mut() = CancelState::new(d.plan);
         }
         q
+    }
+
+    pub fn registered(&self) -> bool {
+        self.registered
+    }
+
+    /// The controller made its record.
+    pub fn register(&mut self) {
+        assert!(!self.registered, "a request registered twice");
+        self.registered = true;
+    }
+
+    /// Who its output belongs to: its conversation, or itself.
+    pub fn owner(&self) -> u64 {
+        self.conv.map_or(self.id, |(c, _)| c)
+    }
+
+    /// Its conversation's generation when it started (0 outside a conversation).
+    pub fn generation(&self) -> u32 {
+        self.conv.map_or(0, |(_, g)| g)
+    }
+
+    /// The stop string's detection delay, if its output ends at one.
+    pub fn stop_detect_ns(&self) -> Option<u64> {
+        (self.stop_detect_ns != NO_STOP).then_some(self.stop_detect_ns)
     }
 
     pub fn cancel(&self) -> &CancelState {
@@ -135,7 +165,7 @@ impl Req {
     /// The frontend sent the abort that ends its output at a stop string.
     pub fn abort_at_stop(&mut self) {
         assert!(
-            self.stop_detect_ns.is_some(),
+            self.stop_detect_ns().is_some(),
             "a stop-string abort without a stop string"
         );
         self.stop_abort = true;
@@ -150,8 +180,8 @@ impl Req {
     pub fn chunk_owner(&self) -> Owner {
         Owner {
             id: self.id,
-            owner: self.owner,
-            generation: self.generation,
+            owner: self.owner(),
+            generation: self.generation(),
             output_done: self.output_done(),
         }
     }
@@ -159,7 +189,7 @@ impl Req {
     /// Output tokens the engine is asked for: past a stop string it does not know the end, and
     /// would run to the request's `max_tokens`.
     pub fn engine_output(&self) -> u32 {
-        match self.stop_detect_ns {
+        match self.stop_detect_ns() {
             Some(_) => self.output.saturating_add(STOP_OVERRUN_MAX).min(TOKENS_MAX),
             None => self.output,
         }
@@ -175,7 +205,6 @@ impl Req {
 pub(crate) struct Arriving {
     /// Its replica, if routed at once (else 0 until a shared queue routes it).
     pub replica: u32,
-    pub handle: Handle,
     pub conv: Option<TurnRef>,
     pub stop_detect_ns: Option<u64>,
     /// The storm's plan for it, if it is a target.
@@ -263,7 +292,7 @@ mod tests {
             prompt_tokens: 1,
             output_tokens: 1,
         };
-        Req::new(&a, 0, 1, 0)
+        Req::new(&a, 0)
     }
 
     #[test]
