@@ -23,12 +23,20 @@ use crate::kv::KvPool;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Content {
     pub own: u64,
-    pub shared: Box<[u64]>,
-    pub shared_tokens: u64,
     /// The prompt's length: a block past it holds output tokens, the request's own.
     pub prompt_tokens: u64,
+    /// What it shares with other requests, boxed: most share nothing, and an engine keeps a
+    /// `Content` for every request waiting there (24 bytes, not 48).
+    pub sharing: Option<Box<Sharing>>,
+}
+
+/// The shared part of a request's content.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sharing {
+    pub shared: Box<[u64]>,
+    pub shared_tokens: u64,
     /// A conversation's token stream that the request continues (its history), if any.
-    pub stream: Option<Box<StreamKey>>,
+    pub stream: Option<StreamKey>,
 }
 
 /// A conversation's tokens as one append-only stream: turn `t`'s prompt is the history (every
@@ -66,22 +74,36 @@ impl StreamKey {
 impl Content {
     /// Whether block `index` lies in the shared prefix: another request may ask for it.
     pub fn is_shared(&self, block_tokens: u64, index: u64) -> bool {
+        let Some(sh) = self.sharing.as_deref() else {
+            return false;
+        };
         let end = (index + 1) * block_tokens;
-        if self.stream.as_ref().is_some_and(|s| s.in_stream(end)) {
+        if sh.stream.as_ref().is_some_and(|s| s.in_stream(end)) {
             return true;
         }
-        end <= self.prompt_tokens
-            && (end - 1) / self.shared_tokens.max(1) < self.shared.len() as u64
+        end <= self.prompt_tokens && (end - 1) / sh.shared_tokens.max(1) < sh.shared.len() as u64
+    }
+
+    /// Its shared part, made empty if it had none.
+    pub fn sharing_mut(&mut self) -> &mut Sharing {
+        self.sharing.get_or_insert_with(Box::default)
     }
 
     /// The content key of block `index` of `block_tokens` tokens.
     pub fn key(&self, block_tokens: u64, index: u64) -> u64 {
         let end = (index + 1) * block_tokens;
-        if let Some(key) = self.stream.as_ref().and_then(|s| s.key(block_tokens, end)) {
+        let sh = self.sharing.as_deref();
+        if let Some(key) = sh
+            .and_then(|sh| sh.stream.as_ref())
+            .and_then(|s| s.key(block_tokens, end))
+        {
             return key;
         }
-        let j = (end - 1) / self.shared_tokens.max(1);
-        match self.shared.get(j as usize) {
+        let shared_id = sh.and_then(|sh| {
+            sh.shared
+                .get(((end - 1) / sh.shared_tokens.max(1)) as usize)
+        });
+        match shared_id {
             Some(&id) if end <= self.prompt_tokens => mix(mix(0x5348_4152, id), index),
             _ => mix(mix(0x4f57_4e00, self.own), index),
         }
@@ -234,12 +256,14 @@ mod tests {
         let turn = |bounds: &[u64], whole: bool, own: u64, prompt: u64| Content {
             own,
             prompt_tokens: prompt,
-            stream: Some(Box::new(StreamKey {
-                id: 7,
-                bounds: bounds.into(),
-                whole,
+            sharing: Some(Box::new(Sharing {
+                stream: Some(StreamKey {
+                    id: 7,
+                    bounds: bounds.into(),
+                    whole,
+                }),
+                ..Sharing::default()
             })),
-            ..Content::default()
         };
         // Turn 0: a 40-token prompt and output; the user saw 30 tokens of output, so turn 1's
         // history is 70 tokens: blocks 0..4 of 16 (end 64) are history, block 4 (64..80) is not.
@@ -265,14 +289,12 @@ mod tests {
         assert_ne!(sibling.key(16, 4), t1.key(16, 4));
         assert!(sibling.is_shared(16, 3) && !sibling.is_shared(16, 4));
         // Another conversation with the same lengths shares nothing.
-        let other = Content {
-            stream: Some(Box::new(StreamKey {
-                id: 8,
-                bounds: [70].into(),
-                whole: true,
-            })),
-            ..t1.clone()
-        };
+        let mut other = t1.clone();
+        other.sharing_mut().stream = Some(StreamKey {
+            id: 8,
+            bounds: [70].into(),
+            whole: true,
+        });
         assert!((0..6).all(|i| other.key(16, i) != t1.key(16, i)));
     }
 
@@ -313,10 +335,12 @@ mod tests {
         // second, and block 64 on is the request's own.
         let content = |own, shared: &[u64], prompt| Content {
             own,
-            shared: shared.into(),
-            shared_tokens: 512,
             prompt_tokens: prompt,
-            stream: None,
+            sharing: Some(Box::new(Sharing {
+                shared: shared.into(),
+                shared_tokens: 512,
+                stream: None,
+            })),
         };
         let k = |own, shared: &[u64], i| content(own, shared, 4096).key(16, i);
         assert_eq!(

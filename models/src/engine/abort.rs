@@ -113,7 +113,7 @@ impl Engine {
                     Phase::Running | Phase::Waiting
                 )
             };
-            let slots = self.by_runtime.get(&rid).map_or(&[][..], |s| s.as_slice());
+            let slots = self.by_runtime.slots(rid);
             if slots.iter().filter(live).count() <= 1 {
                 return slots.iter().filter(live).copied().collect();
             }

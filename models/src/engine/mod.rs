@@ -28,10 +28,6 @@ mod waiting;
 
 use std::collections::VecDeque;
 
-use std::collections::hash_map::Entry as MapEntry;
-
-use rustc_hash::FxHashMap;
-
 use crate::gpu::{StepModel, StepShape};
 use crate::kv::KvPool;
 use crate::prefix::PrefixCache;
@@ -42,7 +38,7 @@ use crate::protocol::{
 
 use compose::Compose;
 use pool::Pool;
-use seq::{BoundedIds, Entry, Phase, Seq, Slots, Step, Taint};
+use seq::{BoundedIds, Entry, Phase, RuntimeIndex, Seq, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
 use waiting::Waiting;
 
@@ -84,7 +80,7 @@ pub struct Engine {
     /// The serial of the next request enqueued.
     serial_next: u64,
     /// Slots not yet freed, by runtime id: a request-scope abort finds its request here.
-    by_runtime: FxHashMap<u64, Slots>,
+    by_runtime: RuntimeIndex,
     running: Vec<u32>,
     inflight: VecDeque<Step>,
     spare_entries: Vec<Vec<Entry>>,
@@ -133,7 +129,7 @@ impl Engine {
             free_slots: Vec::new(),
             waiting: Waiting::default(),
             serial_next: 0,
-            by_runtime: FxHashMap::default(),
+            by_runtime: RuntimeIndex::default(),
             running: Vec::new(),
             inflight: VecDeque::new(),
             spare_entries: Vec::new(),
@@ -221,13 +217,8 @@ impl Engine {
             self.tombstones.insert(seq.handle.runtime_id);
         }
         let rid = seq.handle.runtime_id;
-        if self
-            .by_runtime
-            .get_mut(&rid)
-            .is_some_and(|s| s.remove(slot))
-        {
-            self.by_runtime.remove(&rid);
-        }
+        self.by_runtime.remove(rid, slot);
+        self.seqs[slot as usize].retire();
         self.free_slots.push(slot);
         self.live -= 1;
     }
@@ -253,12 +244,7 @@ impl Scheduler for Engine {
             }
         };
         self.waiting.push_back(slot, &self.seqs);
-        match self.by_runtime.entry(r.handle.runtime_id) {
-            MapEntry::Occupied(mut o) => o.get_mut().push(slot),
-            MapEntry::Vacant(v) => {
-                v.insert(Slots::One(slot));
-            }
-        }
+        self.by_runtime.insert(r.handle.runtime_id, slot);
         self.live += 1;
         let t = r.tag as usize;
         if self.slot_of_tag.len() <= t {
@@ -434,8 +420,9 @@ impl Scheduler for Engine {
         };
         let seq = &mut self.seqs[slot as usize];
         if seq.tag == tag && seq.ctx == 0 {
-            seq.content.shared = ids.into();
-            seq.content.shared_tokens = tokens_per_id;
+            let sh = seq.content.sharing_mut();
+            sh.shared = ids.into();
+            sh.shared_tokens = tokens_per_id;
         }
     }
 
@@ -445,7 +432,7 @@ impl Scheduler for Engine {
         };
         let seq = &mut self.seqs[slot as usize];
         if seq.tag == tag && seq.ctx == 0 {
-            seq.content.stream = Some(Box::new(key));
+            seq.content.sharing_mut().stream = Some(key);
         }
     }
 

@@ -3,7 +3,9 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashSet;
+use std::collections::hash_map::Entry as MapEntry;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::prefix::Content;
 use crate::protocol::{Handle, NewRequest, Outcome, Released};
@@ -142,6 +144,15 @@ impl Seq {
             },
             run: None,
         }
+    }
+
+    /// It left the engine: what running made of it goes now, not when its slot is reused, so
+    /// memory follows the requests here, not those that were.
+    pub(super) fn retire(&mut self) {
+        debug_assert_eq!(self.blocks + self.fenced_blocks, 0);
+        debug_assert_eq!(self.inflight, 0);
+        self.run = None;
+        self.content = Content::default();
     }
 
     /// Its blocks of this incarnation become fenced: back in the pool once no step in flight
@@ -353,39 +364,56 @@ impl Taint {
     }
 }
 
-/// The slots of one runtime id: almost always one, so no allocation for it.
-pub(super) enum Slots {
-    One(u32),
-    /// Boxed: ids are rarely shared, and every waiting request has an entry (16 bytes, not 24).
-    Many(Box<Vec<u32>>),
+/// Slots not yet freed, by runtime id: a request-scope abort finds its request here. An id of
+/// one live request is in `one` (16 bytes an entry: every waiting request has one); an id that
+/// several share (a client's reused ids) is in `many`, its slots in the order they came.
+#[derive(Default)]
+pub(super) struct RuntimeIndex {
+    one: FxHashMap<u64, u32>,
+    many: FxHashMap<u64, Vec<u32>>,
 }
 
-impl Slots {
-    pub(super) fn as_slice(&self) -> &[u32] {
-        match self {
-            Slots::One(s) => std::slice::from_ref(s),
-            Slots::Many(v) => v,
+impl RuntimeIndex {
+    pub(super) fn insert(&mut self, rid: u64, slot: u32) {
+        if let Some(v) = self.many.get_mut(&rid) {
+            v.push(slot);
+            return;
         }
-    }
-
-    pub(super) fn push(&mut self, slot: u32) {
-        match self {
-            Slots::One(a) => *self = Slots::Many(Box::new(vec![*a, slot])),
-            Slots::Many(v) => v.push(slot),
-        }
-    }
-
-    /// Remove `slot`; true if none is left.
-    pub(super) fn remove(&mut self, slot: u32) -> bool {
-        match self {
-            Slots::One(a) => *a == slot,
-            Slots::Many(v) => {
-                v.retain(|&s| s != slot);
-                v.is_empty()
+        match self.one.entry(rid) {
+            MapEntry::Vacant(v) => {
+                v.insert(slot);
+            }
+            MapEntry::Occupied(o) => {
+                let first = o.remove();
+                self.many.insert(rid, vec![first, slot]);
             }
         }
     }
+
+    pub(super) fn remove(&mut self, rid: u64, slot: u32) {
+        if let MapEntry::Occupied(o) = self.one.entry(rid) {
+            if *o.get() == slot {
+                o.remove();
+            }
+            return;
+        }
+        if let Some(v) = self.many.get_mut(&rid) {
+            v.retain(|&s| s != slot);
+            if v.is_empty() {
+                self.many.remove(&rid);
+            }
+        }
+    }
+
+    /// The slots of `rid`, in the order they came.
+    pub(super) fn slots(&self, rid: u64) -> &[u32] {
+        match self.one.get(&rid) {
+            Some(s) => std::slice::from_ref(s),
+            None => self.many.get(&rid).map_or(&[], |v| v),
+        }
+    }
 }
+
 #[cfg(test)]
 mod size_probe {
     #[test]
@@ -395,7 +423,7 @@ mod size_probe {
             std::mem::size_of::<super::Seq>(),
             std::mem::size_of::<super::Run>(),
             std::mem::size_of::<crate::prefix::Content>(),
-            std::mem::size_of::<super::Slots>()
+            std::mem::size_of::<super::RuntimeIndex>()
         );
     }
 }
