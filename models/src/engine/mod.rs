@@ -98,7 +98,7 @@ pub struct Engine {
     /// Idempotency keys of the aborts handled so far.
     abort_keys: BoundedIds,
     /// Engine slot of each caller tag, for `mark_intent`.
-    slot_of_tag: Vec<Option<u32>>,
+    slot_of_tag: Vec<u32>,
     /// Blocks taken from the pool for work outside the engine (a KV transfer's buffers).
     pinned_blocks: u64,
     /// Tags of requests dispatched for the first time, drained by `take_started`.
@@ -114,7 +114,16 @@ pub struct Engine {
     run_memo: run::RunMemo,
 }
 
+/// `slot_of_tag` of a tag with no request here (not an `Option`: 4 bytes a tag, not 8).
+const NO_SLOT: u32 = u32::MAX;
+
 impl Engine {
+    /// The slot of the request the caller knows by `tag`, if it is here.
+    fn slot_of(&self, tag: u32) -> Option<u32> {
+        let slot = *self.slot_of_tag.get(tag as usize)?;
+        (slot != NO_SLOT).then_some(slot)
+    }
+
     pub fn new(cfg: EngineConfig) -> Self {
         let prefix_caching = cfg.prefix_caching;
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.window > 0);
@@ -210,8 +219,8 @@ impl Engine {
             id: seq.id,
             tag: seq.tag,
         });
-        if self.slot_of_tag.get(seq.tag as usize) == Some(&Some(slot)) {
-            self.slot_of_tag[seq.tag as usize] = None;
+        if self.slot_of_tag.get(seq.tag as usize) == Some(&slot) {
+            self.slot_of_tag[seq.tag as usize] = NO_SLOT;
         }
         if self.cfg.tombstones {
             self.tombstones.insert(seq.handle.runtime_id);
@@ -248,9 +257,10 @@ impl Scheduler for Engine {
         self.live += 1;
         let t = r.tag as usize;
         if self.slot_of_tag.len() <= t {
-            self.slot_of_tag.resize(t + 1, None);
+            self.slot_of_tag.resize(t + 1, NO_SLOT);
         }
-        self.slot_of_tag[t] = Some(slot);
+        assert!(slot != NO_SLOT, "more requests than slots");
+        self.slot_of_tag[t] = slot;
         Ok(())
     }
 
@@ -359,7 +369,7 @@ impl Scheduler for Engine {
     /// The caller's cancel intent for request `tag` happened now: from here on its blocks count as
     /// retained. Does nothing if the request is not here (or already gone).
     fn mark_intent(&mut self, now_ns: u64, tag: u32) {
-        let Some(&Some(slot)) = self.slot_of_tag.get(tag as usize) else {
+        let Some(slot) = self.slot_of(tag) else {
             return;
         };
         let seq = &mut self.seqs[slot as usize];
@@ -415,7 +425,7 @@ impl Scheduler for Engine {
     }
 
     fn share_prefix(&mut self, tag: u32, ids: &[u64], tokens_per_id: u64) {
-        let Some(&Some(slot)) = self.slot_of_tag.get(tag as usize) else {
+        let Some(slot) = self.slot_of(tag) else {
             return;
         };
         let seq = &mut self.seqs[slot as usize];
@@ -427,7 +437,7 @@ impl Scheduler for Engine {
     }
 
     fn share_stream(&mut self, tag: u32, key: crate::prefix::StreamKey) {
-        let Some(&Some(slot)) = self.slot_of_tag.get(tag as usize) else {
+        let Some(slot) = self.slot_of(tag) else {
             return;
         };
         let seq = &mut self.seqs[slot as usize];

@@ -200,7 +200,7 @@ impl World<'_> {
         let now_ns = self.kernel.now_ns();
         let handle = self.handle(tag);
         let q = &self.requests[tag];
-        let (replica, plan, q_conv) = (q.replica, q.cancel().plan(), q.conv);
+        let (replica, plan, q_conv) = (q.replica, q.cancel().plan(), q.conv());
         let new = NewRequest {
             id: a.id,
             tag,

@@ -43,7 +43,7 @@ impl World<'_> {
         if !q.cancel_mut().intent_at(now_ns) {
             return Ok(());
         }
-        let (id, plan, conv, cancel_won) = (q.id, q.cancel().plan(), q.conv, q.output_done());
+        let (id, plan, conv, cancel_won) = (q.id, q.cancel().plan(), q.conv(), q.output_done());
         if let Some((c, _)) = conv {
             self.conversations.note_intent(c);
         }

@@ -87,7 +87,7 @@ impl World<'_> {
         if !q.life.end_turn() {
             return;
         }
-        let Some((c, g)) = q.conv else {
+        let Some((c, g)) = q.conv() else {
             return;
         };
         if workload::conversation_request_index(q.id) == 0 {
@@ -107,6 +107,7 @@ impl World<'_> {
     /// Whether the request's own owner (its conversation) has had a cancel intent: then the
     /// owner's group was hit, and the request is part of that group, not a sibling of it.
     pub(super) fn group_hit(&self, q: &Req) -> bool {
-        q.conv.is_some_and(|(c, _)| self.conversations.group_hit(c))
+        q.conv()
+            .is_some_and(|(c, _)| self.conversations.group_hit(c))
     }
 }

@@ -32,9 +32,12 @@ pub(crate) struct Req {
     /// That abort was sent: the engine's observation of it is no one's cancel.
     pub stop_abort: bool,
     pub replica: u32,
-    /// Its conversation turn; its owner and generation follow from it, and its handle from
-    /// those (`CancelClient::handle`), so none is stored twice.
-    pub conv: Option<TurnRef>,
+    /// Its conversation turn, if it has one (`conv()`): its owner and generation follow from
+    /// it, and its handle from those (`CancelClient::handle`), so none is stored twice. Not an
+    /// `Option<(u64, u32)>`, which takes 24 bytes.
+    in_conv: bool,
+    conv_id: u64,
+    conv_generation: u32,
     pub life: Life,
     pub chunks: Chunks,
     pub cost: Cost,
@@ -63,7 +66,9 @@ impl Req {
             stop_detect_ns: NO_STOP,
             stop_abort: false,
             replica: 0,
-            conv: None,
+            in_conv: false,
+            conv_id: 0,
+            conv_generation: 0,
             life: Life::default(),
             chunks: Chunks::default(),
             cost: Cost::default(),
@@ -79,7 +84,9 @@ impl Req {
         );
         let mut q = Req {
             replica: d.replica,
-            conv: d.conv,
+            in_conv: d.conv.is_some(),
+            conv_id: d.conv.map_or(0, |(c, _)| c),
+            conv_generation: d.conv.map_or(0, |(_, g)| g),
             stop_detect_ns: d.stop_detect_ns.unwrap_or(NO_STOP),
             ..Req::new(a, now_ns)
         };
@@ -100,14 +107,19 @@ impl Req {
         self.registered = true;
     }
 
+    /// Its conversation turn: (conversation, generation).
+    pub fn conv(&self) -> Option<TurnRef> {
+        self.in_conv.then_some((self.conv_id, self.conv_generation))
+    }
+
     /// Who its output belongs to: its conversation, or itself.
     pub fn owner(&self) -> u64 {
-        self.conv.map_or(self.id, |(c, _)| c)
+        self.conv().map_or(self.id, |(c, _)| c)
     }
 
     /// Its conversation's generation when it started (0 outside a conversation).
     pub fn generation(&self) -> u32 {
-        self.conv.map_or(0, |(_, g)| g)
+        self.conv().map_or(0, |(_, g)| g)
     }
 
     /// The stop string's detection delay, if its output ends at one.
