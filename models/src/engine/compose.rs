@@ -253,19 +253,15 @@ impl Engine {
         c: &mut Compose,
     ) {
         self.on_alloc(slot, blocks);
-        let seq = &mut self.seqs[slot as usize];
-        seq.touch(now_ns);
-        seq.blocks += blocks;
-        let sample = seq.advance(tokens);
+        let (ctx, incarnation, sample) = self.seqs[slot as usize].advance(now_ns, blocks, tokens);
         if prefill {
-            c.shape
-                .add_prefill((seq.ctx - tokens) as u64, tokens as u64);
+            c.shape.add_prefill((ctx - tokens) as u64, tokens as u64);
         } else {
-            c.shape.add_decode(seq.ctx as u64);
+            c.shape.add_decode(ctx as u64);
         }
         c.entries.push(Entry {
             slot,
-            incarnation: seq.incarnation,
+            incarnation,
             tokens,
             sample,
         });

@@ -169,8 +169,9 @@ impl Engine {
     /// pool once no step in flight uses them. True if it finished with this token.
     fn process_entry(&mut self, e: &Entry, now_ns: u64, outputs: &mut Vec<StepOutput>) -> bool {
         let seq = &mut self.seqs[e.slot as usize];
-        seq.inflight -= 1;
-        let fenced_before = seq.fenced_blocks;
+        let run = &mut **seq;
+        run.inflight -= 1;
+        let fenced_before = run.fenced_blocks;
         let outcome = seq.outcome(e, now_ns);
         self.pool.fence(seq.fenced_blocks - fenced_before);
         match outcome {

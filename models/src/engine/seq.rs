@@ -92,18 +92,34 @@ static RUN_NONE: Run = Run {
 
 impl std::ops::Deref for Seq {
     type Target = Run;
+    #[inline(always)]
     fn deref(&self) -> &Run {
-        self.run.as_deref().unwrap_or(&RUN_NONE)
+        match &self.run {
+            Some(run) => run,
+            None => &RUN_NONE,
+        }
     }
 }
 
 impl std::ops::DerefMut for Seq {
+    #[inline(always)]
     fn deref_mut(&mut self) -> &mut Run {
-        self.run.get_or_insert_with(Box::default)
+        if self.run.is_none() {
+            self.start_run();
+        }
+        self.run.as_deref_mut().expect("made just now")
     }
 }
 
 impl Seq {
+    /// Its first change of what running makes: the box is made now.
+    #[cold]
+    #[inline(never)]
+    fn start_run(&mut self) {
+        self.run = Some(Box::default());
+    }
+
+    #[inline]
     pub(super) fn touch(&mut self, now_ns: u64) {
         debug_assert!(now_ns >= self.blocks_since_ns);
         let held = (self.blocks + self.fenced_blocks) as u128;
@@ -170,15 +186,22 @@ impl Seq {
         run.cached = 0;
     }
 
-    /// Advance by `tokens` scheduled tokens; returns the output index sampled, or 0.
-    pub(super) fn advance(&mut self, tokens: u32) -> u32 {
-        self.ctx += tokens;
-        if self.ctx >= self.need {
-            self.sched_out += 1;
-            self.sched_out
+    /// Into a step at `now_ns` with `blocks` more and `tokens` scheduled: its context after
+    /// them, its incarnation, and the output index the step samples (0 if none).
+    #[inline]
+    pub(super) fn advance(&mut self, now_ns: u64, blocks: u64, tokens: u32) -> (u32, u32, u32) {
+        self.touch(now_ns);
+        let need = self.need;
+        let run = &mut **self;
+        run.blocks += blocks;
+        run.ctx += tokens;
+        let sample = if run.ctx >= need {
+            run.sched_out += 1;
+            run.sched_out
         } else {
             0
-        }
+        };
+        (run.ctx, run.incarnation, sample)
     }
 
     /// Preempted: a new incarnation recomputes the prompt and the tokens delivered so far.
@@ -193,10 +216,9 @@ impl Seq {
     /// What entry `e` of a step that ends now did for this request. A token of an old
     /// incarnation, or past the end or an abort, is discarded.
     pub(super) fn outcome(&mut self, e: &Entry, now_ns: u64) -> Outcome {
-        if e.incarnation != self.incarnation
-            || self.phase == Phase::Finished
-            || self.phase == Phase::Aborted
-        {
+        let (phase, output) = (self.phase, self.output);
+        let run = &mut **self; // once: it is in a step, so it ran
+        if e.incarnation != run.incarnation || phase == Phase::Finished || phase == Phase::Aborted {
             return Outcome::Discarded {
                 sampled: e.sample > 0,
             };
@@ -204,10 +226,10 @@ impl Seq {
         if e.sample == 0 {
             return Outcome::Prefill;
         }
-        debug_assert_eq!(e.sample, self.done_out + 1);
-        debug_assert!(e.sample <= self.output);
-        self.done_out += 1;
-        let last = self.done_out == self.output;
+        debug_assert_eq!(e.sample, run.done_out + 1);
+        debug_assert!(e.sample <= output);
+        run.done_out += 1;
+        let last = run.done_out == output;
         if last {
             self.phase = Phase::Finished;
             self.touch(now_ns);

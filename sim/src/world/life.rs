@@ -52,8 +52,12 @@ impl Life {
         self.times.as_deref().unwrap_or(&TIMES_NONE)
     }
 
+    #[inline(always)]
     fn times_mut(&mut self) -> &mut Times {
-        self.times.get_or_insert_with(Box::default)
+        if self.times.is_none() {
+            self.times = first_box();
+        }
+        self.times.as_deref_mut().expect("made just now")
     }
 
     /// It left the world: its flags stay for a stale event to read, its times go with it.
@@ -210,6 +214,13 @@ impl Life {
     }
 }
 
+/// A record's part boxed at its first change: out of the way of the path that finds it made.
+#[cold]
+#[inline(never)]
+pub(crate) fn first_box<T: Default>() -> Option<Box<T>> {
+    Some(Box::default())
+}
+
 /// What one request cost, as its steps and releases come in. Times are GPU ns. Nothing until it
 /// first costs something, so a waiting request holds only the pointer (8 bytes instead of 64).
 #[derive(Clone, Debug, Default)]
@@ -244,8 +255,12 @@ impl Cost {
         self.0.as_deref().unwrap_or(&COST_NONE)
     }
 
+    #[inline(always)]
     fn get_mut(&mut self) -> &mut CostState {
-        self.0.get_or_insert_with(Box::default)
+        if self.0.is_none() {
+            self.0 = first_box();
+        }
+        self.0.as_deref_mut().expect("made just now")
     }
 
     /// `tokens` of its tokens were in a step.

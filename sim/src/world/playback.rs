@@ -44,6 +44,12 @@ struct ChunkState {
 /// What a request's chunks read before its first token.
 static CHUNKS_NEW: ChunkState = ChunkState::NEW;
 
+impl Default for ChunkState {
+    fn default() -> Self {
+        ChunkState::NEW
+    }
+}
+
 impl ChunkState {
     const NEW: ChunkState = ChunkState {
         fill: 0,
@@ -63,8 +69,12 @@ impl Chunks {
         self.0.as_deref().unwrap_or(&CHUNKS_NEW)
     }
 
+    #[inline(always)]
     fn get_mut(&mut self) -> &mut ChunkState {
-        self.0.get_or_insert_with(|| Box::new(ChunkState::NEW))
+        if self.0.is_none() {
+            self.0 = super::life::first_box();
+        }
+        self.0.as_deref_mut().expect("made just now")
     }
 
     /// Chunks done with: played, or suppressed.
