@@ -60,10 +60,10 @@ fn requests_piled_up_stop_at_the_in_system_limit_within_a_gigabyte() {
 fn a_million_waiting_requests_fit_in_their_bound() {
     // A burst of 1M requests at once on one replica: all of them wait. The adversarial pass
     // found 1.2 KB of state each "too much for a request that has not started" (1.20 GB peak
-    // RSS at cbaf5fc). The evidence ledger and timeline are boxed at their first record, and a
-    // request's whole cancel path at its first change, since most requests never have one
-    // (938 B, then 871 B). (Its goal, 300 MB for the burst, needs a compact form for a request
-    // that has not started, in the world, the engine and the controller alike: not yet.)
+    // RSS at cbaf5fc), and set 300 MB for the burst. A waiting request now holds only what
+    // waiting needs, in the world, the engine and the controller alike (289 MB, 303 B each;
+    // 871 B before): what running makes is boxed at its first change, what follows from other
+    // fields is not stored, and the controller's record is made at the first call about it.
     let s = scenario(1_000_000, "");
     let (r, peak) = peak_during(|| cancelsim::run::report(&s, 1));
     let r = r.unwrap();
@@ -73,5 +73,5 @@ fn a_million_waiting_requests_fit_in_their_bound() {
         "1M burst: heap peak {} MB, {per} B a waiting request",
         peak / MB
     );
-    assert!(per < 1200, "{per} B a waiting request");
+    assert!(peak < 300 * MB, "heap peak {} MB", peak / MB);
 }

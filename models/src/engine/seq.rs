@@ -437,15 +437,55 @@ impl RuntimeIndex {
 }
 
 #[cfg(test)]
-mod size_probe {
+mod tests {
+    use super::*;
+
     #[test]
-    fn probe() {
-        eprintln!(
-            "Seq {} Run {} Content {} Slots {}",
-            std::mem::size_of::<super::Seq>(),
-            std::mem::size_of::<super::Run>(),
-            std::mem::size_of::<crate::prefix::Content>(),
-            std::mem::size_of::<super::RuntimeIndex>()
-        );
+    fn a_waiting_request_stays_small() {
+        // One per request waiting here: a million of them fit their bound only at this size.
+        use std::mem::size_of;
+        assert!(size_of::<Seq>() <= 104, "Seq is {} bytes", size_of::<Seq>());
+        assert_eq!(size_of::<Content>(), 24, "sharing is boxed");
+    }
+
+    #[test]
+    fn a_request_that_never_ran_has_no_run() {
+        let r = NewRequest {
+            id: 1,
+            tag: 0,
+            handle: Handle::default(),
+            prompt_tokens: 100,
+            output_tokens: 10,
+            kv_ready: false,
+            length_capped: false,
+        };
+        let mut seq = Seq::new(&r, 5);
+        seq.touch(9); // nothing held: no area, no run
+        seq.fence();
+        assert!(seq.run.is_none());
+        assert_eq!((seq.ctx, seq.blocks, seq.blocks_since_ns), (0, 0, 9));
+        let (ctx, incarnation, sample) = seq.advance(10, 7, 100);
+        assert_eq!((ctx, incarnation, sample), (100, 0, 1));
+        assert!(seq.run.is_some());
+        assert_eq!(seq.blocks, 7);
+    }
+
+    #[test]
+    fn a_runtime_id_shared_keeps_its_slots_in_order() {
+        let mut ix = RuntimeIndex::default();
+        ix.insert(7, 1);
+        assert_eq!(ix.slots(7), &[1]);
+        ix.insert(7, 4);
+        ix.insert(7, 2);
+        assert_eq!(ix.slots(7), &[1, 4, 2]);
+        ix.remove(7, 4);
+        assert_eq!(ix.slots(7), &[1, 2]);
+        ix.remove(7, 9); // not there: nothing changes
+        ix.remove(7, 1);
+        ix.remove(7, 2);
+        assert!(ix.slots(7).is_empty());
+        ix.insert(7, 3);
+        ix.remove(7, 5);
+        assert_eq!(ix.slots(7), &[3], "another slot's removal leaves it");
     }
 }

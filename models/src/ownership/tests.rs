@@ -151,3 +151,24 @@ fn with_until_retired_a_terminal_record_stays_until_its_caller_retires_it() {
     );
     assert_eq!(o.retire(&42), Err(OwnershipError::UnknownRequest));
 }
+
+#[test]
+fn a_fresh_record_stays_small_and_boxes_its_output_and_evidence_at_the_first() {
+    // A record is kept for every request in the system, most of them waiting with neither.
+    assert!(std::mem::size_of::<types::Row>() <= 24);
+    let mut o: Owners<u64> = Owners::default();
+    o.start(1, 0).unwrap();
+    let fresh = o.snapshot(&1).unwrap();
+    assert_eq!((fresh.revision, &fresh.payload[..]), (None, &[][..]));
+    assert_eq!(fresh.ledger, Ledger::default());
+    assert_eq!(o.update(&1, 0, b"a", false), Ok(UpdateClass::Accepted));
+    assert_eq!(o.update(&1, 0, b"a", false), Ok(UpdateClass::Duplicate));
+    assert_eq!(o.update(&1, 0, b"b", false), Ok(UpdateClass::Conflict));
+    let s = o.snapshot(&1).unwrap();
+    assert_eq!((s.revision, &s.payload[..]), (Some(0), &b"a"[..]));
+    assert_eq!(
+        s.ledger,
+        Ledger::default(),
+        "output alone records no evidence"
+    );
+}

@@ -104,7 +104,7 @@ pub struct LimitsConfig {
     pub max_in_system: u64,
 }
 
-/// Requests in the system at once, by default: 2^20, about 0.8 GB of per-request state at the
+/// Requests in the system at once, by default: 2^20, about 0.3 GB of per-request state at the
 /// limit, so a run that piles up requests stops with a limit error well within a 24 GB machine.
 pub const IN_SYSTEM_MAX_DEFAULT: u64 = 1 << 20;
 

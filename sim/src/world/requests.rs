@@ -308,12 +308,22 @@ mod tests {
     }
 
     #[test]
-    fn sizes() {
-        eprintln!(
-            "Req {} Life {}",
-            std::mem::size_of::<Req>(),
-            std::mem::size_of::<Life>()
+    fn a_waiting_request_stays_small() {
+        // Every request in the system has one: a million waiting ones fit 300 MB only if each
+        // part stays this size (`tests/backlog.rs` measures the whole).
+        use std::mem::size_of;
+        assert!(size_of::<Req>() <= 104, "Req is {} bytes", size_of::<Req>());
+        assert!(
+            size_of::<Life>() <= 24,
+            "Life is {} bytes",
+            size_of::<Life>()
         );
+        assert_eq!(
+            size_of::<Chunks>(),
+            8,
+            "chunks are boxed at the first token"
+        );
+        assert_eq!(size_of::<Cost>(), 8, "costs are boxed at the first");
     }
 
     #[test]
@@ -335,6 +345,14 @@ mod tests {
     #[should_panic(expected = "without a stop string")]
     fn a_stop_abort_without_a_stop_string() {
         req().abort_at_stop();
+    }
+
+    #[test]
+    #[should_panic(expected = "registered twice")]
+    fn a_record_made_twice() {
+        let mut q = req();
+        q.register();
+        q.register();
     }
 
     #[test]
