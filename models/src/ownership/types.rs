@@ -271,6 +271,7 @@ impl Row {
             .unwrap_or_default()
     }
 
+    #[inline]
     pub(super) fn accept(&mut self, revision: u64, payload: &[u8], final_output: bool) {
         let more = self.more.get_or_insert_with(Box::default);
         debug_assert!(more.revision.is_none_or(|r| revision > r));

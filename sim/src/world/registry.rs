@@ -16,6 +16,7 @@ use super::World;
 
 impl World<'_> {
     /// The controller, with request `tag`'s record made if it had none.
+    #[inline]
     pub(super) fn owners_for(&mut self, tag: Tag) -> Step<&mut Owners<u64>> {
         let q = &mut self.requests[tag];
         if !q.registered() {
@@ -28,6 +29,7 @@ impl World<'_> {
     }
 
     /// Its record's state (`Running` while implied).
+    #[inline]
     pub(super) fn state_of(&self, tag: Tag) -> Option<State> {
         let q = &self.requests[tag];
         match q.registered() {
