@@ -12,5 +12,6 @@ pub mod ownership;
 pub mod prefix;
 pub mod protocol;
 pub mod replica;
+pub mod sparse;
 pub mod topology;
 pub mod transfer;

@@ -9,6 +9,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::prefix::Content;
 use crate::protocol::{Handle, NewRequest, Outcome, Released};
+use crate::sparse::Sparse;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -50,7 +51,7 @@ pub(super) struct Seq {
     pub(super) blocks_since_ns: u64,
     /// What its tokens are, for the prefix cache.
     pub(super) content: Content,
-    run: Option<Box<Run>>,
+    run: Sparse<Run>,
 }
 
 /// What running makes of a request.
@@ -94,31 +95,18 @@ impl std::ops::Deref for Seq {
     type Target = Run;
     #[inline(always)]
     fn deref(&self) -> &Run {
-        match &self.run {
-            Some(run) => run,
-            None => &RUN_NONE,
-        }
+        self.run.get(&RUN_NONE)
     }
 }
 
 impl std::ops::DerefMut for Seq {
     #[inline(always)]
     fn deref_mut(&mut self) -> &mut Run {
-        if self.run.is_none() {
-            self.start_run();
-        }
-        self.run.as_deref_mut().expect("made just now")
+        self.run.get_mut()
     }
 }
 
 impl Seq {
-    /// Its first change of what running makes: the box is made now.
-    #[cold]
-    #[inline(never)]
-    fn start_run(&mut self) {
-        self.run = Some(Box::default());
-    }
-
     #[inline]
     pub(super) fn touch(&mut self, now_ns: u64) {
         debug_assert!(now_ns >= self.blocks_since_ns);
@@ -158,7 +146,7 @@ impl Seq {
                 prompt_tokens: r.prompt_tokens as u64,
                 ..Content::default()
             },
-            run: None,
+            run: Sparse::default(),
         }
     }
 
@@ -167,7 +155,7 @@ impl Seq {
     pub(super) fn retire(&mut self) {
         debug_assert_eq!(self.blocks + self.fenced_blocks, 0);
         debug_assert_eq!(self.inflight, 0);
-        self.run = None;
+        self.run.clear();
         self.content = Content::default();
     }
 
@@ -175,7 +163,7 @@ impl Seq {
     /// uses them.
     pub(super) fn fence(&mut self) {
         self.caching = true;
-        let Some(run) = self.run.as_deref_mut() else {
+        let Some(run) = self.run.if_any() else {
             return; // it never ran: nothing to fence
         };
         run.fenced_blocks += run.blocks;
@@ -462,11 +450,11 @@ mod tests {
         let mut seq = Seq::new(&r, 5);
         seq.touch(9); // nothing held: no area, no run
         seq.fence();
-        assert!(seq.run.is_none());
+        assert!(!seq.run.is_made());
         assert_eq!((seq.ctx, seq.blocks, seq.blocks_since_ns), (0, 0, 9));
         let (ctx, incarnation, sample) = seq.advance(10, 7, 100);
         assert_eq!((ctx, incarnation, sample), (100, 0, 1));
-        assert!(seq.run.is_some());
+        assert!(seq.run.is_made());
         assert_eq!(seq.blocks, 7);
     }
 

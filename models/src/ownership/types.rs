@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::barrier::BarrierId;
 use super::evidence::{EvidenceError, Ledger};
+use crate::sparse::Sparse;
 
 /// Where a request's lifecycle stands. `Running` until the first terminal transition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -227,7 +228,7 @@ pub(super) struct Row {
     /// Its accepted output and evidence, boxed at the first of either: a record is kept for
     /// every request in the system, most of them waiting with neither (24 bytes a record
     /// instead of 112).
-    more: Option<Box<More>>,
+    more: Sparse<More>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -250,30 +251,30 @@ impl Row {
             generation,
             state: State::Running,
             final_output: false,
-            more: None,
+            more: Sparse::default(),
         }
     }
 
     pub(super) fn revision(&self) -> Option<u64> {
-        self.more.as_ref().and_then(|m| m.revision)
+        self.more.made().and_then(|m| m.revision)
     }
 
     pub(super) fn payload(&self) -> &[u8] {
-        self.more.as_ref().map_or(&[], |m| &m.payload)
+        self.more.made().map_or(&[], |m| &m.payload)
     }
 
-    /// The output accepted at `revision`.
     /// Its accepted payload as held (a shared one is not copied).
     pub(super) fn payload_held(&self) -> Payload {
         self.more
-            .as_ref()
+            .made()
             .map(|m| m.payload.clone())
             .unwrap_or_default()
     }
 
+    /// The output accepted at `revision`.
     #[inline]
     pub(super) fn accept(&mut self, revision: u64, payload: &[u8], final_output: bool) {
-        let more = self.more.get_or_insert_with(Box::default);
+        let more = self.more.get_mut();
         debug_assert!(more.revision.is_none_or(|r| revision > r));
         more.revision = Some(revision);
         more.payload = Payload::from(payload);
@@ -281,11 +282,11 @@ impl Row {
     }
 
     pub(super) fn ledger(&self) -> Ledger {
-        self.more.as_ref().map(|m| m.ledger).unwrap_or_default()
+        self.more.made().map(|m| m.ledger).unwrap_or_default()
     }
 
     pub(super) fn set_ledger(&mut self, ledger: Ledger) {
-        self.more.get_or_insert_with(Box::default).ledger = ledger;
+        self.more.get_mut().ledger = ledger;
     }
 
     pub(super) fn snapshot(&self) -> RequestSnapshot {

@@ -265,23 +265,24 @@ mod tests {
         Scenario::parse(text, "<conversations>").unwrap().workload
     }
 
-    #[test]
-    fn conversations_start_in_order() {
+    /// Conversation 0, then conversation `next`.
+    fn start_two(next: u64) -> Conversations {
         let w = workload();
         let mut c = Conversations::new(1, &w);
         let mut f = Follow::default();
         c.start(&mut f, &w, 0);
-        c.start(&mut f, &w, 1);
-        assert_eq!(c.events().conversations, 2);
+        c.start(&mut f, &w, next);
+        c
+    }
+
+    #[test]
+    fn conversations_start_in_order() {
+        assert_eq!(start_two(1).events().conversations, 2);
     }
 
     #[test]
     #[should_panic(expected = "out of order")]
     fn a_conversation_started_twice() {
-        let w = workload();
-        let mut c = Conversations::new(1, &w);
-        let mut f = Follow::default();
-        c.start(&mut f, &w, 0);
-        c.start(&mut f, &w, 0);
+        start_two(0);
     }
 }

@@ -46,7 +46,6 @@ impl World<'_> {
         if let Some(h) = self.handoff.as_mut() {
             h.take_abort_seen(self.requests[tag].id);
         }
-        self.requests[tag].chunks.drop_stream();
         debug_assert!(
             !self.requests[tag].cancel().awaiting() || self.cancel.policy().is_none(),
             "a request leaves once its cancel settled"

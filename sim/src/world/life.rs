@@ -2,6 +2,8 @@
 //! has cost so far (`Cost`). Each changes only through the named transitions here, which assert
 //! the order the world relies on; the handlers read the fields through getters.
 
+use cancelsim_models::sparse::Sparse;
+
 /// Where a request is in its life, as the world sees it. Its times are boxed at the first:
 /// a waiting request holds its flags and the pointer (24 bytes instead of 72).
 #[derive(Clone, Debug, Default)]
@@ -21,7 +23,7 @@ pub(crate) struct Life {
     in_handoff: bool,
     /// The replica's intent epoch when the request reached it.
     epoch_at_enqueue: u64,
-    times: Option<Box<Times>>,
+    times: Sparse<Times>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -49,20 +51,17 @@ static TIMES_NONE: Times = Times {
 
 impl Life {
     fn times(&self) -> &Times {
-        self.times.as_deref().unwrap_or(&TIMES_NONE)
+        self.times.get(&TIMES_NONE)
     }
 
     #[inline(always)]
     fn times_mut(&mut self) -> &mut Times {
-        if self.times.is_none() {
-            self.times = first_box();
-        }
-        self.times.as_deref_mut().expect("made just now")
+        self.times.get_mut()
     }
 
     /// It left the world: its flags stay for a stale event to read, its times go with it.
     pub fn forget_times(&mut self) {
-        self.times = None;
+        self.times.clear();
     }
 
     /// Into a replica's waiting queue (once: the decode stage of a P/D graph is `decode_enqueue`).
@@ -214,17 +213,10 @@ impl Life {
     }
 }
 
-/// A record's part boxed at its first change: out of the way of the path that finds it made.
-#[cold]
-#[inline(never)]
-pub(crate) fn first_box<T: Default>() -> Option<Box<T>> {
-    Some(Box::default())
-}
-
 /// What one request cost, as its steps and releases come in. Times are GPU ns. Nothing until it
 /// first costs something, so a waiting request holds only the pointer (8 bytes instead of 64).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Cost(Option<Box<CostState>>);
+pub(crate) struct Cost(Sparse<CostState>);
 
 #[derive(Clone, Debug, Default)]
 struct CostState {
@@ -252,15 +244,12 @@ static COST_NONE: CostState = CostState {
 
 impl Cost {
     fn get(&self) -> &CostState {
-        self.0.as_deref().unwrap_or(&COST_NONE)
+        self.0.get(&COST_NONE)
     }
 
     #[inline(always)]
     fn get_mut(&mut self) -> &mut CostState {
-        if self.0.is_none() {
-            self.0 = first_box();
-        }
-        self.0.as_deref_mut().expect("made just now")
+        self.0.get_mut()
     }
 
     /// `tokens` of its tokens were in a step.

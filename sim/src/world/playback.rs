@@ -7,6 +7,8 @@ use cancelsim_models::ownership::{
     Admission, BarrierId, Disposition, Owners, State, Ticket, UpdateClass,
 };
 
+use cancelsim_models::sparse::Sparse;
+
 use super::error::{Step, Stop};
 use super::event::Event;
 use super::event::Tag;
@@ -19,7 +21,7 @@ use crate::scenario::PlaybackConfig;
 /// One request's chunks: nothing until its first token, so a waiting request holds only the
 /// pointer (8 bytes instead of 48).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Chunks(Option<Box<ChunkState>>);
+pub(crate) struct Chunks(Sparse<ChunkState>);
 
 #[derive(Clone, Debug)]
 struct ChunkState {
@@ -66,15 +68,12 @@ impl ChunkState {
 
 impl Chunks {
     fn get(&self) -> &ChunkState {
-        self.0.as_deref().unwrap_or(&CHUNKS_NEW)
+        self.0.get(&CHUNKS_NEW)
     }
 
     #[inline(always)]
     fn get_mut(&mut self) -> &mut ChunkState {
-        if self.0.is_none() {
-            self.0 = super::life::first_box();
-        }
-        self.0.as_deref_mut().expect("made just now")
+        self.0.get_mut()
     }
 
     /// Chunks done with: played, or suppressed.
@@ -102,12 +101,6 @@ impl Chunks {
         }
         c.first_corrupt = Some(c.made);
         true
-    }
-
-    pub fn drop_stream(&mut self) {
-        if let Some(c) = self.0.as_deref_mut() {
-            c.stream = None;
-        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! `cancel_state` (boxed at its first change).
 
 use cancelsim_models::ownership::EvidenceLevel;
+use cancelsim_models::sparse::Sparse;
 
 use super::cancel::CancelState;
 use super::playback::{Chunks, Owner};
@@ -43,7 +44,7 @@ pub(crate) struct Req {
     pub cost: Cost,
     /// Its cancel path, boxed at its first change: most requests never have one, and a
     /// waiting request reads as `CancelState::NEW` until then.
-    cancel: Option<Box<CancelState>>,
+    cancel: Sparse<CancelState>,
 }
 
 /// `stop_detect_ns` of a request without a stop string (no delay is that long: it is added to
@@ -72,7 +73,7 @@ impl Req {
             life: Life::default(),
             chunks: Chunks::default(),
             cost: Cost::default(),
-            cancel: None,
+            cancel: Sparse::default(),
         }
     }
 
@@ -128,29 +129,29 @@ impl Req {
     }
 
     pub fn cancel(&self) -> &CancelState {
-        self.cancel.as_deref().unwrap_or(&CANCEL_NEW)
+        self.cancel.get(&CANCEL_NEW)
     }
 
     pub fn cancel_mut(&mut self) -> &mut CancelState {
-        self.cancel.get_or_insert_with(Box::default)
+        self.cancel.get_mut()
     }
 
     /// Its costs to charge a step to, and its cancel path, which decides what is leaked.
     pub fn cost_and_cancel(&mut self) -> (&mut Cost, &CancelState) {
-        let cancel = self.cancel.as_deref().unwrap_or(&CANCEL_NEW);
+        let cancel = self.cancel.get(&CANCEL_NEW);
         (&mut self.cost, cancel)
     }
 
     /// Its cancel path, if anything ever happened on it: for the transitions that change
     /// nothing on a fresh one (settling, the backend acting), which need not box one.
     pub fn cancel_if_any(&mut self) -> Option<&mut CancelState> {
-        self.cancel.as_deref_mut()
+        self.cancel.if_any()
     }
 
     /// It left: only its tag's slot remains, for the next arrival.
     fn leave(&mut self) {
         self.live = false;
-        self.cancel = None;
+        self.cancel.clear();
         self.chunks = Chunks::default();
         self.cost = Cost::default();
         self.life.forget_times();

@@ -41,6 +41,15 @@ fn run_into(dir: &Path, out: &str) -> PathBuf {
     runs.next().unwrap().unwrap().path()
 }
 
+/// A run directory `a` and a copy `b` of it, in a scratch directory named `name`.
+fn run_and_copy(name: &str) -> (Scratch, PathBuf, PathBuf) {
+    let dir = Scratch::new("diff", name, true);
+    let a = run_into(&dir, "a");
+    let b = dir.join("b");
+    copy(&a, &b);
+    (dir, a, b)
+}
+
 fn copy(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -85,10 +94,7 @@ fn two_runs_of_one_scenario_agree_row_for_row() {
 
 #[test]
 fn the_first_differing_request_and_field_are_named() {
-    let dir = Scratch::new("diff", "differ", true);
-    let a = run_into(&dir, "a");
-    let b = dir.join("b");
-    copy(&a, &b);
+    let (_dir, a, b) = run_and_copy("differ");
     let csv = b.join("requests.csv");
     let header = std::fs::read_to_string(&csv)
         .unwrap()
@@ -122,10 +128,7 @@ fn the_first_differing_request_and_field_are_named() {
 
 #[test]
 fn a_summary_field_that_moves_is_named_by_its_path() {
-    let dir = Scratch::new("diff", "summary", true);
-    let a = run_into(&dir, "a");
-    let b = dir.join("b");
-    copy(&a, &b);
+    let (_dir, a, b) = run_and_copy("summary");
     let path = b.join("summary.json");
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
