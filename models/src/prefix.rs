@@ -73,6 +73,12 @@ impl StreamKey {
 
 impl Content {
     /// Whether block `index` lies in the shared prefix: another request may ask for it.
+    /// It may share some block with another request (no block of one that does not is shared).
+    #[inline]
+    pub fn may_share(&self) -> bool {
+        self.sharing.is_some()
+    }
+
     pub fn is_shared(&self, block_tokens: u64, index: u64) -> bool {
         let Some(sh) = self.sharing.as_deref() else {
             return false;

@@ -51,7 +51,7 @@ impl Engine {
             } else {
                 1
             };
-            let grow = self.pool.blocks_for((seq.ctx + tokens) as u64) - seq.blocks;
+            let grow = self.growth(seq.ctx + tokens, seq.blocks);
             if !self.make_room(i, grow, now_ns, c) {
                 break;
             }
@@ -243,6 +243,7 @@ impl Engine {
 
     /// Put `tokens` of a request into the step being composed, with `blocks` newly allocated
     /// for them: the one path for running and newly admitted requests alike.
+    #[inline(always)]
     fn place(
         &mut self,
         slot: u32,
@@ -252,7 +253,9 @@ impl Engine {
         tokens: u32,
         c: &mut Compose,
     ) {
-        self.on_alloc(slot, blocks);
+        if blocks > 0 {
+            self.on_alloc(slot, blocks); // allocating none marks and taints nothing
+        }
         let (ctx, incarnation, sample) = self.seqs[slot as usize].advance(now_ns, blocks, tokens);
         if prefill {
             c.shape.add_prefill((ctx - tokens) as u64, tokens as u64);
@@ -268,16 +271,39 @@ impl Engine {
         self.register_full_blocks(slot, false);
     }
 
+    /// The blocks a request holding `blocks` needs more for a context of `ctx` tokens. Most
+    /// decode tokens still fit the last block: that is a multiplication, not a division.
+    #[inline]
+    fn growth(&self, ctx: u32, blocks: u64) -> u64 {
+        if ctx as u64 <= blocks * self.cfg.block_tokens as u64 {
+            return 0; // a request never holds more blocks than its context needs
+        }
+        self.pool.blocks_for(ctx as u64) - blocks
+    }
+
     /// Blocks of a shared prefix whose tokens are all scheduled now are cached (vLLM V1 caches
     /// at scheduling): a request admitted after this step finds them. With `own_too`, the
     /// request's own blocks as well: only its own recompute can ever ask for those, so they are
     /// cached when it is preempted, and a finished request's own blocks go back without content
     /// (vLLM keeps them, but nothing can hit them; here they do not crowd the eviction order).
+    #[inline(always)]
     fn register_full_blocks(&mut self, slot: u32, own_too: bool) {
-        let Some(cache) = self.pool.cache() else {
+        if self.pool.cache().is_none() {
             return;
-        };
+        }
         let bt = self.cfg.block_tokens as u64;
+        let seq = &self.seqs[slot as usize];
+        // Nothing to register until the next block is full (most tokens stop here), nor, but
+        // for its own recompute, in a request that shares nothing.
+        let wanted = own_too || seq.content.may_share();
+        if wanted && seq.caching && (seq.cached as u64 + 1) * bt <= seq.ctx as u64 {
+            self.register_blocks(slot, own_too);
+        }
+    }
+
+    fn register_blocks(&mut self, slot: u32, own_too: bool) {
+        let bt = self.cfg.block_tokens as u64;
+        let cache = self.pool.cache().expect("a prefix cache");
         let seq = &mut self.seqs[slot as usize];
         let full = (seq.ctx as u64 / bt).min(seq.blocks);
         while seq.caching && (seq.cached as u64) < full {

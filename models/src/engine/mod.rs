@@ -167,6 +167,7 @@ impl Engine {
 
     /// One request's share of a processed step: its outcome, and its fenced blocks back to the
     /// pool once no step in flight uses them. True if it finished with this token.
+    #[inline]
     fn process_entry(&mut self, e: &Entry, now_ns: u64, outputs: &mut Vec<StepOutput>) -> bool {
         let seq = &mut self.seqs[e.slot as usize];
         let run = &mut **seq;
@@ -313,7 +314,10 @@ impl Scheduler for Engine {
             tokens_total += e.tokens as u64;
             finished_any |= self.process_entry(e, now_ns, &mut out.outputs);
             // A request appears at most once per step, so it is retired at most once here.
-            self.try_retire(e.slot, out);
+            let seq = &self.seqs[e.slot as usize];
+            if matches!(seq.phase, Phase::Finished | Phase::Aborted) && seq.inflight == 0 {
+                self.try_retire(e.slot, out);
+            }
         }
         self.taint.step_ended(step);
         if finished_any {

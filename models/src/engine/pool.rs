@@ -50,7 +50,13 @@ impl Pool {
 
     /// Take `blocks` for new content (evicting cached blocks no one holds, oldest first, once
     /// the blocks without content run out), or nothing.
+    #[inline]
     pub fn take(&mut self, blocks: u64) -> bool {
+        // Most decode tokens need no new block; taking none changes nothing (the pool's peak
+        // is kept at every real allocation).
+        if blocks == 0 {
+            return true;
+        }
         match &mut self.cache {
             Some(cache) => cache.alloc(&mut self.kv, blocks),
             None => self.kv.try_alloc(blocks),

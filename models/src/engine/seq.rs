@@ -203,6 +203,7 @@ impl Seq {
 
     /// What entry `e` of a step that ends now did for this request. A token of an old
     /// incarnation, or past the end or an abort, is discarded.
+    #[inline]
     pub(super) fn outcome(&mut self, e: &Entry, now_ns: u64) -> Outcome {
         let (phase, output) = (self.phase, self.output);
         let run = &mut **self; // once: it is in a step, so it ran

@@ -255,24 +255,22 @@ impl Accounts {
 
     /// One request's share of a processed step: GPU time split by tokens, and the part after
     /// its intent as leaked work.
+    #[inline(always)]
     pub fn step_share(
         &mut self,
         cost: &mut Cost,
         cancel: &CancelState,
         o: &StepOutput,
-        step: &StepReport,
-        now_ns: u64,
+        s: &Shares,
     ) {
-        let total = step.tokens.max(1) as f64;
-        let start_ns = now_ns - step.duration_ns;
         self.t.gpu.token_steps += o.tokens as u64;
-        let share = step.duration_ns as f64 * o.tokens as f64 / total;
+        let share = s.duration_f * o.tokens as f64 / s.total_f;
         cost.stepped(o.tokens);
         if let Some(intent_ns) = cancel.intent_ns() {
-            if now_ns > intent_ns && step.duration_ns > 0 {
+            if s.end_ns > intent_ns && s.duration_ns > 0 {
                 // GPU work after the intent: the part of this step that ran after it.
-                let after = now_ns - intent_ns.max(start_ns);
-                let leak = share * after as f64 / step.duration_ns as f64;
+                let after = s.end_ns - intent_ns.max(s.end_ns - s.duration_ns);
+                let leak = share * after as f64 / s.duration_f;
                 self.t.leaked.token_steps += o.tokens as u64;
                 cost.leak(leak, cancel.observed_ns().is_some());
             }
@@ -566,5 +564,25 @@ mod tests {
         a.t.token_steps_left = 40;
         r.busy_ns = 1_100;
         assert!(a.conserved(&r).is_err());
+    }
+}
+
+/// A processed step as its outputs' shares read it: its floats converted once a step, not once
+/// a request (the same numbers, so the same sums).
+pub(crate) struct Shares {
+    end_ns: u64,
+    duration_ns: u64,
+    duration_f: f64,
+    total_f: f64,
+}
+
+impl Shares {
+    pub fn of(step: &StepReport, end_ns: u64) -> Shares {
+        Shares {
+            end_ns,
+            duration_ns: step.duration_ns,
+            duration_f: step.duration_ns as f64,
+            total_f: step.tokens.max(1) as f64,
+        }
     }
 }

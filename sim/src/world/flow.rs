@@ -7,6 +7,7 @@ use cancelsim_models::ownership::State;
 use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
 use cancelsim_models::protocol::{Abort, NewRequest, Outcome, Released, Retired, Scope};
 
+use super::accounts::Shares;
 use super::error::{Step, Stop};
 use super::event::{Cause, Event};
 use super::requests::{Arriving, Req, Tag, TurnRef};
@@ -64,9 +65,10 @@ impl World<'_> {
         let now_ns = self.kernel.now_ns();
         let (report, out) = self.cluster.step_done(replica, step, now_ns);
         let prefill = self.cluster.is_prefill(replica);
+        let shares = Shares::of(&report, now_ns);
         for &o in &out.outputs {
             let (cost, cancel) = self.requests[o.tag].cost_and_cancel();
-            self.accounts.step_share(cost, cancel, &o, &report, now_ns);
+            self.accounts.step_share(cost, cancel, &o, &shares);
             match o.outcome {
                 Outcome::Token { last: true, .. } if prefill => {
                     self.prefill_done(o.tag, replica)?
