@@ -4,7 +4,7 @@
 use crate::gpu::StepShape;
 use crate::protocol::Dispatch;
 
-use super::seq::{Entry, Phase, Step};
+use super::seq::{Entry, Phase, Run, Step};
 use super::Engine;
 
 /// What admitting a waiting request takes (see `Engine::admission`).
@@ -33,13 +33,14 @@ impl Engine {
         while i < self.running.len() && c.budget > 0 {
             let slot = self.running[i];
             let seq = &self.seqs[slot as usize];
-            let prefill = seq.ctx < seq.need;
-            if !prefill && seq.length_capped && seq.sched_out >= seq.output {
+            let run: &Run = seq; // read once: a running request has its own
+            let prefill = run.ctx < seq.need;
+            if !prefill && seq.length_capped && run.sched_out >= seq.output {
                 i += 1; // its last token is in flight, and the scheduler knows it is the last
                 continue;
             }
             let tokens = if prefill {
-                let rem = seq.need - seq.ctx;
+                let rem = seq.need - run.ctx;
                 if self.cfg.chunked_prefill {
                     rem.min(c.budget)
                 } else if rem <= c.budget {
@@ -51,7 +52,7 @@ impl Engine {
             } else {
                 1
             };
-            let grow = self.growth(seq.ctx + tokens, seq.blocks);
+            let grow = self.growth(run.ctx + tokens, run.blocks);
             if !self.make_room(i, grow, now_ns, c) {
                 break;
             }

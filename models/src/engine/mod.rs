@@ -170,11 +170,16 @@ impl Engine {
     #[inline]
     fn process_entry(&mut self, e: &Entry, now_ns: u64, outputs: &mut Vec<StepOutput>) -> bool {
         let seq = &mut self.seqs[e.slot as usize];
-        let run = &mut **seq;
-        run.inflight -= 1;
-        let fenced_before = run.fenced_blocks;
+        let fenced_before = {
+            let run = &mut **seq; // once: it is in a step, so it ran
+            run.inflight -= 1;
+            run.fenced_blocks
+        };
         let outcome = seq.outcome(e, now_ns);
-        self.pool.fence(seq.fenced_blocks - fenced_before);
+        let (inflight, fenced) = (seq.inflight, seq.fenced_blocks);
+        if fenced != fenced_before {
+            self.pool.fence(fenced - fenced_before);
+        }
         match outcome {
             Outcome::Token { .. } => self.stats.tokens_delivered += 1,
             Outcome::Discarded { sampled: true } => self.stats.tokens_discarded += 1,
@@ -187,7 +192,7 @@ impl Engine {
             tokens: e.tokens,
             outcome,
         });
-        if seq.inflight == 0 && seq.fenced_blocks > 0 {
+        if inflight == 0 && fenced > 0 {
             seq.touch(now_ns);
             self.pool.release_fenced(seq);
         }

@@ -178,9 +178,20 @@ impl Seq {
     /// them, its incarnation, and the output index the step samples (0 if none).
     #[inline]
     pub(super) fn advance(&mut self, now_ns: u64, blocks: u64, tokens: u32) -> (u32, u32, u32) {
-        self.touch(now_ns);
-        let need = self.need;
+        // `touch`, with its run borrowed once: it is boxed here in any case.
+        debug_assert!(now_ns >= self.blocks_since_ns);
+        let elapsed = (now_ns - self.blocks_since_ns) as u128;
+        self.blocks_since_ns = now_ns;
+        let (need, marked) = (self.need, self.marked);
         let run = &mut **self;
+        let held = (run.blocks + run.fenced_blocks) as u128;
+        if held > 0 {
+            let area = held * elapsed;
+            run.kv_block_ns += area;
+            if marked {
+                run.kv_block_ns_marked += area;
+            }
+        }
         run.blocks += blocks;
         run.ctx += tokens;
         let sample = if run.ctx >= need {

@@ -122,8 +122,9 @@ pub(crate) struct Cluster {
     /// Cancel intents so far per replica: a request that sees this move while it is on the
     /// replica shared its engine with a cancelled request (a sibling).
     intent_epoch: Vec<u64>,
-    /// The replicas' outbox, lent to the world while it drains one pass or step.
-    outbox: Outbox,
+    /// The replicas' outbox, lent to the world while it drains one pass or step (`None` while
+    /// lent: nothing is made or dropped per event).
+    outbox: Option<Outbox>,
     /// Requests waiting at a `SharedQueue` router, first come first served, and at most how
     /// many.
     held: VecDeque<u32>,
@@ -144,7 +145,7 @@ impl Cluster {
             pass_pending: vec![false; n],
             timer_at: vec![None; n],
             intent_epoch: vec![0; n],
-            outbox: Outbox::default(),
+            outbox: Some(Outbox::default()),
             held: VecDeque::new(),
             held_max: s.limits.max_queue_len,
         }
@@ -336,21 +337,25 @@ impl Cluster {
         let r = replica as usize;
         assert!(self.pass_pending[r], "a scheduler pass no one asked for");
         self.pass_pending[r] = false;
-        let mut out = std::mem::take(&mut self.outbox);
+        let mut out = self.lend();
         let report = self.replicas[r].checkpoint(now_ns, &mut out);
         (report, out)
     }
 
     /// A step of `replica` ends: its outputs and releases, in the outbox.
     pub fn step_done(&mut self, replica: u32, step: u64, now_ns: u64) -> (StepReport, Outbox) {
-        let mut out = std::mem::take(&mut self.outbox);
+        let mut out = self.lend();
         let report = self.replicas[replica as usize].step_done(now_ns, step, &mut out);
         (report, out)
     }
 
+    fn lend(&mut self) -> Outbox {
+        self.outbox.take().unwrap_or_default()
+    }
+
     pub fn recycle(&mut self, mut out: Outbox) {
         out.clear();
-        self.outbox = out;
+        self.outbox = Some(out);
     }
 
     /// The next step of `replica`, if it has room and work; first dispatches go to `out.started`.
