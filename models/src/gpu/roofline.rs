@@ -293,7 +293,7 @@ impl Roofline {
         let pairs = (s.prefill_pairs + s.kv_tokens_read) as u128;
         let moved = (s.kv_tokens_read + s.prefill_ctx_tokens) as u128 + tokens;
         let kv_bytes = moved * self.kv_bytes as u128;
-        let ns = |num: u128, per_s: u64| (num * 1_000_000_000).div_ceil(per_s as u128);
+        let ns = |num: u128, per_s: u64| div_ceil_ns(num * 1_000_000_000, per_s);
         let compute_ns = ns(tokens * self.linear_flops as u128, self.achieved_flops)
             + ns(pairs * self.pair_flops as u128, self.achieved_attn_flops);
         let memory_ns = ns(self.weight_bytes as u128, self.achieved_bytes_per_s)
@@ -306,11 +306,26 @@ impl Roofline {
 
     pub fn step_ns(&self, s: super::StepShape) -> u64 {
         let (c, m) = self.terms_ns(s);
-        let square = |x: u64| (x as u128).saturating_mul(x as u128);
-        let joined = square(c).saturating_add(square(m)).isqrt();
-        let joined = u64::try_from(joined).unwrap_or(u64::MAX);
+        let joined = if c.max(m) < 1 << 31 {
+            // Both squares and their sum fit a u64: the same root, in 64-bit arithmetic.
+            (c * c + m * m).isqrt()
+        } else {
+            let square = |x: u64| (x as u128).saturating_mul(x as u128);
+            let joined = square(c).saturating_add(square(m)).isqrt();
+            u64::try_from(joined).unwrap_or(u64::MAX)
+        };
         self.overhead_ns
             .saturating_add(s.decode_seqs.saturating_mul(self.per_seq_ns))
             .saturating_add(joined)
+    }
+}
+
+/// `num / per_s`, rounded up: in 64-bit arithmetic when `num` fits (a step's terms nearly always
+/// do), which gives the same quotient as the 128-bit division without its library call.
+#[inline]
+pub(super) fn div_ceil_ns(num: u128, per_s: u64) -> u128 {
+    match u64::try_from(num) {
+        Ok(n) => n.div_ceil(per_s) as u128,
+        Err(_) => num.div_ceil(per_s as u128),
     }
 }

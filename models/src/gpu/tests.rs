@@ -417,3 +417,51 @@ fn stated_shares_replace_only_what_they_name() {
     assert_eq!(s.achieved_kv_bytes_per_s, 1_675_000_000_000);
     assert_eq!(s.achieved_attn_flops, 98_940_000_000_000);
 }
+
+/// The step time's 64-bit shortcuts (a quotient, a root) give what the 128-bit arithmetic gives,
+/// at and around where they hand over.
+#[test]
+fn sixty_four_bit_shortcuts_match_the_wide_arithmetic() {
+    let r = LLAMA31_8B_H100.roofline;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..20_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let shape = StepShape {
+            prefill_tokens: x % 9_000,
+            prefill_ctx_tokens: (x >> 13) % 70_000,
+            prefill_pairs: (x >> 7) % 400_000_000,
+            decode_seqs: i % 300,
+            kv_tokens_read: (x >> 20) % 2_000_000 * (i % 2),
+        };
+        let (c, m) = r.terms_ns(shape);
+        let wide = ((c as u128) * (c as u128) + (m as u128) * (m as u128)).isqrt() as u64;
+        let want = r.overhead_ns + shape.decode_seqs * r.per_seq_ns + wide;
+        assert_eq!(r.step_ns(shape), want, "{shape:?}");
+    }
+    // The quotient, on both sides of u64::MAX.
+    for num in [
+        0u128,
+        1,
+        u64::MAX as u128 - 1,
+        u64::MAX as u128,
+        u64::MAX as u128 + 1,
+        1 << 100,
+    ] {
+        for per_s in [1u64, 3, 1_000_000_007, u64::MAX] {
+            let got = super::roofline::div_ceil_ns(num, per_s);
+            assert_eq!(got, num.div_ceil(per_s as u128), "{num} / {per_s}");
+        }
+    }
+    // Around the hand-over of the root: terms just under and over 2^31 ns.
+    for c in [(1u64 << 31) - 1, 1 << 31, (1 << 31) + 1] {
+        let wide = ((c as u128) * (c as u128) * 2).isqrt() as u64;
+        let narrow = if c < 1 << 31 {
+            (c * c * 2).isqrt()
+        } else {
+            wide
+        };
+        assert_eq!(narrow, wide);
+    }
+}

@@ -425,6 +425,26 @@ impl Accounts {
     }
 }
 
+/// A processed step as its outputs' shares read it: its floats converted once a step, not once
+/// a request (the same numbers, so the same sums).
+pub(crate) struct Shares {
+    end_ns: u64,
+    duration_ns: u64,
+    duration_f: f64,
+    total_f: f64,
+}
+
+impl Shares {
+    pub fn of(step: &StepReport, end_ns: u64) -> Shares {
+        Shares {
+            end_ns,
+            duration_ns: step.duration_ns,
+            duration_f: step.duration_ns as f64,
+            total_f: step.tokens.max(1) as f64,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,25 +584,5 @@ mod tests {
         a.t.token_steps_left = 40;
         r.busy_ns = 1_100;
         assert!(a.conserved(&r).is_err());
-    }
-}
-
-/// A processed step as its outputs' shares read it: its floats converted once a step, not once
-/// a request (the same numbers, so the same sums).
-pub(crate) struct Shares {
-    end_ns: u64,
-    duration_ns: u64,
-    duration_f: f64,
-    total_f: f64,
-}
-
-impl Shares {
-    pub fn of(step: &StepReport, end_ns: u64) -> Shares {
-        Shares {
-            end_ns,
-            duration_ns: step.duration_ns,
-            duration_f: step.duration_ns as f64,
-            total_f: step.tokens.max(1) as f64,
-        }
     }
 }
