@@ -18,6 +18,7 @@ use cancelsim::kernel::{Class, Kernel, Limits, Traced};
 
 const MEAN_NS: f64 = 1_000_000.0;
 
+#[derive(Clone, Copy)]
 struct Hold(u64);
 
 impl Traced for Hold {

@@ -172,7 +172,7 @@ pub struct Kernel<E> {
     events_dispatched: u64,
 }
 
-impl<E: Traced> Kernel<E> {
+impl<E: Traced + Copy> Kernel<E> {
     pub fn new(limits: Limits) -> Self {
         assert!(limits.events_max > 0 && limits.queue_len_max > 0);
         Kernel {
@@ -304,7 +304,7 @@ impl<E: Traced> Kernel<E> {
 mod tests {
     use super::*;
 
-    #[derive(Debug, PartialEq)]
+    #[derive(Clone, Copy, Debug, PartialEq)]
     struct Ping(u64);
     impl Traced for Ping {
         fn kind_code(&self) -> u8 {
