@@ -276,8 +276,10 @@ impl Engine {
     /// decode tokens still fit the last block: that is a multiplication, not a division.
     #[inline]
     fn growth(&self, ctx: u32, blocks: u64) -> u64 {
+        // A request never holds more blocks than its context needs.
+        debug_assert!(blocks <= self.pool.blocks_for(ctx as u64));
         if ctx as u64 <= blocks * self.cfg.block_tokens as u64 {
-            return 0; // a request never holds more blocks than its context needs
+            return 0;
         }
         self.pool.blocks_for(ctx as u64) - blocks
     }

@@ -319,6 +319,7 @@ impl Scheduler for Engine {
             tokens_total += e.tokens as u64;
             finished_any |= self.process_entry(e, now_ns, &mut out.outputs);
             // A request appears at most once per step, so it is retired at most once here.
+            // `try_retire`'s own test, inline: most entries' requests stay.
             let seq = &self.seqs[e.slot as usize];
             if matches!(seq.phase, Phase::Finished | Phase::Aborted) && seq.inflight == 0 {
                 self.try_retire(e.slot, out);

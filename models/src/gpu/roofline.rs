@@ -308,7 +308,7 @@ impl Roofline {
         let (c, m) = self.terms_ns(s);
         let joined = if c.max(m) < 1 << 31 {
             // Both squares and their sum fit a u64: the same root, in 64-bit arithmetic.
-            (c * c + m * m).isqrt()
+            isqrt_below_2_63(c * c + m * m)
         } else {
             let square = |x: u64| (x as u128).saturating_mul(x as u128);
             let joined = square(c).saturating_add(square(m)).isqrt();
@@ -328,4 +328,20 @@ pub(super) fn div_ceil_ns(num: u128, per_s: u64) -> u128 {
         Ok(n) => n.div_ceil(per_s) as u128,
         Err(_) => num.div_ceil(per_s as u128),
     }
+}
+
+/// `x.isqrt()` for `x < 2^63`, from the float root and a correction: a double holds `x` to within
+/// half a unit in 2^53, so its root is the integer root or one off, and the two steps make it
+/// exact (`(r + 1)^2` stays below 2^64). The library's integer root loops a bit at a time.
+#[inline]
+pub(super) fn isqrt_below_2_63(x: u64) -> u64 {
+    debug_assert!(x < 1 << 63);
+    let mut r = (x as f64).sqrt() as u64;
+    while r * r > x {
+        r -= 1;
+    }
+    while (r + 1) * (r + 1) <= x {
+        r += 1;
+    }
+    r
 }

@@ -454,6 +454,33 @@ fn sixty_four_bit_shortcuts_match_the_wide_arithmetic() {
             assert_eq!(got, num.div_ceil(per_s as u128), "{num} / {per_s}");
         }
     }
+    // The float-seeded root at perfect squares, one either side, and up to just below 2^63.
+    for r in [
+        0u64,
+        1,
+        2,
+        3,
+        1 << 20,
+        (1 << 26) + 1,
+        94_906_265,
+        3_037_000_499,
+    ] {
+        for x in [r * r, (r * r).saturating_sub(1), r * r + 1, r * r + 2 * r] {
+            if x < 1 << 63 {
+                assert_eq!(super::roofline::isqrt_below_2_63(x), x.isqrt(), "{x}");
+            }
+        }
+    }
+    let mut y = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..100_000 {
+        y ^= y << 13;
+        y ^= y >> 7;
+        y ^= y << 17;
+        let x = y >> (1 + y % 40); // every magnitude below 2^63
+        assert_eq!(super::roofline::isqrt_below_2_63(x), x.isqrt(), "{x}");
+    }
+    let top = (1u64 << 63) - 1;
+    assert_eq!(super::roofline::isqrt_below_2_63(top), top.isqrt());
     // Around the hand-over of the root: terms just under and over 2^31 ns.
     for c in [(1u64 << 31) - 1, 1 << 31, (1 << 31) + 1] {
         let wide = ((c as u128) * (c as u128) * 2).isqrt() as u64;
