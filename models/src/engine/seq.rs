@@ -76,6 +76,18 @@ pub(super) struct Run {
     pub(super) fenced_cached: Vec<u32>,
 }
 
+impl Run {
+    /// Its blocks were held `elapsed_ns` more (and retained, if `marked`).
+    #[inline(always)]
+    fn hold(&mut self, elapsed_ns: u128, marked: bool) {
+        let area = (self.blocks + self.fenced_blocks) as u128 * elapsed_ns;
+        self.kv_block_ns += area;
+        if marked {
+            self.kv_block_ns_marked += area;
+        }
+    }
+}
+
 /// What a request that has not run reads.
 static RUN_NONE: Run = Run {
     ctx: 0,
@@ -110,19 +122,14 @@ impl Seq {
     #[inline]
     pub(super) fn touch(&mut self, now_ns: u64) {
         debug_assert!(now_ns >= self.blocks_since_ns);
-        let held = (self.blocks + self.fenced_blocks) as u128;
+        let held = self.blocks + self.fenced_blocks;
         let elapsed = (now_ns - self.blocks_since_ns) as u128;
         self.blocks_since_ns = now_ns;
         if held == 0 {
             return; // no area: a request that has not run stays unboxed
         }
-        let area = held * elapsed;
         let marked = self.marked;
-        let run = &mut **self;
-        run.kv_block_ns += area;
-        if marked {
-            run.kv_block_ns_marked += area;
-        }
+        (**self).hold(elapsed, marked);
     }
 
     pub(super) fn new(r: &NewRequest, now_ns: u64) -> Seq {
@@ -184,14 +191,7 @@ impl Seq {
         self.blocks_since_ns = now_ns;
         let (need, marked) = (self.need, self.marked);
         let run = &mut **self;
-        let held = (run.blocks + run.fenced_blocks) as u128;
-        if held > 0 {
-            let area = held * elapsed;
-            run.kv_block_ns += area;
-            if marked {
-                run.kv_block_ns_marked += area;
-            }
-        }
+        run.hold(elapsed, marked);
         run.blocks += blocks;
         run.ctx += tokens;
         let sample = if run.ctx >= need {

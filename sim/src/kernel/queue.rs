@@ -269,6 +269,11 @@ impl<E: Copy> EventQueue<E> {
 mod tests {
     use super::*;
 
+    /// Every pending event, in the order popped.
+    fn drained<E: Copy>(q: &mut EventQueue<E>) -> Vec<E> {
+        std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect()
+    }
+
     #[test]
     fn ties_run_in_insertion_order() {
         let mut q = EventQueue::new();
@@ -357,8 +362,7 @@ mod tests {
         q.push(40, Class::Completion, "a");
         q.push(60, Class::Control, "d");
         assert_eq!((q.len(), q.peek_time_ns()), (4, Some(40)));
-        let order: Vec<_> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
-        assert_eq!(order, ["a", "b", "c", "d"]);
+        assert_eq!(drained(&mut q), ["a", "b", "c", "d"]);
         assert!(q.is_empty());
     }
 
@@ -370,9 +374,8 @@ mod tests {
         q.push(10, Class::Control, "cancel@10");
         q.push(10, Class::Completion, "step_end@10");
         q.push(9, Class::Schedule, "sched@9");
-        let order: Vec<_> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
         assert_eq!(
-            order,
+            drained(&mut q),
             [
                 "sched@9",
                 "step_end@10",
