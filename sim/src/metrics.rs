@@ -345,6 +345,9 @@ pub struct Summary {
     /// How often each rare path was hit (`check` fails a scenario whose declared marks stay 0).
     pub coverage: BTreeMap<String, u64>,
     pub littles_law: LittlesLaw,
+    /// Durable agent jobs, with a `Jobs` source only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jobs: Option<JobsSummary>,
     /// The prefill-to-decode handoff, in a disaggregated graph only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handoff: Option<HandoffStats>,
@@ -360,4 +363,42 @@ pub struct Summary {
     /// share a workload (common random numbers), whatever the scheduler or policy.
     pub workload_hash: String,
     pub run_hash: String,
+}
+
+/// The `jobs` section of `summary.json`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobsSummary {
+    pub accepted: u64,
+    pub completed: u64,
+    pub cancelled: u64,
+    pub expired: u64,
+    /// A provider call ran out of attempts.
+    pub failed: u64,
+    /// Cancels that found the job already completed: the completion won the race.
+    pub completion_won: u64,
+    /// Cancels sent again with the same idempotency key (each changed nothing).
+    pub cancel_duplicates: u64,
+    pub notifications_lost: u64,
+    /// Decisions the worker's poll found before the notification came.
+    pub poll_first: u64,
+    pub cleanups: u64,
+    /// Cleanups that ran out of allowances: they keep their dispatch fence.
+    pub cleanup_incomplete: u64,
+    /// From the terminal decision to the end of a complete cleanup.
+    pub cleanup_ms: LatencyMs,
+    pub allowances_used_p99: u32,
+    /// GPU work of the jobs' calls after their jobs' terminal decisions.
+    pub leaked_gpu_s: f64,
+    pub effects_completed: u64,
+    pub effects_unknown: u64,
+    /// Results (a provider call's, a tool's) that came after the decision: journalled, never
+    /// admitted.
+    pub late_observations: u64,
+    /// Every job's input and output tokens: what the GPUs computed for it, and what it reported.
+    pub true_tokens: u64,
+    pub reported_tokens: u64,
+    /// True minus reported tokens, over cancelled and expired jobs.
+    pub usage_gap_tokens: u64,
+    /// Jobs whose usage is complete (reported equals true).
+    pub usage_complete: u64,
 }

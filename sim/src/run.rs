@@ -212,7 +212,10 @@ pub fn has_intent_sources(s: &Scenario) -> bool {
             ..
         }
     );
+    // A job always has its deadline, and maybe cancels.
+    let jobs = matches!(&s.workload.source, Source::Jobs { .. });
     s.cancellation.is_some()
+        || jobs
         || s.workload.deadline_ms.is_some()
         || s.workload.disconnect_ms.is_some()
         || barge_in

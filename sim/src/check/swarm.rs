@@ -108,6 +108,7 @@ pub fn requests(s: &Scenario) -> Option<u64> {
         | Source::Gamma { requests, .. }
         | Source::OnOff { requests, .. } => Some(*requests),
         Source::Conversations { conversations, .. } => Some(*conversations),
+        Source::Jobs { jobs, .. } => Some(*jobs),
         Source::Trace { rows, .. } => *rows,
     }
 }
@@ -118,6 +119,7 @@ pub fn set_requests(s: &mut Scenario, n: u64) {
         | Source::Gamma { requests, .. }
         | Source::OnOff { requests, .. } => *requests = n,
         Source::Conversations { conversations, .. } => *conversations = n,
+        Source::Jobs { jobs, .. } => *jobs = n,
         Source::Trace { rows, .. } => *rows = Some(n),
     }
 }

@@ -74,6 +74,7 @@ fn requests_per_run(s: &Scenario) -> Option<u64> {
         } => {
             Some((*conversations as f64 * turns.mean().max(1.0) * *requests_per_turn as f64) as u64)
         }
+        Source::Jobs { jobs, job, .. } => Some(jobs.saturating_mul(job.bounds().calls)),
         _ => cancelsim::check::requests(s),
     }
 }

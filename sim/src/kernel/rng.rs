@@ -44,6 +44,9 @@ pub enum Purpose {
     /// The loss of one message of a prefill/decode handoff (entity = request id, sub = which
     /// message, `key::NOTICE_*`).
     Handoff = 13,
+    /// A durable agent job's own draws: its deadline, cancel, tool waves, approval waits and
+    /// notifications (entity = job number, sub = `key::JOB_*` or the step's position).
+    Job = 14,
 }
 
 /// Entity and sub-key values that name one stream among an entity's several. Part of the key
@@ -81,6 +84,14 @@ pub mod key {
     /// sub-key `retry + 1`); without it, the entity is the request (writer waits) or the owner
     /// (clear acknowledgements, sub-key = epoch).
     pub const RETRY_FLAG: u64 = 1 << 63;
+    /// `Job` sub-key of the job's deadline.
+    pub const JOB_DEADLINE: u64 = 1 << 40;
+    /// `Job` sub-key of whether the job is cancelled, and when.
+    pub const JOB_CANCEL: u64 = (1 << 40) + 1;
+    /// `Job` sub-key of the cleanup: the notification's loss, the sandbox's termination.
+    pub const JOB_CLEANUP: u64 = (1 << 40) + 2;
+    /// `Arrival` entity of the job-acceptance process.
+    pub const JOB_STARTS: u64 = 2;
 }
 
 /// One keyed random stream.

@@ -94,6 +94,33 @@ const TAIL_ROWS: &[(&str, Cell)] = &[
     ("run_hash", |s| s.run_hash[..12].to_string()),
 ];
 
+/// The rows of durable agent jobs, after the head rows.
+const JOB_ROWS: &[(&str, Cell)] = &[
+    ("jobs.completed", |s| job(s, |j| int(j.completed))),
+    ("jobs.cancelled", |s| job(s, |j| int(j.cancelled))),
+    ("jobs.expired", |s| job(s, |j| int(j.expired))),
+    ("jobs.failed", |s| job(s, |j| int(j.failed))),
+    ("jobs.completion_won", |s| job(s, |j| int(j.completion_won))),
+    ("jobs.cleanup_ms.p50", |s| job(s, |j| f3(j.cleanup_ms.p50))),
+    ("jobs.cleanup_ms.p99", |s| job(s, |j| f3(j.cleanup_ms.p99))),
+    ("jobs.cleanup_incomplete", |s| {
+        job(s, |j| int(j.cleanup_incomplete))
+    }),
+    ("jobs.allowances_used.p99", |s| {
+        job(s, |j| int(j.allowances_used_p99 as u64))
+    }),
+    ("jobs.leaked_gpu_s", |s| job(s, |j| f3(j.leaked_gpu_s))),
+    ("jobs.effects_unknown", |s| {
+        job(s, |j| int(j.effects_unknown))
+    }),
+    ("jobs.late_observations", |s| {
+        job(s, |j| int(j.late_observations))
+    }),
+    ("jobs.usage_gap_tokens", |s| {
+        job(s, |j| int(j.usage_gap_tokens))
+    }),
+];
+
 /// The rows of a prefill/decode graph's handoff, after the head rows.
 const HANDOFF_ROWS: &[(&str, Cell)] = &[
     ("handoff.transfers", |s| {
@@ -183,6 +210,10 @@ fn rec(s: &Summary, f: fn(&Recovery) -> String) -> String {
     s.recovery.as_ref().map_or("-".into(), f)
 }
 
+fn job(s: &Summary, f: fn(&crate::metrics::JobsSummary) -> String) -> String {
+    s.jobs.as_ref().map_or("-".into(), f)
+}
+
 fn hand(s: &Summary, f: fn(&HandoffStats) -> String) -> String {
     s.handoff.as_ref().map_or("-".into(), f)
 }
@@ -268,6 +299,7 @@ pub fn render(r: &Report) -> String {
     let shown = [
         (true, HEAD_ROWS),
         (r.ideal.is_some(), CAPACITY_ROWS),
+        (cf.jobs.is_some(), JOB_ROWS),
         (cf.handoff.is_some(), HANDOFF_ROWS),
         (cf.recovery.is_some(), RECOVERY_ROWS),
     ];

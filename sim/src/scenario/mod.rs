@@ -10,6 +10,7 @@
 
 mod cancel;
 mod checks;
+mod jobs;
 mod json_shape;
 mod load;
 mod schema;
@@ -23,6 +24,7 @@ use crate::kernel::{Limits, NS_PER_S};
 
 pub use cancel::*;
 pub use checks::*;
+pub use jobs::*;
 pub(crate) use load::fraction_for_whole;
 pub use load::{outside_data_root, set_data_root, LoadError};
 pub use schema::scenario_schema;

@@ -121,6 +121,13 @@ pub enum Source {
         #[serde(default, skip_serializing_if = "is_false")]
         history: bool,
     },
+    /// Durable agent jobs: jobs arrive as a Poisson process, and each runs `job`'s plan (provider
+    /// calls into the cluster, tool waves, approval waits, subagents) under one deadline.
+    Jobs {
+        jobs: u64,
+        rate_per_s: f64,
+        job: super::JobSpec,
+    },
     /// Replay of a real trace. `path` is relative to the scenario file.
     Trace {
         path: String,

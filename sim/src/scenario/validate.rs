@@ -15,48 +15,48 @@ pub struct Invalid {
     pub message: String,
 }
 
-type Check = Result<(), Invalid>;
+pub(super) type Check = Result<(), Invalid>;
 
-fn err(field: &str, message: String) -> Check {
+pub(super) fn err(field: &str, message: String) -> Check {
     Err(Invalid {
         field: field.to_string(),
         message,
     })
 }
 
-fn positive(field: &str, x: f64) -> Check {
+pub(super) fn positive(field: &str, x: f64) -> Check {
     if !x.is_finite() || x <= 0.0 {
         return err(field, format!("must be a finite number > 0 (got {x})"));
     }
     Ok(())
 }
 
-fn non_negative(field: &str, x: f64) -> Check {
+pub(super) fn non_negative(field: &str, x: f64) -> Check {
     if !x.is_finite() || x < 0.0 {
         return err(field, format!("must be a finite number >= 0 (got {x})"));
     }
     Ok(())
 }
 
-fn probability(field: &str, p: f64) -> Check {
+pub(super) fn probability(field: &str, p: f64) -> Check {
     if !(0.0..=1.0).contains(&p) {
         return err(field, format!("must be a probability in [0, 1] (got {p})"));
     }
     Ok(())
 }
 
-fn in_range(field: &str, x: u64, lo: u64, hi: u64) -> Check {
+pub(super) fn in_range(field: &str, x: u64, lo: u64, hi: u64) -> Check {
     if x < lo || x > hi {
         return err(field, format!("must be between {lo} and {hi} (got {x})"));
     }
     Ok(())
 }
 
-fn count(field: &str, n: u64) -> Check {
+pub(super) fn count(field: &str, n: u64) -> Check {
     in_range(field, n, 1, REQUESTS_MAX)
 }
 
-fn dist(field: &str, d: &Dist) -> Check {
+pub(super) fn dist(field: &str, d: &Dist) -> Check {
     d.validate().map_err(|e| Invalid {
         field: format!("{field}.{}", e.field),
         message: e.message,
@@ -314,6 +314,16 @@ fn validate_source(source: &Source) -> Check {
             count(&format!("{f}.requests"), *n)
         }
         Source::Conversations { .. } => validate_conversations(source),
+        Source::Jobs {
+            jobs,
+            rate_per_s,
+            job,
+        } => {
+            let f = "workload.source.Jobs";
+            count(&format!("{f}.jobs"), *jobs)?;
+            positive(&format!("{f}.rate_per_s"), *rate_per_s)?;
+            job.validate(&format!("{f}.job"))
+        }
         Source::Trace {
             path,
             speedup,

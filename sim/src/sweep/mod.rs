@@ -357,7 +357,7 @@ pub(crate) type Column = (
     &'static str,
     fn(&crate::run::Report, &crate::metrics::Summary) -> String,
 );
-pub(crate) const METRICS: [Column; 35] = [
+pub(crate) const METRICS: [Column; 45] = [
     ("run_policy", |_, p| p.policy.clone()),
     ("scenario_hash", |r, _| r.scenario_hash.clone()),
     ("report_run_hash", |r, _| r.run_hash.clone()),
@@ -428,7 +428,36 @@ pub(crate) const METRICS: [Column; 35] = [
     ("cf_e2e_p99_ms", |r, _| {
         r.counterfactual.e2e_ms.p99.to_string()
     }),
+    // Durable agent jobs; empty without a `Jobs` source.
+    ("jobs_completed", |_, p| job(p, |j| j.completed.to_string())),
+    ("jobs_cancelled", |_, p| job(p, |j| j.cancelled.to_string())),
+    ("jobs_expired", |_, p| job(p, |j| j.expired.to_string())),
+    ("jobs_completion_won", |_, p| {
+        job(p, |j| j.completion_won.to_string())
+    }),
+    ("jobs_cleanup_p50_ms", |_, p| {
+        job(p, |j| j.cleanup_ms.p50.to_string())
+    }),
+    ("jobs_cleanup_p99_ms", |_, p| {
+        job(p, |j| j.cleanup_ms.p99.to_string())
+    }),
+    ("jobs_cleanup_incomplete", |_, p| {
+        job(p, |j| j.cleanup_incomplete.to_string())
+    }),
+    ("jobs_leaked_gpu_s", |_, p| {
+        job(p, |j| j.leaked_gpu_s.to_string())
+    }),
+    ("jobs_late_observations", |_, p| {
+        job(p, |j| j.late_observations.to_string())
+    }),
+    ("jobs_usage_gap_tokens", |_, p| {
+        job(p, |j| j.usage_gap_tokens.to_string())
+    }),
 ];
+
+fn job(p: &crate::metrics::Summary, f: fn(&crate::metrics::JobsSummary) -> String) -> String {
+    p.jobs.as_ref().map_or(String::new(), f)
+}
 
 fn cost(p: &crate::metrics::Summary, f: fn(&crate::metrics::CapacityCost) -> f64) -> String {
     p.capacity_cost

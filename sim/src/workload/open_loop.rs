@@ -118,7 +118,7 @@ fn process(
             };
             (Process::Trace(r), u64::MAX)
         }
-        Source::Conversations { .. } => return Ok(None),
+        Source::Conversations { .. } | Source::Jobs { .. } => return Ok(None),
     };
     Ok(Some(p))
 }

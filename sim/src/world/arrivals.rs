@@ -42,14 +42,16 @@ impl Arrivals {
         })
     }
 
-    /// The first event of the run: the first open-loop arrival, or the first conversation.
+    /// The first event of the run: the first open-loop arrival, conversation or job.
     pub fn begin(&mut self, f: &mut Follow, s: &Scenario) -> Step {
         if self.open.is_some() {
-            self.pull(f, s)
-        } else {
-            f.at(0, Event::ConversationStart { conv: 0 });
-            Ok(())
+            return self.pull(f, s);
         }
+        match s.workload.source {
+            crate::scenario::Source::Jobs { .. } => f.at(0, Event::JobStart { job: 0 }),
+            _ => f.at(0, Event::ConversationStart { conv: 0 }),
+        }
+        Ok(())
     }
 
     /// Schedule the source's next arrival, if any.

@@ -79,7 +79,7 @@ impl World<'_> {
         let id = self.requests[tag].id;
         playback::complete(self.owners_for(tag)?, id)?;
         self.requests[tag].life.terminate();
-        self.turn_over(tag);
+        self.turn_over(tag)?;
         self.stage_reached(tag, Stage::AfterCompletion)
     }
 

@@ -18,6 +18,8 @@ pub enum Cause {
     Interruption,
     /// The playback sink expired a held chunk, or gave up on a blocked one.
     Playback,
+    /// The request's durable job was cancelled: its worker closes the provider stream.
+    Job,
 }
 
 /// Every event of a run. Closed: adding a variant forces every `match` to say what it does.
@@ -135,6 +137,33 @@ pub enum Event {
         replica: u32,
         since_ns: u64,
     },
+    /// Durable agent job `job` is accepted.
+    JobStart {
+        job: u64,
+    },
+    /// The tool wave or approval wait `serial` of `job` ends.
+    JobTimer {
+        job: u64,
+        serial: u32,
+    },
+    /// The client's cancel of `job` arrives (`copy` > 0: a duplicate, same idempotency key).
+    JobCancel {
+        job: u64,
+        copy: u8,
+    },
+    /// `job`'s deadline from acceptance.
+    JobDeadline {
+        job: u64,
+    },
+    /// `job`'s worker learns of its terminal decision (notification or poll).
+    JobObserve {
+        job: u64,
+    },
+    /// `job`'s local cleanup is done, or (`give_up`) its worker runs out of allowances.
+    JobCleanup {
+        job: u64,
+        give_up: bool,
+    },
 }
 
 impl Event {
@@ -143,9 +172,10 @@ impl Event {
     pub fn class(&self) -> Class {
         match self {
             Event::StepDone { .. } | Event::KvLanded { .. } => Class::Completion,
-            Event::Arrival { .. } | Event::ConversationStart { .. } | Event::TurnStart { .. } => {
-                Class::Arrival
-            }
+            Event::Arrival { .. }
+            | Event::ConversationStart { .. }
+            | Event::TurnStart { .. }
+            | Event::JobStart { .. } => Class::Arrival,
             Event::SchedulePass { .. } | Event::BatcherTimer { .. } => Class::Schedule,
             Event::BargeIn { .. }
             | Event::Deadline { .. }
@@ -162,7 +192,12 @@ impl Event {
             | Event::Notice { .. }
             | Event::LeaseCheck { .. }
             | Event::StopAbort { .. }
-            | Event::HangCheck { .. } => Class::Control,
+            | Event::HangCheck { .. }
+            | Event::JobTimer { .. }
+            | Event::JobCancel { .. }
+            | Event::JobDeadline { .. }
+            | Event::JobObserve { .. }
+            | Event::JobCleanup { .. } => Class::Control,
         }
     }
 }
@@ -195,6 +230,12 @@ impl Traced for Event {
             Event::LeaseCheck { .. } => 21,
             Event::HangCheck { .. } => 22,
             Event::StopAbort { .. } => 23,
+            Event::JobStart { .. } => 24,
+            Event::JobTimer { .. } => 25,
+            Event::JobCancel { .. } => 26,
+            Event::JobDeadline { .. } => 27,
+            Event::JobObserve { .. } => 28,
+            Event::JobCleanup { .. } => 29,
         }
     }
 
@@ -220,6 +261,12 @@ impl Traced for Event {
             | Event::StopAbort { request, .. } => request,
             Event::BarrierAck { owner, .. } => owner,
             Event::LeaseCheck { replica } | Event::HangCheck { replica, .. } => replica as u64,
+            Event::JobStart { job }
+            | Event::JobDeadline { job }
+            | Event::JobObserve { job }
+            | Event::JobCleanup { job, .. } => job,
+            Event::JobTimer { job, serial } => (job << 24) | serial as u64,
+            Event::JobCancel { job, copy } => (job << 8) | copy as u64,
         }
     }
 }

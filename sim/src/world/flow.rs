@@ -158,8 +158,10 @@ impl World<'_> {
         };
         let q = Req::arriving(&a, now_ns, arriving);
         let tag = self.requests.insert(q);
-        if let Some((c, _)) = conv {
-            self.conversations.joined(c, a.id, tag);
+        match (conv, self.jobs.is_some()) {
+            (Some((job, _)), true) => self.job_joined(job, tag),
+            (Some((c, _)), false) => self.conversations.joined(c, a.id, tag),
+            (None, _) => {}
         }
         let stop_string = self.requests[tag].stop_detect_ns().is_some();
         self.accounts.arrived(plan.is_some(), stop_string);
@@ -236,7 +238,9 @@ impl World<'_> {
         if !self.cluster.disaggregated() {
             self.cluster
                 .share_prefix(replica, tag, self.arrivals.prefix_of(a.id));
-            let stream = q_conv.and_then(|(c, _)| self.conversations.stream_key(c, a.id));
+            let stream = q_conv
+                .filter(|_| self.jobs.is_none())
+                .and_then(|(c, _)| self.conversations.stream_key(c, a.id));
             if let Some(key) = stream {
                 self.cluster.share_stream(replica, tag, key);
             }
@@ -262,7 +266,7 @@ impl World<'_> {
         let cancelled = self.owners_for(tag)?.finish(&id, Disposition::Cancelled);
         cancelled.map_err(Stop::controller(id))?;
         self.requests[tag].life.terminate();
-        self.turn_over(tag);
+        self.turn_over(tag)?;
         self.try_finalize(tag)
     }
 
@@ -353,6 +357,7 @@ impl World<'_> {
         let q = &mut self.requests[tag];
         if q.life.terminal() && state != Some(State::Completed) {
             self.accounts.late_token(&mut q.cost);
+            q.cost.late_discard();
         }
     }
 

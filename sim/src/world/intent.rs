@@ -44,8 +44,10 @@ impl World<'_> {
             return Ok(());
         }
         let (id, plan, conv, cancel_won) = (q.id, q.cancel().plan(), q.conv(), q.output_done());
-        if let Some((c, _)) = conv {
-            self.conversations.note_intent(c);
+        match (conv, self.jobs.as_mut()) {
+            (Some((job, _)), Some(jobs)) => jobs.note_intent(job),
+            (Some((c, _)), None) => self.conversations.note_intent(c),
+            (None, _) => {}
         }
         self.cancel.count_intent();
         if let (Cause::Storm, Some((stage, _))) = (cause, plan) {
@@ -58,7 +60,7 @@ impl World<'_> {
         }
         self.evidence(tag, EvidenceLevel::Intent, ClockDomain::Local)?;
         if self.invalidate(tag, cause)? {
-            self.turn_over(tag);
+            self.turn_over(tag)?;
         }
         let q = &mut self.requests[tag];
         if !q.life.enqueued() {
@@ -85,7 +87,9 @@ impl World<'_> {
     pub(super) fn invalidate(&mut self, tag: Tag, cause: Cause) -> Step<bool> {
         let disposition = match cause {
             Cause::Deadline | Cause::Playback => Disposition::Expired,
-            Cause::Storm | Cause::Disconnect | Cause::Interruption => Disposition::Cancelled,
+            Cause::Storm | Cause::Disconnect | Cause::Interruption | Cause::Job => {
+                Disposition::Cancelled
+            }
         };
         let before = self.state_of(tag);
         let after = self.terminate(tag, disposition)?;
@@ -138,7 +142,7 @@ impl World<'_> {
         q.cancel_mut().killed_as_collateral();
         self.cancel.collateral_kill();
         self.terminate(o.tag, Disposition::Cancelled)?;
-        self.turn_over(o.tag);
+        self.turn_over(o.tag)?;
         Ok(())
     }
 

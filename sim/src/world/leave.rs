@@ -36,12 +36,11 @@ impl World<'_> {
         self.owners_for(tag)?
             .retire(&id)
             .map_err(Stop::controller(id))?;
-        self.leave(tag, state);
-        Ok(())
+        self.leave(tag, state)
     }
 
     /// The request leaves: into the books, against the baseline, to the recorder.
-    pub(super) fn leave(&mut self, tag: Tag, state: State) {
+    pub(super) fn leave(&mut self, tag: Tag, state: State) -> Step {
         let now_ns = self.kernel.now_ns();
         if let Some(h) = self.handoff.as_mut() {
             h.take_abort_seen(self.requests[tag].id);
@@ -76,25 +75,35 @@ impl World<'_> {
             runtime_id: self.cancel.handle(q.id, q.owner()).runtime_id,
         };
         self.recorder.left(q, &self.label, how);
+        let job = q.conv().filter(|_| self.jobs.is_some());
+        if let Some((job, _)) = job {
+            // Its job's books read it before it goes.
+            self.job_call_left(tag, job)?;
+        }
         self.requests.remove(tag);
+        Ok(())
     }
 
     /// The request became terminal (completed, cancelled, expired or refused): its turn has one
     /// request fewer out. Once per request, however it ended.
-    pub(super) fn turn_over(&mut self, tag: Tag) {
+    pub(super) fn turn_over(&mut self, tag: Tag) -> Step {
         let q = &mut self.requests[tag];
         if !q.life.end_turn() {
-            return;
+            return Ok(());
         }
         let Some((c, g)) = q.conv() else {
-            return;
+            return Ok(());
         };
+        if self.jobs.is_some() {
+            return self.job_call_over(tag, c);
+        }
         if workload::conversation_request_index(q.id) == 0 {
             self.conversations.seen(c, g, q.life.tokens().min(q.output));
         }
         let w = &self.scenario.workload;
         let end = self.conversations.request_done(&mut self.follow, w, c, g);
         self.turn_ended(c, end);
+        Ok(())
     }
 
     pub(super) fn turn_ended(&mut self, conv: u64, end: TurnEnd) {
@@ -106,7 +115,9 @@ impl World<'_> {
     /// Whether the request's own owner (its conversation) has had a cancel intent: then the
     /// owner's group was hit, and the request is part of that group, not a sibling of it.
     pub(super) fn group_hit(&self, q: &Req) -> bool {
-        q.conv()
-            .is_some_and(|(c, _)| self.conversations.group_hit(c))
+        q.conv().is_some_and(|(c, _)| match &self.jobs {
+            Some(jobs) => jobs.group_hit(c),
+            None => self.conversations.group_hit(c),
+        })
     }
 }

@@ -227,6 +227,8 @@ struct CostState {
     leak_post_ns: f64,
     /// Tokens produced after its terminal transition (all discarded).
     late_tokens: u32,
+    /// Of those, the ones the replica threw away itself (never among the tokens it received).
+    late_discards: u32,
     /// Tokens it had in steps (prefill chunks and decode slots, discarded ones too).
     token_steps: u64,
     kv_block_ns: u128,
@@ -238,6 +240,7 @@ static COST_NONE: CostState = CostState {
     leak_pre_ns: 0.0,
     leak_post_ns: 0.0,
     late_tokens: 0,
+    late_discards: 0,
     token_steps: 0,
     kv_block_ns: 0,
 };
@@ -297,6 +300,14 @@ impl Cost {
     }
     pub fn late_tokens(&self) -> u32 {
         self.get().late_tokens
+    }
+    pub fn late_discards(&self) -> u32 {
+        self.get().late_discards
+    }
+
+    /// A late token the replica discarded itself (it is not among the tokens received).
+    pub fn late_discard(&mut self) {
+        self.get_mut().late_discards += 1;
     }
     pub fn token_steps(&self) -> u64 {
         self.get().token_steps

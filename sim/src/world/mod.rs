@@ -29,6 +29,10 @@ mod flow;
 mod follow;
 mod handoff;
 mod intent;
+mod job_audit;
+mod job_books;
+mod job_flow;
+mod jobs;
 mod leave;
 mod life;
 mod playback;
@@ -114,6 +118,8 @@ pub struct World<'s> {
     requests: Requests,
     arrivals: Arrivals,
     conversations: Conversations,
+    /// Durable agent jobs, with a `Jobs` source.
+    jobs: Option<jobs::Jobs>,
     cluster: Cluster,
     /// The prefill-to-decode handoff, in a disaggregated graph.
     handoff: Option<Handoff>,
@@ -179,6 +185,7 @@ impl<'s> World<'s> {
             requests: Requests::default(),
             arrivals: Arrivals::new(scenario, seed, inputs.trace).map_err(RunError::Input)?,
             conversations: Conversations::new(seed, &scenario.workload),
+            jobs: jobs::Jobs::new(seed, &scenario.workload),
             cluster: Cluster::new(scenario, inputs.step_table.as_ref()),
             handoff: scenario
                 .prefill_decode()
@@ -328,6 +335,12 @@ impl<'s> World<'s> {
             Event::LeaseCheck { replica } => self.on_lease_check(replica),
             Event::HangCheck { replica, since_ns } => self.on_hang_check(replica, since_ns),
             Event::StopAbort { request, tag } => self.on_stop_abort(request, tag),
+            Event::JobStart { job } => self.on_job_start(job),
+            Event::JobTimer { job, serial } => self.on_job_timer(job, serial),
+            Event::JobCancel { job, copy } => self.on_job_cancel(job, copy),
+            Event::JobDeadline { job } => self.on_job_deadline(job),
+            Event::JobObserve { job } => self.on_job_observe(job),
+            Event::JobCleanup { job, give_up } => self.on_job_cleanup(job, give_up),
         }
     }
 
@@ -438,6 +451,7 @@ impl<'s> World<'s> {
             drained,
             replicas: self.cluster.len(),
             conversations: self.conversations.events(),
+            jobs: self.jobs.as_ref().map(|j| j.books.summary()),
             playback: self.sink.counts(),
             late_admitted: self.sink.late_admitted(),
             rpc: self.cancel.rpc(),
@@ -485,6 +499,9 @@ impl<'s> World<'s> {
         }
         if !self.conversations.all_ended() {
             return Err(Stop::broken(vec![], "a conversation never ended"));
+        }
+        if self.jobs.as_ref().is_some_and(|j| !j.all_ended()) {
+            return Err(Stop::broken(vec![], "a job never ended"));
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ pub(crate) struct Books<'a> {
     pub drained: Drained,
     pub replicas: usize,
     pub conversations: &'a WorkloadEvents,
+    pub jobs: Option<JobsSummary>,
     pub playback: &'a Playback,
     pub late_admitted: u64,
     pub rpc: &'a CancelRpc,
@@ -223,6 +224,7 @@ pub(crate) fn summary(b: Books, extras: &mut Extras) -> Summary {
         targets: a.targets.clone(),
         coverage: coverage.into_map(),
         littles_law: littles_law(a, b.end_ns, b.occupancy_area_ns),
+        jobs: b.jobs,
         handoff: b.handoff,
         recovery: b.recovery,
         stop_strings: b

@@ -1,0 +1,250 @@
+//! The jobs' books: one job's usage and cleanup while it runs, and the run's tallies once jobs
+//! leave (folded in as they go, so memory follows the jobs in flight).
+
+use super::job_audit::{JobState, Tokens};
+use crate::kernel::NS_PER_S;
+use crate::metrics::JobsSummary;
+use crate::stats::LatencyStats;
+
+/// One job's usage: the truth (what the GPUs computed for it), what it reported, and the GPU
+/// work its calls did after its terminal decision.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Usage {
+    pub truth: Tokens,
+    pub reported: Tokens,
+    pub leaked_ns: f64,
+}
+
+/// One job's cleanup, from the worker's observation of the decision. Each wait (the provider
+/// stream's close, the tools' drain, the sandbox's termination) is charged its allowances:
+/// `ceil(wait / allowance)`, at least one.
+#[derive(Clone, Debug)]
+pub(crate) struct Cleanup {
+    decided_ns: u64,
+    observed_ns: u64,
+    stream: bool,
+    stream_open: bool,
+    stream_end_ns: u64,
+    draining: bool,
+    drain_end_ns: u64,
+    kill_ns: u64,
+    local_done: bool,
+    gave_up: bool,
+    done: bool,
+    complete: bool,
+    allowances: u32,
+    ended_ns: u64,
+}
+
+impl Cleanup {
+    pub fn new(
+        at: (u64, u64),
+        stream: bool,
+        draining: bool,
+        drain_end_ns: u64,
+        kill_ns: u64,
+    ) -> Self {
+        let (decided_ns, observed_ns) = at;
+        Cleanup {
+            decided_ns,
+            observed_ns,
+            stream,
+            stream_open: stream,
+            stream_end_ns: observed_ns,
+            draining,
+            drain_end_ns,
+            kill_ns,
+            local_done: false,
+            gave_up: false,
+            done: false,
+            complete: false,
+            allowances: 0,
+            ended_ns: 0,
+        }
+    }
+
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    pub fn local_done(&mut self, _now_ns: u64) {
+        self.local_done = true;
+    }
+
+    pub fn give_up(&mut self, _now_ns: u64) {
+        self.gave_up = true;
+    }
+
+    pub fn stream_closed(&mut self, now_ns: u64) {
+        assert!(self.stream_open, "a stream closed twice");
+        self.stream_open = false;
+        self.stream_end_ns = now_ns;
+    }
+
+    /// Tools that ended by this time were resolved; past it (the worker gave up), unknown.
+    pub fn resolved_until_ns(&self) -> u64 {
+        match self.gave_up {
+            true => self.ended_ns,
+            false => u64::MAX,
+        }
+    }
+
+    /// Whether the cleanup is over now, and if so, how it ended. True the first time.
+    pub fn settle(&mut self, now_ns: u64, allowance_ns: u64, allowances_max: u32) -> bool {
+        if self.done || (!self.gave_up && (!self.local_done || self.stream_open)) {
+            return false;
+        }
+        self.done = true;
+        self.ended_ns = now_ns;
+        if self.gave_up {
+            self.allowances = allowances_max;
+            return true;
+        }
+        let charge = |wait_ns: u64| wait_ns.div_ceil(allowance_ns.max(1)).max(1) as u32;
+        let mut used = 0u32;
+        if self.stream {
+            used += charge(self.stream_end_ns - self.observed_ns);
+        }
+        if self.draining {
+            used += charge(self.drain_end_ns - self.observed_ns);
+        }
+        if self.kill_ns > 0 {
+            used += charge(self.kill_ns);
+        }
+        self.allowances = used;
+        self.complete = used <= allowances_max;
+        true
+    }
+}
+
+/// The run's tallies of jobs.
+pub(crate) struct JobBooks {
+    pub accepted: u64,
+    pub completed: u64,
+    pub cancelled: u64,
+    pub expired: u64,
+    pub failed: u64,
+    pub completion_won: u64,
+    pub cancel_duplicates: u64,
+    pub notifications_lost: u64,
+    /// Decisions the 250 ms poll told the worker of before the notification did.
+    pub poll_first: u64,
+    pub cleanups: u64,
+    pub cleanup_incomplete: u64,
+    cleanup: LatencyStats,
+    /// Cleanups by allowances used (the last bucket: that many or more).
+    allowances: Vec<u64>,
+    pub effects_completed: u64,
+    pub effects_unknown: u64,
+    pub late_observations: u64,
+    pub leaked_ns: f64,
+    pub truth: Tokens,
+    pub reported: Tokens,
+    /// True minus reported tokens, over cancelled and expired jobs.
+    pub usage_gap_tokens: u64,
+    pub usage_complete: u64,
+}
+
+impl JobBooks {
+    pub fn new(allowances_max: u32) -> JobBooks {
+        JobBooks {
+            accepted: 0,
+            completed: 0,
+            cancelled: 0,
+            expired: 0,
+            failed: 0,
+            completion_won: 0,
+            cancel_duplicates: 0,
+            notifications_lost: 0,
+            poll_first: 0,
+            cleanups: 0,
+            cleanup_incomplete: 0,
+            cleanup: LatencyStats::new(),
+            allowances: vec![0; allowances_max as usize * 4 + 2],
+            effects_completed: 0,
+            effects_unknown: 0,
+            late_observations: 0,
+            leaked_ns: 0.0,
+            truth: Tokens::default(),
+            reported: Tokens::default(),
+            usage_gap_tokens: 0,
+            usage_complete: 0,
+        }
+    }
+
+    /// A job leaves in `state`, with its usage and its cleanup, if it had one.
+    pub fn left(&mut self, state: JobState, u: &Usage, c: Option<&Cleanup>) {
+        match state {
+            JobState::Running => unreachable!("a running job left"),
+            JobState::Completed => self.completed += 1,
+            JobState::Cancelled => self.cancelled += 1,
+            JobState::Expired => self.expired += 1,
+            JobState::Failed => self.failed += 1,
+        }
+        self.truth.input += u.truth.input;
+        self.truth.output += u.truth.output;
+        self.reported.input += u.reported.input;
+        self.reported.output += u.reported.output;
+        self.leaked_ns += u.leaked_ns;
+        if matches!(state, JobState::Cancelled | JobState::Expired) {
+            self.usage_gap_tokens += u.truth.total() - u.reported.total();
+        }
+        if u.truth == u.reported && state == JobState::Completed {
+            self.usage_complete += 1;
+        }
+        let Some(c) = c else {
+            return;
+        };
+        debug_assert!(c.done);
+        self.cleanups += 1;
+        let bucket = (c.allowances as usize).min(self.allowances.len() - 1);
+        self.allowances[bucket] += 1;
+        match c.complete {
+            true => self.cleanup.record(c.ended_ns - c.decided_ns),
+            false => self.cleanup_incomplete += 1,
+        }
+    }
+
+    pub fn summary(&self) -> JobsSummary {
+        JobsSummary {
+            accepted: self.accepted,
+            completed: self.completed,
+            cancelled: self.cancelled,
+            expired: self.expired,
+            failed: self.failed,
+            completion_won: self.completion_won,
+            cancel_duplicates: self.cancel_duplicates,
+            notifications_lost: self.notifications_lost,
+            poll_first: self.poll_first,
+            cleanups: self.cleanups,
+            cleanup_incomplete: self.cleanup_incomplete,
+            cleanup_ms: self.cleanup.summary(),
+            allowances_used_p99: self.allowances_p(0.99),
+            leaked_gpu_s: self.leaked_ns / NS_PER_S as f64,
+            effects_completed: self.effects_completed,
+            effects_unknown: self.effects_unknown,
+            late_observations: self.late_observations,
+            true_tokens: self.truth.total(),
+            reported_tokens: self.reported.total(),
+            usage_gap_tokens: self.usage_gap_tokens,
+            usage_complete: self.usage_complete,
+        }
+    }
+
+    /// Nearest-rank quantile of the allowances used per cleanup.
+    fn allowances_p(&self, q: f64) -> u32 {
+        let n: u64 = self.allowances.iter().sum();
+        if n == 0 {
+            return 0;
+        }
+        let rank = ((q * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (k, &c) in self.allowances.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return k as u32;
+            }
+        }
+        unreachable!("the ranks add up to the count")
+    }
+}

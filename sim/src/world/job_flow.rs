@@ -1,0 +1,174 @@
+//! The world's side of durable agent jobs: a job's calls arrive as requests, its decisions
+//! (cancel, expiry) fence it at once, and its worker's cleanup closes the call in progress
+//! through the adapter's policy, like any cancel intent. The job's own calls are its group: a
+//! cancel of one job counts only other jobs' requests as siblings.
+
+use super::error::{Step, Stop};
+use super::event::{Cause, Event};
+use super::job_audit::JobState;
+use super::jobs::{CallLeft, Next};
+use super::requests::Tag;
+use super::World;
+use cancelsim_models::ownership::State;
+
+impl World<'_> {
+    fn jobs_mut(&mut self) -> &mut super::jobs::Jobs {
+        self.jobs.as_mut().expect("job events need a jobs source")
+    }
+
+    pub(super) fn on_job_start(&mut self, job: u64) -> Step {
+        let policy_run = self.cancel.policy().is_some();
+        let f = &mut self.follow;
+        self.jobs.as_mut().expect("jobs").start(f, job, policy_run);
+        self.job_step(job)
+    }
+
+    /// Run the job on: admit its next call, or wait, or end it.
+    fn job_step(&mut self, job: u64) -> Step {
+        let w = &self.scenario.workload;
+        let jobs = self.jobs.as_mut().expect("jobs");
+        let next = jobs.advance(&mut self.follow, w, job).map_err(broken)?;
+        match next {
+            Next::Call(a) => {
+                let serial = (a.id & 0xF_FFFF) as u32;
+                self.arrive(a, Some((job, serial)))
+            }
+            Next::Completed => {
+                let now_ns = self.kernel.now_ns();
+                let jobs = self.jobs_mut();
+                jobs.end(job, JobState::Completed, now_ns).map_err(broken)?;
+                self.job_try_leave(job)
+            }
+            Next::Waiting | Next::Nothing => Ok(()),
+        }
+    }
+
+    pub(super) fn on_job_timer(&mut self, job: u64, serial: u32) -> Step {
+        if self.jobs_mut().timer(job, serial) {
+            return self.job_step(job);
+        }
+        Ok(())
+    }
+
+    /// The request `tag` of a job became terminal: the job moves on, tries again, or fails.
+    pub(super) fn job_call_over(&mut self, tag: Tag, job: u64) -> Step {
+        let completed = self.state_of(tag) == Some(State::Completed);
+        let id = self.requests[tag].id;
+        let jobs = self.jobs.as_mut().expect("jobs");
+        match jobs.call_ended(&mut self.follow, job, id, completed) {
+            Some(JobState::Failed) => {
+                let now_ns = self.kernel.now_ns();
+                self.jobs_mut()
+                    .end(job, JobState::Failed, now_ns)
+                    .map_err(broken)?;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The world admitted request `tag` as the job's call.
+    pub(super) fn job_joined(&mut self, job: u64, tag: Tag) {
+        self.jobs_mut().joined(job, tag);
+    }
+
+    pub(super) fn on_job_cancel(&mut self, job: u64, copy: u8) -> Step {
+        if !self.jobs_mut().cancel_arrives(job, copy) {
+            return Ok(());
+        }
+        self.job_decide(job, JobState::Cancelled)
+    }
+
+    pub(super) fn on_job_deadline(&mut self, job: u64) -> Step {
+        self.job_decide(job, JobState::Expired)
+    }
+
+    /// The terminal decision: recorded now, dispatch fenced; the worker learns of it later.
+    fn job_decide(&mut self, job: u64, to: JobState) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let call = self.jobs_mut().call_tag(job).map(|tag| {
+            let q = &self.requests[tag];
+            (q.life.tokens().min(q.output), q.cost.gpu_ns())
+        });
+        let observe = self
+            .jobs_mut()
+            .decide(job, to, now_ns, call)
+            .map_err(broken)?;
+        if let Some(at_ns) = observe {
+            self.follow.at(at_ns, Event::JobObserve { job });
+        }
+        Ok(())
+    }
+
+    /// The worker begins the cleanup: the call in progress is closed by the adapter's policy,
+    /// the tools drain, the sandbox is terminated, each within its allowances.
+    pub(super) fn on_job_observe(&mut self, job: u64) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let gpu_ns = self
+            .jobs_mut()
+            .call_tag(job)
+            .map(|t| self.requests[t].cost.gpu_ns());
+        let (stream, local_end_ns, give_up_ns) = self.jobs_mut().observe(job, now_ns, gpu_ns);
+        let f = &mut self.follow;
+        f.weak_after(
+            give_up_ns - now_ns,
+            Event::JobCleanup { job, give_up: true },
+        );
+        if local_end_ns > now_ns {
+            f.at(
+                local_end_ns,
+                Event::JobCleanup {
+                    job,
+                    give_up: false,
+                },
+            );
+        } else {
+            self.jobs_mut().cleanup_event(job, now_ns, false);
+        }
+        if let Some(tag) = stream {
+            let cause = match self.jobs_mut().get(job).map(|j| j.state) {
+                Some(JobState::Expired) => Cause::Deadline,
+                _ => Cause::Job,
+            };
+            self.intent(tag, cause)?;
+            self.try_finalize(tag)?;
+        }
+        self.job_try_leave(job)
+    }
+
+    pub(super) fn on_job_cleanup(&mut self, job: u64, give_up: bool) -> Step {
+        let now_ns = self.kernel.now_ns();
+        if self.jobs_mut().cleanup_event(job, now_ns, give_up) {
+            return self.job_try_leave(job);
+        }
+        Ok(())
+    }
+
+    /// A job's call leaves the world: its usage into the job's books.
+    pub(super) fn job_call_left(&mut self, tag: Tag, job: u64) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &self.requests[tag];
+        let left = CallLeft {
+            started: q.life.started(),
+            prompt: q.prompt,
+            received: q.life.tokens().min(q.output),
+            late: q.cost.late_discards(),
+            gpu_ns: q.cost.gpu_ns(),
+            leaked_ns: q.cost.leak_pre_ns() + q.cost.leak_post_ns(),
+        };
+        let id = q.id;
+        self.jobs_mut().call_left(job, id, now_ns, left);
+        self.job_try_leave(job)
+    }
+
+    fn job_try_leave(&mut self, job: u64) -> Step {
+        if self.jobs_mut().try_leave(job).map_err(broken)? {
+            self.sink.owner_gone(&mut self.owners, job);
+        }
+        Ok(())
+    }
+}
+
+fn broken(what: String) -> Stop {
+    Stop::broken(vec![], what)
+}

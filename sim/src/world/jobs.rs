@@ -1,0 +1,706 @@
+//! Durable agent jobs: each job walks its plan (provider calls, tool waves, approval waits,
+//! subagents) under one deadline from acceptance; a cancel or an expiry is a recorded decision
+//! that fences dispatch at once, and the job's worker, once it learns of it (notification or
+//! poll), closes the job's provider stream, drains its tools and terminates its sandbox, each
+//! wait within its allowances. The job keeps two books of its usage: the truth and what it saw.
+//!
+//! Sans-IO like the other components: it takes `now` and what happened, and says what follows
+//! (a call to admit, a timer); the world (`job_flow.rs`) does the rest.
+
+use rustc_hash::FxHashMap;
+
+use super::event::{Event, Tag};
+use super::follow::Follow;
+use super::job_audit::{self as audit, JobState};
+use super::job_books::{Cleanup, JobBooks, Usage};
+use crate::dist::{ms_to_ns, round_ns, Dist};
+use crate::kernel::rng::{key, Purpose, Stream};
+use crate::kernel::NS_PER_S;
+use crate::scenario::{JobSpec, PlanStep, Source, Workload};
+use crate::workload::{self, Arrival, TOKENS_MAX};
+
+/// One step of a plan, subagents and repeats unrolled (once per run, shared by every job).
+#[derive(Clone, Debug)]
+enum Op {
+    Call,
+    Tools {
+        tools: u32,
+        duration_ms: Dist,
+        effect_p: f64,
+    },
+    Approval {
+        wait_ms: Dist,
+    },
+    /// A subagent starts (`Enter`) or ends (`Exit`): the child inherits the remaining deadline.
+    Enter,
+    Exit,
+}
+
+/// Unrolled steps a plan may have (a plan past it is refused at load).
+pub(crate) const OPS_MAX: usize = 1 << 16;
+
+fn unroll(plan: &[PlanStep], spec: &JobSpec, out: &mut Vec<Op>) {
+    for s in plan {
+        assert!(out.len() <= OPS_MAX, "a plan unrolled past its bound");
+        match s {
+            PlanStep::Call => out.push(Op::Call),
+            PlanStep::Tools {
+                tools,
+                duration_ms,
+                effect_probability,
+            } => out.push(Op::Tools {
+                tools: *tools,
+                duration_ms: duration_ms.clone(),
+                effect_p: *effect_probability,
+            }),
+            PlanStep::Approval { wait_ms } => out.push(Op::Approval {
+                wait_ms: wait_ms.clone(),
+            }),
+            PlanStep::Subagent(name) => {
+                out.push(Op::Enter);
+                unroll(&spec.agents[name], spec, out);
+                out.push(Op::Exit);
+            }
+            PlanStep::Repeat { times, steps } => {
+                for _ in 0..*times {
+                    unroll(steps, spec, out);
+                }
+            }
+        }
+    }
+}
+
+/// A provider call's request id: bit 61, the job, the call's serial within the job.
+pub(crate) fn call_id(job: u64, serial: u32) -> u64 {
+    debug_assert!(job < 1 << 40 && serial < 1 << 20);
+    (1 << 61) | (job << 20) | serial as u64
+}
+
+/// What a job waits on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Wait {
+    Nothing,
+    Call(Call),
+    /// A tool wave or an approval, ended by the timer of this serial.
+    Timer(u32),
+    /// The step after a call, at once (an event of its own: a request's end never runs the
+    /// next request's arrival inside it).
+    Resume(u32),
+}
+
+/// The provider call in progress.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Call {
+    id: u64,
+    tag: Option<Tag>,
+    message: u32,
+    output: u32,
+    /// Output tokens the job had seen, and the call's GPU ns, at the decision.
+    seen_at_decision: Option<u32>,
+    gpu_ns_at_decision: f64,
+    /// Its GPU ns when the worker closed its stream, if it did.
+    gpu_ns_at_close: Option<f64>,
+}
+
+pub(crate) struct Job {
+    accepted_ns: u64,
+    deadline_ns: u64,
+    pub state: JobState,
+    decided_ns: u64,
+    pc: u32,
+    depth: u32,
+    history: u64,
+    /// Provider attempts journalled, and the current call's attempts.
+    attempts: u32,
+    tries: u32,
+    serial: u32,
+    wait: Wait,
+    timers: u32,
+    /// The current or last tool wave: each tool's end and whether it has an external effect.
+    wave: Vec<(u64, bool)>,
+    /// The wave is in flight (its timer has not ended it).
+    wave_open: bool,
+    sandbox: bool,
+    /// Calls admitted that have not left the world.
+    calls_out: u32,
+    /// Its own calls' cancel intents: they are its group, not siblings of it.
+    intents: u32,
+    interrupted: bool,
+    usage: Usage,
+    cleanup: Option<Cleanup>,
+    cancels_pending: u32,
+}
+
+/// What a job does next.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Next {
+    /// Admit this provider call.
+    Call(Arrival),
+    /// Wait on the timer scheduled.
+    Waiting,
+    /// Its plan is done: it completed.
+    Completed,
+    /// Nothing: it is terminal, or waits already.
+    Nothing,
+}
+
+pub(crate) struct Jobs {
+    seed: u64,
+    spec: JobSpec,
+    ops: Vec<Op>,
+    total: u64,
+    rate_per_s: f64,
+    started: u64,
+    starts: Stream,
+    live: FxHashMap<u64, Job>,
+    /// Terminal jobs that left with cancels still to come: what those cancels find.
+    gone: FxHashMap<u64, (JobState, u32)>,
+    pub books: JobBooks,
+}
+
+impl Jobs {
+    pub fn new(seed: u64, w: &Workload) -> Option<Jobs> {
+        let Source::Jobs {
+            jobs,
+            rate_per_s,
+            job,
+        } = &w.source
+        else {
+            return None;
+        };
+        let mut ops = Vec::new();
+        unroll(&job.plan, job, &mut ops);
+        Some(Jobs {
+            seed,
+            spec: job.clone(),
+            ops,
+            total: *jobs,
+            rate_per_s: *rate_per_s,
+            started: 0,
+            starts: Stream::new(seed, Purpose::Arrival, key::JOB_STARTS),
+            live: FxHashMap::default(),
+            gone: FxHashMap::default(),
+            books: JobBooks::new(job.worker.allowances_max),
+        })
+    }
+
+    pub fn get(&self, job: u64) -> Option<&Job> {
+        self.live.get(&job)
+    }
+
+    fn job(&mut self, job: u64) -> &mut Job {
+        self.live.get_mut(&job).expect("a live job")
+    }
+
+    /// Job `job` is accepted now: the next acceptance, its deadline and (in policy runs) its
+    /// cancels are scheduled.
+    pub fn start(&mut self, f: &mut Follow, job: u64, policy_run: bool) {
+        assert_eq!(job, self.started, "jobs accepted out of order");
+        self.started += 1;
+        if self.started < self.total {
+            let gap = self.starts.exponential(NS_PER_S as f64 / self.rate_per_s);
+            f.after(round_ns(gap), Event::JobStart { job: job + 1 });
+        }
+        let now_ns = f.now_ns();
+        let mut d = Stream::keyed(self.seed, Purpose::Job, job, key::JOB_DEADLINE);
+        let deadline_ns = now_ns.saturating_add(ms_to_ns(self.spec.deadline_ms.sample(&mut d)));
+        let mut cancels = 0;
+        if policy_run {
+            if let Some(delay_ns) = self.cancel_delay(job) {
+                cancels = 1 + self.spec.cancel.as_ref().map_or(0, |c| c.duplicates);
+                for copy in 0..cancels {
+                    let at = delay_ns + copy as u64 * crate::kernel::NS_PER_MS;
+                    f.after(
+                        at,
+                        Event::JobCancel {
+                            job,
+                            copy: copy as u8,
+                        },
+                    );
+                }
+            }
+            // Weak: a job that ended does not keep the run alive with its deadline.
+            f.weak_after(deadline_ns - now_ns, Event::JobDeadline { job });
+        }
+        self.books.accepted += 1;
+        self.live
+            .insert(job, Job::new(now_ns, deadline_ns, cancels));
+    }
+
+    /// When job `job`'s cancel is requested, from its acceptance, if it is a target.
+    fn cancel_delay(&self, job: u64) -> Option<u64> {
+        let c = self.spec.cancel.as_ref()?;
+        let mut s = Stream::keyed(self.seed, Purpose::Job, job, key::JOB_CANCEL);
+        let target = match c.jobs.is_empty() {
+            true => s.uniform_open01() < c.fraction,
+            false => c.jobs.contains(&job),
+        };
+        target.then(|| ms_to_ns(c.delay_ms.sample(&mut s)))
+    }
+
+    /// Run the job's plan on until it must wait: a call to admit, a timer, or its end.
+    pub fn advance(&mut self, f: &mut Follow, w: &Workload, job: u64) -> Result<Next, String> {
+        let now_ns = f.now_ns();
+        let seed = self.seed;
+        let ops = &self.ops;
+        let j = self.live.get_mut(&job).expect("a live job");
+        if j.state.is_terminal() || j.wait != Wait::Nothing {
+            return Ok(Next::Nothing);
+        }
+        loop {
+            let Some(op) = ops.get(j.pc as usize) else {
+                return Ok(Next::Completed);
+            };
+            audit::dispatch(job, j.state)?;
+            match op {
+                Op::Call => return j.call(w, seed, job, now_ns).map(Next::Call),
+                Op::Tools {
+                    tools,
+                    duration_ms,
+                    effect_p,
+                } => {
+                    j.wave(seed, job, now_ns, (*tools, duration_ms, *effect_p));
+                    return Ok(j.timer(f, job, j.wave_end_ns()));
+                }
+                Op::Approval { wait_ms } => {
+                    let mut s = Stream::keyed(seed, Purpose::Job, job, j.pc as u64);
+                    let at = now_ns.saturating_add(ms_to_ns(wait_ms.sample(&mut s)));
+                    return Ok(j.timer(f, job, at));
+                }
+                Op::Enter => {
+                    // A subagent runs under what is left of its parent's deadline, never more.
+                    audit::child_deadline(job, j.deadline_ns, j.deadline_ns)?;
+                    j.depth += 1;
+                }
+                Op::Exit => j.depth -= 1,
+            }
+            j.pc += 1;
+        }
+    }
+
+    /// The world admitted the current call as `tag`.
+    pub fn joined(&mut self, job: u64, tag: Tag) {
+        let j = self.job(job);
+        j.calls_out += 1;
+        if let Wait::Call(c) = &mut j.wait {
+            c.tag = Some(tag);
+        }
+    }
+
+    /// The current call ended (`completed`, or not). The job moves on, tries again, or fails.
+    pub fn call_ended(
+        &mut self,
+        f: &mut Follow,
+        job: u64,
+        id: u64,
+        completed: bool,
+    ) -> Option<JobState> {
+        let attempts_max = self.spec.call_attempts;
+        let j = self.live.get_mut(&job)?;
+        let Wait::Call(c) = j.wait else {
+            return None;
+        };
+        if c.id != id {
+            return None;
+        }
+        if j.state.is_terminal() {
+            if completed {
+                // A provider result after the decision: journalled, never admitted.
+                self.books.late_observations += 1;
+            }
+            return None;
+        }
+        j.wait = Wait::Nothing;
+        if completed {
+            j.history = (j.history + c.message as u64 + c.output as u64).min(TOKENS_MAX as u64);
+            j.pc += 1;
+            j.tries = 0;
+        } else {
+            j.interrupted = true;
+            if j.tries >= attempts_max {
+                return Some(JobState::Failed);
+            }
+        }
+        let serial = j.timers;
+        j.timers += 1;
+        j.wait = Wait::Resume(serial);
+        f.at(f.now_ns(), Event::JobTimer { job, serial });
+        Some(JobState::Running)
+    }
+
+    /// A tool wave's or approval's timer: true if it is the one the job waits on.
+    pub fn timer(&mut self, job: u64, serial: u32) -> bool {
+        let Some(j) = self.live.get_mut(&job) else {
+            return false;
+        };
+        if j.state.is_terminal() {
+            return false;
+        }
+        if j.wait == Wait::Resume(serial) {
+            j.wait = Wait::Nothing;
+            return true;
+        }
+        if j.wait != Wait::Timer(serial) {
+            return false;
+        }
+        j.wait = Wait::Nothing;
+        if std::mem::take(&mut j.wave_open) {
+            let done = j.wave.iter().filter(|t| t.1).count() as u64;
+            self.books.effects_completed += done;
+        }
+        j.pc += 1;
+        true
+    }
+
+    /// The plan is done (`Completed`) or a call ran out of attempts (`Failed`): terminal now,
+    /// with nothing left to clean up.
+    pub fn end(&mut self, job: u64, to: JobState, now_ns: u64) -> Result<(), String> {
+        let j = self.job(job);
+        audit::transition(job, j.state, to)?;
+        j.state = to;
+        j.decided_ns = now_ns;
+        Ok(())
+    }
+
+    /// The tag of the job's call in progress, if admitted.
+    pub fn call_tag(&self, job: u64) -> Option<Tag> {
+        match self.live.get(&job)?.wait {
+            Wait::Call(c) => c.tag,
+            _ => None,
+        }
+    }
+
+    /// The terminal decision, now: the state is recorded and dispatch fenced. Returns when the
+    /// worker learns of it, if this decided (not a duplicate, nor a job already terminal).
+    /// `call` is the current call's output seen and GPU ns.
+    pub fn decide(
+        &mut self,
+        job: u64,
+        to: JobState,
+        now_ns: u64,
+        call: Option<(u32, f64)>,
+    ) -> Result<Option<u64>, String> {
+        let Some(j) = self.live.get_mut(&job) else {
+            return Ok(None);
+        };
+        if j.state.is_terminal() {
+            if j.state == JobState::Completed && to == JobState::Cancelled {
+                self.books.completion_won += 1;
+            }
+            return Ok(None);
+        }
+        audit::transition(job, j.state, to)?;
+        j.state = to;
+        j.decided_ns = now_ns;
+        if let (Wait::Call(c), Some((seen, gpu_ns))) = (&mut j.wait, call) {
+            c.seen_at_decision = Some(seen);
+            c.gpu_ns_at_decision = gpu_ns;
+        }
+        let w = &self.spec.worker;
+        let mut s = Stream::keyed(self.seed, Purpose::Job, job, key::JOB_CLEANUP);
+        let lost = s.uniform_open01() < w.notify_loss;
+        let poll_ns = ms_to_ns(w.poll_ms).max(1);
+        let since = now_ns - j.accepted_ns;
+        let poll_at = j.accepted_ns + since.div_ceil(poll_ns) * poll_ns;
+        let notified = now_ns.saturating_add(ms_to_ns(w.notify_ms));
+        if lost {
+            self.books.notifications_lost += 1;
+        }
+        let observe_at = if lost { poll_at } else { poll_at.min(notified) };
+        if !lost && notified > poll_at {
+            self.books.poll_first += 1;
+        }
+        Ok(Some(observe_at))
+    }
+
+    /// The worker learns of the decision now and begins the cleanup. Returns the call to close,
+    /// when the local resources are done, and when the worker gives up.
+    pub fn observe(
+        &mut self,
+        job: u64,
+        now_ns: u64,
+        gpu_ns: Option<f64>,
+    ) -> (Option<Tag>, u64, u64) {
+        let w = self.spec.worker.clone();
+        let seed = self.seed;
+        let j = self.job(job);
+        let stream = match &mut j.wait {
+            Wait::Call(c) => {
+                c.gpu_ns_at_close = gpu_ns;
+                c.tag
+            }
+            _ => None,
+        };
+        let draining = j.wave_open;
+        let drain_end_ns = match draining {
+            true => j.wave_end_ns().max(now_ns),
+            false => now_ns,
+        };
+        let kill_ns = match j.sandbox {
+            true => {
+                let mut s = Stream::keyed(seed, Purpose::Job, job, key::JOB_CLEANUP);
+                s.uniform_open01();
+                ms_to_ns(w.sandbox_kill_ms.sample(&mut s))
+            }
+            false => 0,
+        };
+        let local_end_ns = drain_end_ns + kill_ns;
+        let give_up_ns = now_ns.saturating_add(ms_to_ns(w.allowance_ms) * w.allowances_max as u64);
+        let at = (j.decided_ns, now_ns);
+        j.cleanup = Some(Cleanup::new(
+            at,
+            stream.is_some(),
+            draining,
+            drain_end_ns,
+            kill_ns,
+        ));
+        (stream, local_end_ns, give_up_ns)
+    }
+
+    /// The job's local resources (tools drained, sandbox terminated) are done, or its worker
+    /// gives up (`give_up`). True if that ended its cleanup.
+    pub fn cleanup_event(&mut self, job: u64, now_ns: u64, give_up: bool) -> bool {
+        let w = &self.spec.worker;
+        let allowance_ns = ms_to_ns(w.allowance_ms);
+        let Some(j) = self.live.get_mut(&job) else {
+            return false;
+        };
+        let Some(c) = j.cleanup.as_mut() else {
+            return false;
+        };
+        if c.done() {
+            return false;
+        }
+        match give_up {
+            false => c.local_done(now_ns),
+            true => c.give_up(now_ns),
+        }
+        c.settle(now_ns, allowance_ns, w.allowances_max)
+    }
+
+    /// The job's call left the world, with its true and seen usage. True if its stream was a
+    /// cleanup resource and that ended the cleanup.
+    pub fn call_left(&mut self, job: u64, id: u64, now_ns: u64, left: CallLeft) -> bool {
+        let allowance_ns = ms_to_ns(self.spec.worker.allowance_ms);
+        let max = self.spec.worker.allowances_max;
+        let j = self.job(job);
+        j.calls_out -= 1;
+        let current = matches!(j.wait, Wait::Call(c) if c.id == id);
+        let (seen, gpu_at_decision, gpu_at_close) = match j.wait {
+            Wait::Call(c) if current => {
+                (c.seen_at_decision, c.gpu_ns_at_decision, c.gpu_ns_at_close)
+            }
+            _ => (None, left.gpu_ns, None),
+        };
+        let seen_out = seen.unwrap_or(left.received).min(left.received);
+        j.usage.truth.input += if left.started { left.prompt as u64 } else { 0 };
+        j.usage.truth.output += (left.received + left.late) as u64;
+        j.usage.reported.input += if seen_out > 0 { left.prompt as u64 } else { 0 };
+        j.usage.reported.output += seen_out as u64;
+        if seen.is_some() {
+            let until_close = gpu_at_close.unwrap_or(left.gpu_ns);
+            j.usage.leaked_ns += (until_close - gpu_at_decision).max(0.0) + left.leaked_ns;
+        }
+        if current && j.state.is_terminal() {
+            j.wait = Wait::Nothing;
+        }
+        let Some(c) = j.cleanup.as_mut() else {
+            return false;
+        };
+        if c.done() || !current {
+            return false;
+        }
+        c.stream_closed(now_ns);
+        c.settle(now_ns, allowance_ns, max)
+    }
+
+    /// The job is over (terminal, every call gone, its cleanup settled): into the books, and out.
+    /// Returns false if it is not over yet.
+    pub fn try_leave(&mut self, job: u64) -> Result<bool, String> {
+        let Some(j) = self.live.get(&job) else {
+            return Ok(false);
+        };
+        let settled = j.cleanup.as_ref().is_none_or(Cleanup::done);
+        let decided = matches!(j.state, JobState::Cancelled | JobState::Expired);
+        if !j.state.is_terminal() || j.calls_out > 0 || !settled || (decided && j.cleanup.is_none())
+        {
+            return Ok(false);
+        }
+        let j = self.live.remove(&job).expect("a live job");
+        let complete = j.state == JobState::Completed && !j.interrupted;
+        audit::usage(job, j.usage.truth, j.usage.reported, complete)?;
+        audit::attempts(job, j.attempts)?;
+        let (done, late, unknown) = j.settle_wave();
+        self.books.effects_completed += done;
+        self.books.late_observations += late;
+        self.books.effects_unknown += unknown;
+        self.books.left(j.state, &j.usage, j.cleanup.as_ref());
+        if j.cancels_pending > 0 {
+            self.gone.insert(job, (j.state, j.cancels_pending));
+        }
+        Ok(true)
+    }
+
+    /// A cancel for job `job` arrives (copy `copy` of its idempotency key): whether to decide.
+    pub fn cancel_arrives(&mut self, job: u64, copy: u8) -> bool {
+        if copy > 0 {
+            self.books.cancel_duplicates += 1;
+        }
+        if let Some(j) = self.live.get_mut(&job) {
+            j.cancels_pending -= 1;
+            return copy == 0;
+        }
+        let Some((state, pending)) = self.gone.get_mut(&job) else {
+            return false;
+        };
+        if copy == 0 && *state == JobState::Completed {
+            self.books.completion_won += 1;
+        }
+        *pending -= 1;
+        if *pending == 0 {
+            self.gone.remove(&job);
+        }
+        false
+    }
+
+    pub fn note_intent(&mut self, job: u64) {
+        if let Some(j) = self.live.get_mut(&job) {
+            j.intents += 1;
+        }
+    }
+
+    pub fn group_hit(&self, job: u64) -> bool {
+        self.live.get(&job).is_some_and(|j| j.intents > 0)
+    }
+
+    pub fn all_ended(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+/// What the world knows of a call as it leaves.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CallLeft {
+    pub started: bool,
+    pub prompt: u32,
+    /// Output tokens it received (up to its output; late ones too), and the late ones its
+    /// replica sampled and threw away itself.
+    pub received: u32,
+    pub late: u32,
+    pub gpu_ns: f64,
+    /// GPU work after its own cancel intent.
+    pub leaked_ns: f64,
+}
+
+impl Job {
+    fn new(accepted_ns: u64, deadline_ns: u64, cancels_pending: u32) -> Job {
+        Job {
+            accepted_ns,
+            deadline_ns,
+            state: JobState::Running,
+            decided_ns: 0,
+            pc: 0,
+            depth: 0,
+            history: 0,
+            attempts: 0,
+            tries: 0,
+            serial: 0,
+            wait: Wait::Nothing,
+            timers: 0,
+            wave: Vec::new(),
+            wave_open: false,
+            sandbox: false,
+            calls_out: 0,
+            intents: 0,
+            interrupted: false,
+            usage: Usage::default(),
+            cleanup: None,
+            cancels_pending,
+        }
+    }
+
+    /// Journal a provider attempt, then the call to admit.
+    fn call(&mut self, w: &Workload, seed: u64, job: u64, now_ns: u64) -> Result<Arrival, String> {
+        self.attempts += 1;
+        audit::attempts(job, self.attempts)?;
+        self.tries += 1;
+        let id = call_id(job, self.serial);
+        self.serial += 1;
+        let (message, output) = workload::shape(w, seed, id);
+        let prompt = (self.history + message as u64).clamp(1, TOKENS_MAX as u64) as u32;
+        self.wait = Wait::Call(Call {
+            id,
+            tag: None,
+            message,
+            output,
+            seen_at_decision: None,
+            gpu_ns_at_decision: 0.0,
+            gpu_ns_at_close: None,
+        });
+        Ok(Arrival {
+            id,
+            time_ns: now_ns,
+            prompt_tokens: prompt,
+            output_tokens: output,
+        })
+    }
+
+    fn wave(&mut self, seed: u64, job: u64, now_ns: u64, (tools, d, effect_p): (u32, &Dist, f64)) {
+        let mut s = Stream::keyed(seed, Purpose::Job, job, self.pc as u64);
+        self.wave.clear();
+        for _ in 0..tools {
+            let end = now_ns.saturating_add(ms_to_ns(d.sample(&mut s)));
+            let effect = s.uniform_open01() < effect_p;
+            self.wave.push((end, effect));
+        }
+        self.wave_open = true;
+        self.sandbox = true;
+    }
+
+    fn wave_end_ns(&self) -> u64 {
+        self.wave.iter().map(|t| t.0).max().unwrap_or(0)
+    }
+
+    fn timer(&mut self, f: &mut Follow, job: u64, at_ns: u64) -> Next {
+        let serial = self.timers;
+        self.timers += 1;
+        self.wait = Wait::Timer(serial);
+        f.at(at_ns, Event::JobTimer { job, serial });
+        Next::Waiting
+    }
+
+    /// The wave in flight at the decision, once the cleanup settled: effects completed, results
+    /// that came after the decision (journalled, never admitted), effects left unknown.
+    fn settle_wave(&self) -> (u64, u64, u64) {
+        if !self.wave_open {
+            return (0, 0, 0);
+        }
+        let resolved_ns = self
+            .cleanup
+            .as_ref()
+            .map_or(u64::MAX, Cleanup::resolved_until_ns);
+        let (mut done, mut late, mut unknown) = (0, 0, 0);
+        for &(end_ns, effect) in &self.wave {
+            if end_ns > resolved_ns {
+                unknown += effect as u64;
+                continue;
+            }
+            done += effect as u64;
+            late += (end_ns > self.decided_ns) as u64;
+        }
+        (done, late, unknown)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_ids_are_apart_from_every_other_id_space() {
+        let id = call_id(5, 3);
+        assert_eq!(id >> 61, 1);
+        assert_ne!(id, workload::conversation_request_id(5, 0, 3));
+        assert_eq!((id >> 20) & ((1 << 40) - 1), 5);
+    }
+}
