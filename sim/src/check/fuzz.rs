@@ -401,6 +401,8 @@ fn cancellation(d: &mut Draw) -> Cancellation {
         stage,
         delay_ms: d.dist(50.0, 1.0),
         window_s: None,
+        request_cancellation_rate: None,
+        request_cancellation_delay: None,
         ideal_baseline: d.chance(0.5),
     }
 }

@@ -36,6 +36,28 @@ pub struct Cancellation {
     /// `capacity_cost` (one more run per report).
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub ideal_baseline: bool,
+    /// NVIDIA AIPerf's `--request-cancellation-rate`: the percentage (0 to 100) of requests
+    /// cancelled. Read at load as `fraction: rate / 100, stage: AfterArrival`, so the two
+    /// spellings are one scenario (one hash). Not with `fraction`, `requests`, `stage` or
+    /// `delay_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_cancellation_rate: Option<f64>,
+    /// AIPerf's `--request-cancellation-delay`, in seconds: from the moment the request was fully
+    /// sent (its arrival: the simulator sends a request in no time) to its cancel. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_cancellation_delay: Option<f64>,
+}
+
+impl Cancellation {
+    /// AIPerf's two knobs in the storm's own terms (after validation).
+    pub(super) fn normalize(&mut self) {
+        if let Some(rate) = self.request_cancellation_rate.take() {
+            let delay_s = self.request_cancellation_delay.take().unwrap_or(0.0);
+            self.fraction = rate / 100.0;
+            self.stage = Stage::AfterArrival;
+            self.delay_ms = Dist::Constant(delay_s * 1000.0);
+        }
+    }
 }
 
 fn yes() -> bool {

@@ -219,7 +219,11 @@ impl Scenario {
                 .unwrap_or_default();
             LoadError(format!("{shown}{at}: field `{field}` {msg}"))
         })?;
-        Ok(self)
+        let mut s = self;
+        if let Some(c) = s.cancellation.as_mut() {
+            c.normalize();
+        }
+        Ok(s)
     }
 
     /// The embedded default scenario.

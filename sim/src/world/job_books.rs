@@ -248,3 +248,62 @@ impl JobBooks {
         unreachable!("the ranks add up to the count")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn each_wait_takes_its_allowances_and_too_many_make_the_cleanup_incomplete() {
+        // Observed at 0: the stream closes at 10 ms (one allowance), the tools drain until
+        // 2.5 s (two), the sandbox takes 4.5 s (three): six in all.
+        let mut c = Cleanup::new((0, 0), true, true, 2500 * MS, 4500 * MS);
+        c.stream_closed(10 * MS);
+        assert!(!c.settle(10 * MS, 2000 * MS, 8), "the local resources still run");
+        c.local_done(7000 * MS);
+        assert!(c.settle(7000 * MS, 2000 * MS, 8));
+        assert_eq!((c.allowances, c.complete), (6, true));
+        let mut tight = Cleanup::new((0, 0), true, true, 2500 * MS, 4500 * MS);
+        tight.stream_closed(10 * MS);
+        tight.local_done(7000 * MS);
+        assert!(tight.settle(7000 * MS, 2000 * MS, 5));
+        assert!(!tight.complete, "six allowances of five: incomplete");
+        // A worker that gives up has spent them all; tools still running then stay unknown.
+        let mut gave_up = Cleanup::new((0, 0), false, true, 9000 * MS, 0);
+        gave_up.give_up(8000 * MS);
+        assert!(gave_up.settle(8000 * MS, 2000 * MS, 4));
+        assert_eq!((gave_up.allowances, gave_up.complete), (4, false));
+        assert_eq!(gave_up.resolved_until_ns(), 8000 * MS);
+    }
+
+    #[test]
+    fn the_books_count_each_state_and_the_gap_only_of_decided_jobs() {
+        let mut b = JobBooks::new(4);
+        let truth = Tokens {
+            input: 100,
+            output: 30,
+        };
+        let reported = Tokens {
+            input: 100,
+            output: 10,
+        };
+        let u = Usage {
+            truth,
+            reported,
+            leaked_ns: 0.0,
+        };
+        b.left(JobState::Failed, &u, None);
+        b.left(JobState::Cancelled, &u, None);
+        let same = Usage {
+            reported: truth,
+            ..u
+        };
+        b.left(JobState::Completed, &same, None);
+        assert_eq!((b.failed, b.cancelled, b.completed), (1, 1, 1));
+        assert_eq!(b.usage_gap_tokens, 20, "the failed job's gap is not a cancel's");
+        assert_eq!(b.usage_complete, 1);
+        assert_eq!(b.summary().allowances_used_p99, 0);
+    }
+}

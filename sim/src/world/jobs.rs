@@ -144,7 +144,25 @@ pub(crate) enum Next {
     Nothing,
 }
 
+/// A deliberately broken job model, one per rule, to show the run catches each (tests only).
+#[cfg(feature = "broken-variants")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobBug {
+    /// A timer runs the plan on after the decision.
+    IgnoresFence,
+    /// A second decision overwrites the first.
+    RedecidesTerminal,
+    /// Every call reports one output token more than it computed.
+    OverReports,
+    /// A subagent gets a millisecond more than its parent has left.
+    ChildOutlivesParent,
+    /// Every journalled attempt counts as 4,096.
+    AttemptsUnbounded,
+}
+
 pub(crate) struct Jobs {
+    #[cfg(feature = "broken-variants")]
+    pub bug: Option<JobBug>,
     seed: u64,
     spec: JobSpec,
     ops: Vec<Op>,
@@ -171,6 +189,8 @@ impl Jobs {
         let mut ops = Vec::new();
         unroll(&job.plan, job, &mut ops);
         Some(Jobs {
+            #[cfg(feature = "broken-variants")]
+            bug: None,
             seed,
             spec: job.clone(),
             ops,
@@ -186,6 +206,18 @@ impl Jobs {
 
     pub fn get(&self, job: u64) -> Option<&Job> {
         self.live.get(&job)
+    }
+
+    fn bug(&self, b: u8) -> bool {
+        #[cfg(feature = "broken-variants")]
+        {
+            self.bug.is_some_and(|x| x as u8 == b)
+        }
+        #[cfg(not(feature = "broken-variants"))]
+        {
+            let _ = b;
+            false
+        }
     }
 
     fn job(&mut self, job: u64) -> &mut Job {
@@ -243,8 +275,11 @@ impl Jobs {
         let now_ns = f.now_ns();
         let seed = self.seed;
         let ops = &self.ops;
+        let ignores_fence = self.bug(0);
+        let child_bonus_ns = self.bug(3) as u64 * crate::kernel::NS_PER_MS;
+        let attempts_each = if self.bug(4) { crate::scenario::PROVIDER_ATTEMPTS_MAX } else { 1 };
         let j = self.live.get_mut(&job).expect("a live job");
-        if j.state.is_terminal() || j.wait != Wait::Nothing {
+        if (j.state.is_terminal() && !ignores_fence) || j.wait != Wait::Nothing {
             return Ok(Next::Nothing);
         }
         loop {
@@ -253,7 +288,10 @@ impl Jobs {
             };
             audit::dispatch(job, j.state)?;
             match op {
-                Op::Call => return j.call(w, seed, job, now_ns).map(Next::Call),
+                Op::Call => {
+                    j.attempts += attempts_each - 1;
+                    return j.call(w, seed, job, now_ns).map(Next::Call);
+                }
                 Op::Tools {
                     tools,
                     duration_ms,
@@ -269,7 +307,8 @@ impl Jobs {
                 }
                 Op::Enter => {
                     // A subagent runs under what is left of its parent's deadline, never more.
-                    audit::child_deadline(job, j.deadline_ns, j.deadline_ns)?;
+                    let child_ns = j.deadline_ns.saturating_sub(now_ns) + child_bonus_ns;
+                    audit::child_deadline(job, child_ns, j.deadline_ns.saturating_sub(now_ns))?;
                     j.depth += 1;
                 }
                 Op::Exit => j.depth -= 1,
@@ -330,10 +369,11 @@ impl Jobs {
 
     /// A tool wave's or approval's timer: true if it is the one the job waits on.
     pub fn timer(&mut self, job: u64, serial: u32) -> bool {
+        let ignores_fence = self.bug(0);
         let Some(j) = self.live.get_mut(&job) else {
             return false;
         };
-        if j.state.is_terminal() {
+        if j.state.is_terminal() && !ignores_fence {
             return false;
         }
         if j.wait == Wait::Resume(serial) {
@@ -380,10 +420,11 @@ impl Jobs {
         now_ns: u64,
         call: Option<(u32, f64)>,
     ) -> Result<Option<u64>, String> {
+        let redecides = self.bug(1);
         let Some(j) = self.live.get_mut(&job) else {
             return Ok(None);
         };
-        if j.state.is_terminal() {
+        if j.state.is_terminal() && !(redecides && j.state != to) {
             if j.state == JobState::Completed && to == JobState::Cancelled {
                 self.books.completion_won += 1;
             }
@@ -483,8 +524,10 @@ impl Jobs {
     pub fn call_left(&mut self, job: u64, id: u64, now_ns: u64, left: CallLeft) -> bool {
         let allowance_ns = ms_to_ns(self.spec.worker.allowance_ms);
         let max = self.spec.worker.allowances_max;
+        let over = self.bug(2) as u64;
         let j = self.job(job);
         j.calls_out -= 1;
+        j.usage.reported.output += over;
         let current = matches!(j.wait, Wait::Call(c) if c.id == id);
         let (seen, gpu_at_decision, gpu_at_close) = match j.wait {
             Wait::Call(c) if current => {

@@ -46,6 +46,8 @@ mod turns;
 pub use baseline::{CfRecord, CfTable};
 pub use error::RunError;
 pub use event::{Cause, Event};
+#[cfg(feature = "broken-variants")]
+pub use jobs::JobBug;
 
 use cancelsim_models::gpu::StepTable;
 #[cfg(feature = "broken-variants")]
@@ -85,6 +87,8 @@ pub struct Hooks {
     pub controller_bug: Option<ControllerBug>,
     /// The adapter aborts the whole engine under the per-request policy.
     pub adapter_aborts_batch: bool,
+    /// A durable job model that breaks one of the five job rules.
+    pub job_bug: Option<JobBug>,
 }
 
 /// The run's role.
@@ -207,6 +211,9 @@ impl<'s> World<'s> {
         let policy = self.cancel.policy();
         self.cancel =
             CancelClient::new(self.scenario, self.seed, policy, hooks.adapter_aborts_batch);
+        if let Some(j) = self.jobs.as_mut() {
+            j.bug = hooks.job_bug;
+        }
         self
     }
 

@@ -8,6 +8,7 @@ mod cli;
 mod defects;
 mod diff;
 mod hardening;
+mod jobs;
 mod model;
 mod outputs;
 mod overload;

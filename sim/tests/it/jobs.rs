@@ -1,0 +1,187 @@
+//! Durable agent jobs: the hand-computed case, the rules every job keeps on many seeds, the
+//! plans refused at load, and AIPerf's cancel knobs.
+
+use cancelsim::metrics::{JobsSummary, Summary};
+use cancelsim::run::{self, Report};
+use cancelsim::scenario::Scenario;
+
+fn scenario(text: &str) -> Scenario {
+    Scenario::parse(text, "<jobs>").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn report(text: &str, seed: u64) -> Report {
+    let s = scenario(text);
+    run::report(&s, seed).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn jobs(s: &Summary) -> &JobsSummary {
+    s.jobs.as_ref().expect("a jobs section")
+}
+
+/// Jobs with the given plan, cancel and worker on a flat 10 ms step.
+fn jobs_text(n: u64, plan: &str, extra: &str) -> String {
+    format!(
+        r#"Scenario(name: "j", seed: 1,
+        workload: (source: Jobs(jobs: {n}, rate_per_s: 5.0, job: (
+            deadline_ms: Uniform(low: 2000.0, high: 20000.0), plan: {plan}, {extra})),
+            prompt_tokens: Uniform(low: 50.0, high: 400.0), output_tokens: Uniform(low: 5.0, high: 60.0)),
+        cluster: (replicas: 2, profile: Custom(c0_ms: 10.0, kv_blocks_16: 4000),
+            scheduler: Continuous(window: 2, max_num_seqs: 16)),
+        policies: [PerRequest, GroupAbort(Stream), FinishAndDiscard],
+        adapter: (streams: 3))"#
+    )
+}
+
+#[test]
+fn the_hand_computed_job_matches_its_arithmetic() {
+    // scenarios/library/jobs-hand-computed.ron gives the arithmetic, step by step.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/library/jobs-hand-computed.ron"
+    ))
+    .unwrap();
+    let r = report(&text, 1);
+    let j = jobs(&r.policies[0]);
+    assert_eq!((j.accepted, j.cancelled, j.completed), (1, 1, 0));
+    assert_eq!((j.true_tokens, j.reported_tokens, j.usage_gap_tokens), (352, 350, 2));
+    assert_eq!(j.cleanup_ms.p50, 55.0);
+    assert_eq!(j.allowances_used_p99, 2);
+    assert!((j.leaked_gpu_s - 0.020).abs() < 1e-9, "{}", j.leaked_gpu_s);
+    assert_eq!((j.effects_completed, j.effects_unknown), (2, 0));
+    // The fence: the cancel came during call 2, and no third request ever started.
+    assert_eq!(r.policies[0].requests.scheduled, 2);
+    // The counterfactual runs the job to its end: usage complete, all 120 + 240 tokens.
+    let cf = jobs(&r.counterfactual);
+    assert_eq!((cf.completed, cf.usage_complete), (1, 1));
+    assert_eq!((cf.true_tokens, cf.reported_tokens), (360, 360));
+}
+
+#[test]
+fn every_rule_holds_on_many_seeds_of_a_mixed_plan() {
+    let plan = r#"[Call, Subagent("search"), Repeat(times: 2, steps: [Tools(tools: 3,
+        duration_ms: Exponential(mean: 300.0), effect_probability: 0.4), Call]),
+        Approval(wait_ms: Exponential(mean: 500.0)), Call]"#;
+    let extra = r#"agents: {"search": [Call, Tools(tools: 2, duration_ms: Constant(200.0))]},
+        cancel: Some((fraction: 0.5, delay_ms: Uniform(low: 0.0, high: 6000.0), duplicates: 2)),
+        worker: (notify_loss: 0.3, sandbox_kill_ms: Exponential(mean: 1500.0), allowances_max: 2)"#;
+    let text = jobs_text(40, plan, extra);
+    let mut seen = [0u64; 6];
+    for seed in 1..=12 {
+        // A broken rule stops the run with an error naming it: every report here kept them all.
+        let r = report(&text, seed);
+        for p in std::iter::once(&r.counterfactual).chain(&r.policies) {
+            let j = jobs(p);
+            let ended = j.completed + j.cancelled + j.expired + j.failed;
+            assert_eq!(ended, j.accepted, "every job ends in one state ({seed})");
+            assert!(j.reported_tokens <= j.true_tokens);
+            assert!(j.usage_complete <= j.completed);
+            assert_eq!(j.cleanups, j.cancelled + j.expired, "one cleanup per decision");
+            seen[0] += j.cancelled;
+            seen[1] += j.expired;
+            seen[2] += j.completion_won;
+            seen[3] += j.cleanup_incomplete;
+            seen[4] += j.notifications_lost;
+            seen[5] += j.failed;
+        }
+    }
+    // The draws reach every path this test means to cover.
+    assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+}
+
+#[test]
+fn a_plan_that_cannot_run_is_refused_at_load_where_it_is_written() {
+    let cases = [
+        (
+            r#"[Subagent("a")]"#,
+            r#"agents: {"a": [Call, Subagent("b")], "b": [Subagent("a")]}"#,
+            "cycle of subagents",
+        ),
+        (r#"[Tools(tools: 2, duration_ms: Constant(0.0))]"#, "", "no duration"),
+        (r#"[Approval(wait_ms: Constant(0.0))]"#, "", "no duration"),
+        (r#"[Repeat(times: 4097, steps: [Call])]"#, "", "between 1 and 4096"),
+        (r#"[Repeat(times: 2048, steps: [Call])]"#, "call_attempts: 3", "provider attempts"),
+        (r#"[Subagent("nobody")]"#, "", "no agent named"),
+        ("[]", "", "at least one step"),
+    ];
+    for (plan, extra, want) in cases {
+        let text = jobs_text(1, plan, extra);
+        let e = Scenario::parse(&text, "j.ron").unwrap_err().to_string();
+        assert!(e.contains(want), "{plan}: {e}");
+        assert!(e.starts_with("j.ron:"), "names the file: {e}");
+        assert!(e.contains("workload.source.Jobs.job"), "names the field: {e}");
+    }
+    let zero = jobs_text(1, "[Call]", "").replace(
+        "deadline_ms: Uniform(low: 2000.0, high: 20000.0)",
+        "deadline_ms: Constant(0.0)",
+    );
+    let e = Scenario::parse(&zero, "j.ron").unwrap_err().to_string();
+    assert!(e.contains("deadline of 0") && e.starts_with("j.ron:3:"), "{e}");
+}
+
+const POISSON: &str = r#"Scenario(name: "a", seed: 3,
+    workload: (source: Poisson(rate_per_s: 200.0, requests: 400)),
+    cluster: (profile: Named("llama-3.1-8b-h100"), scheduler: Continuous()),
+    cancellation: CANCEL)"#;
+
+#[test]
+fn aiperfs_cancel_knobs_mean_what_they_mean_there() {
+    let knobs = POISSON.replace(
+        "CANCEL",
+        "(request_cancellation_rate: 25.0, request_cancellation_delay: 0.5)",
+    );
+    let own = POISSON.replace(
+        "CANCEL",
+        "(fraction: 0.25, stage: AfterArrival, delay_ms: Constant(500.0))",
+    );
+    let (a, b) = (scenario(&knobs), scenario(&own));
+    // One scenario, two spellings: the same hash, so the same run directory and run hash.
+    assert_eq!(a.hash(), b.hash());
+    let (ra, rb) = (run::report(&a, 3).unwrap(), run::report(&b, 3).unwrap());
+    assert_eq!(ra.run_hash, rb.run_hash);
+    let targets = ra.policies[0].workload.storm_targets;
+    assert!((70..=130).contains(&targets), "about 25 % of 400: {targets}");
+    for (bad, want) in [
+        ("(request_cancellation_rate: 120.0)", "percentage"),
+        ("(request_cancellation_delay: 1.0)", "needs `request_cancellation_rate`"),
+        (
+            "(request_cancellation_rate: 10.0, request_cancellation_delay: -1.0)",
+            ">= 0",
+        ),
+        (
+            "(request_cancellation_rate: 10.0, fraction: 0.5)",
+            "one spelling or the other",
+        ),
+    ] {
+        let e = Scenario::parse(&POISSON.replace("CANCEL", bad), "a.ron")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want) && e.starts_with("a.ron:4:"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn each_rule_broken_on_purpose_stops_the_run_naming_it() {
+    use cancelsim::world::{Hooks, JobBug};
+    let plan = r#"[Call, Subagent("s"), Tools(tools: 2, duration_ms: Constant(300.0)), Call]"#;
+    let extra = r#"agents: {"s": [Call]},
+        cancel: Some((fraction: 0.6, delay_ms: Uniform(low: 0.0, high: 3000.0))),
+        worker: (sandbox_kill_ms: Exponential(mean: 3000.0))"#;
+    let s = scenario(&jobs_text(30, plan, extra));
+    for (bug, says) in [
+        (JobBug::IgnoresFence, "dispatched work after its terminal decision"),
+        (JobBug::RedecidesTerminal, "terminal state changed"),
+        (JobBug::OverReports, "reported"),
+        (JobBug::ChildOutlivesParent, "a child's deadline"),
+        (JobBug::AttemptsUnbounded, "provider attempts"),
+    ] {
+        let hooks = Hooks {
+            job_bug: Some(bug),
+            ..Hooks::default()
+        };
+        let caught = (1..=6).find_map(|seed| run::report_with(&s, seed, hooks).err());
+        let e = caught.unwrap_or_else(|| panic!("{bug:?} was never caught")).to_string();
+        assert!(e.contains(says), "{bug:?}: {e}");
+        // The correct model passes the same seeds.
+        assert!((1..=6).all(|seed| run::report(&s, seed).is_ok()));
+    }
+}
