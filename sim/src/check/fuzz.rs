@@ -26,6 +26,8 @@ pub enum Tier {
     Small = 1,
     /// 5,000 to 50,000 requests, offered up to 3x capacity.
     Big = 2,
+    /// A small world whose source is durable agent jobs (`fuzz_jobs.rs`).
+    Jobs = 3,
 }
 
 /// The scenario of fuzz seed `seed` in tier `tier`. `base_dir` is where trace paths resolve.
@@ -37,7 +39,7 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
         .expect("the embedded default scenario is valid");
     s.name = format!(
         "fuzz-{}-{seed}",
-        if tier == Tier::Big { "big" } else { "small" }
+        format!("{tier:?}").to_lowercase()
     );
     s.description = format!("Drawn by `cancelsim check --fuzz`, seed {seed}.");
     s.seed = seed;
@@ -79,6 +81,11 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
             probability: d.pick(&[1.0, some]),
             detect_ms: d.dist(5.0, 1.0),
         });
+    }
+    if tier == Tier::Jobs {
+        let requests = super::swarm::requests(&s).unwrap_or(100);
+        let rate = d.scale(0.1, 200.0);
+        s.workload.source = super::fuzz_jobs::source(&mut d, requests, rate);
     }
     s.expect.clear();
     s.coverage.clear();
@@ -564,7 +571,7 @@ mod tests {
     fn every_drawn_scenario_validates_and_draws_differ() {
         let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
         let mut names = std::collections::BTreeSet::new();
-        for tier in [Tier::Small, Tier::Big] {
+        for tier in [Tier::Small, Tier::Big, Tier::Jobs] {
             for seed in 1..=300 {
                 let s = scenario(seed, tier, base.clone());
                 if let Err(e) = s.validate() {
@@ -573,6 +580,6 @@ mod tests {
                 names.insert(s.hash());
             }
         }
-        assert_eq!(names.len(), 600, "every seed draws another scenario");
+        assert_eq!(names.len(), 900, "every seed draws another scenario");
     }
 }

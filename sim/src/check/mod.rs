@@ -9,6 +9,7 @@
 
 mod draw;
 pub mod fuzz;
+mod fuzz_jobs;
 mod sense;
 mod shrink;
 mod swarm;

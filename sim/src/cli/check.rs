@@ -419,6 +419,8 @@ pub fn main(args: Args) -> Outcome {
     }
     if args.fuzz > 0 {
         failures += fuzz_tier(Tier::Small, args.fuzz, &args, &mut cases).1;
+        // A quarter as many worlds of durable agent jobs, their own tier.
+        failures += fuzz_tier(Tier::Jobs, args.fuzz.div_ceil(4), &args, &mut cases).1;
     }
     if args.big > 0 {
         failures += fuzz_tier(Tier::Big, args.big, &args, &mut cases).1;
