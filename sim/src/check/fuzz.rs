@@ -37,10 +37,7 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
     };
     let mut s = Scenario::parse(DEFAULT_SCENARIO, DEFAULT_SCENARIO_PATH)
         .expect("the embedded default scenario is valid");
-    s.name = format!(
-        "fuzz-{}-{seed}",
-        format!("{tier:?}").to_lowercase()
-    );
+    s.name = format!("fuzz-{}-{seed}", format!("{tier:?}").to_lowercase());
     s.description = format!("Drawn by `cancelsim check --fuzz`, seed {seed}.");
     s.seed = seed;
     s.base_dir = base_dir;

@@ -103,6 +103,9 @@ mod tests {
                 seen[4] += p.requests.scheduled;
             }
         }
-        assert!(seen.iter().all(|&n| n > 0), "completed, cancelled, expired, failed, calls: {seen:?}");
+        assert!(
+            seen.iter().all(|&n| n > 0),
+            "completed, cancelled, expired, failed, calls: {seen:?}"
+        );
     }
 }

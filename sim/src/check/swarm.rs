@@ -31,8 +31,8 @@ pub fn randomise(base: &Scenario, seed: u64) -> Scenario {
             stage: Stage::Random,
             delay_ms: crate::dist::Dist::Constant(0.0),
             window_s: None,
-        request_cancellation_rate: None,
-        request_cancellation_delay: None,
+            request_cancellation_rate: None,
+            request_cancellation_delay: None,
             ideal_baseline: true,
         });
         c.fraction = f;

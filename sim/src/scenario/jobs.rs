@@ -21,6 +21,8 @@ pub const PROVIDER_ATTEMPTS_MAX: u32 = 4096;
 pub const NESTING_MAX: u32 = 16;
 /// Tools in one wave.
 pub const TOOLS_PER_WAVE_MAX: u32 = 256;
+/// Steps of a plan with its subagents and repeats unrolled (each run unrolls it once).
+pub const STEPS_MAX: u64 = 1 << 16;
 
 /// What every job of a `Jobs` source does, and how its cancel and cleanup behave.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -151,6 +153,8 @@ impl Default for Worker {
 pub struct PlanBounds {
     pub calls: u64,
     pub tools: u64,
+    /// Steps unrolled (a subagent's start and end count as one each).
+    pub steps: u64,
 }
 
 impl JobSpec {
@@ -188,6 +192,14 @@ impl JobSpec {
                 "the plan can journal {attempts} provider attempts ({} calls x {} attempts); a \
                  job may journal at most {PROVIDER_ATTEMPTS_MAX}",
                 b.calls, self.call_attempts
+            );
+            return v::err(&format!("{f}.plan"), m);
+        }
+        if b.steps > STEPS_MAX {
+            let m = format!(
+                "the plan unrolls to {} steps, its subagents and repeats counted; at most \
+                 {STEPS_MAX}",
+                b.steps
             );
             return v::err(&format!("{f}.plan"), m);
         }
@@ -313,35 +325,48 @@ fn bounds_of(
     agents: &BTreeMap<String, Vec<PlanStep>>,
     depth: u32,
 ) -> PlanBounds {
-    let mut b = PlanBounds::default();
+    let past = PlanBounds {
+        calls: u64::MAX,
+        tools: u64::MAX,
+        steps: u64::MAX,
+    };
     if depth > NESTING_MAX {
         // Deeper than any plan may nest: counted as past every limit.
-        return PlanBounds {
-            calls: u64::MAX,
-            tools: u64::MAX,
-        };
+        return past;
     }
+    let mut b = PlanBounds::default();
     for s in plan {
+        let one = |calls, tools| PlanBounds {
+            calls,
+            tools,
+            steps: 1,
+        };
         let inner = match s {
-            PlanStep::Call => PlanBounds { calls: 1, tools: 0 },
-            PlanStep::Tools { tools, .. } => PlanBounds {
-                calls: 0,
-                tools: *tools as u64,
-            },
-            PlanStep::Approval { .. } => PlanBounds::default(),
-            PlanStep::Subagent(n) => agents
-                .get(n)
-                .map_or_else(PlanBounds::default, |p| bounds_of(p, agents, depth + 1)),
+            PlanStep::Call => one(1, 0),
+            PlanStep::Tools { tools, .. } => one(0, *tools as u64),
+            PlanStep::Approval { .. } => one(0, 0),
+            PlanStep::Subagent(n) => {
+                let a = agents
+                    .get(n)
+                    .map_or_else(PlanBounds::default, |p| bounds_of(p, agents, depth + 1));
+                PlanBounds {
+                    steps: a.steps.saturating_add(2),
+                    ..a
+                }
+            }
             PlanStep::Repeat { times, steps } => {
                 let r = bounds_of(steps, agents, depth);
+                let t = *times as u64;
                 PlanBounds {
-                    calls: r.calls.saturating_mul(*times as u64),
-                    tools: r.tools.saturating_mul(*times as u64),
+                    calls: r.calls.saturating_mul(t),
+                    tools: r.tools.saturating_mul(t),
+                    steps: r.steps.saturating_mul(t),
                 }
             }
         };
         b.calls = b.calls.saturating_add(inner.calls);
         b.tools = b.tools.saturating_add(inner.tools);
+        b.steps = b.steps.saturating_add(inner.steps);
     }
     b
 }

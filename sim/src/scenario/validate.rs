@@ -315,16 +315,7 @@ fn validate_source(source: &Source) -> Check {
             count(&format!("{f}.requests"), *n)
         }
         Source::Conversations { .. } => validate_conversations(source),
-        Source::Jobs {
-            jobs,
-            rate_per_s,
-            job,
-        } => {
-            let f = "workload.source.Jobs";
-            count(&format!("{f}.jobs"), *jobs)?;
-            positive(&format!("{f}.rate_per_s"), *rate_per_s)?;
-            job.validate(&format!("{f}.job"))
-        }
+        Source::Jobs { .. } => validate_jobs(source),
         Source::Trace {
             path,
             speedup,
@@ -348,6 +339,21 @@ fn validate_source(source: &Source) -> Check {
             Ok(())
         }
     }
+}
+
+fn validate_jobs(source: &Source) -> Check {
+    let Source::Jobs {
+        jobs,
+        rate_per_s,
+        job,
+    } = source
+    else {
+        return Ok(());
+    };
+    let f = "workload.source.Jobs";
+    count(&format!("{f}.jobs"), *jobs)?;
+    positive(&format!("{f}.rate_per_s"), *rate_per_s)?;
+    job.validate(&format!("{f}.job"))
 }
 
 fn validate_conversations(source: &Source) -> Check {

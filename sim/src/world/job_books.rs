@@ -261,7 +261,10 @@ mod tests {
         // 2.5 s (two), the sandbox takes 4.5 s (three): six in all.
         let mut c = Cleanup::new((0, 0), true, true, 2500 * MS, 4500 * MS);
         c.stream_closed(10 * MS);
-        assert!(!c.settle(10 * MS, 2000 * MS, 8), "the local resources still run");
+        assert!(
+            !c.settle(10 * MS, 2000 * MS, 8),
+            "the local resources still run"
+        );
         c.local_done(7000 * MS);
         assert!(c.settle(7000 * MS, 2000 * MS, 8));
         assert_eq!((c.allowances, c.complete), (6, true));
@@ -302,7 +305,10 @@ mod tests {
         };
         b.left(JobState::Completed, &same, None);
         assert_eq!((b.failed, b.cancelled, b.completed), (1, 1, 1));
-        assert_eq!(b.usage_gap_tokens, 20, "the failed job's gap is not a cancel's");
+        assert_eq!(
+            b.usage_gap_tokens, 20,
+            "the failed job's gap is not a cancel's"
+        );
         assert_eq!(b.usage_complete, 1);
         assert_eq!(b.summary().allowances_used_p99, 0);
     }

@@ -11,125 +11,15 @@ use rustc_hash::FxHashMap;
 
 use super::event::{Event, Tag};
 use super::follow::Follow;
+pub(crate) use super::job::CallLeft;
+use super::job::{unroll, Job, Op, Wait};
 use super::job_audit::{self as audit, JobState};
-use super::job_books::{Cleanup, JobBooks, Usage};
-use crate::dist::{ms_to_ns, round_ns, Dist};
+use super::job_books::{Cleanup, JobBooks};
+use crate::dist::{ms_to_ns, round_ns};
 use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::NS_PER_S;
-use crate::scenario::{JobSpec, PlanStep, Source, Workload};
-use crate::workload::{self, Arrival, TOKENS_MAX};
-
-/// One step of a plan, subagents and repeats unrolled (once per run, shared by every job).
-#[derive(Clone, Debug)]
-enum Op {
-    Call,
-    Tools {
-        tools: u32,
-        duration_ms: Dist,
-        effect_p: f64,
-    },
-    Approval {
-        wait_ms: Dist,
-    },
-    /// A subagent starts (`Enter`) or ends (`Exit`): the child inherits the remaining deadline.
-    Enter,
-    Exit,
-}
-
-/// Unrolled steps a plan may have (a plan past it is refused at load).
-pub(crate) const OPS_MAX: usize = 1 << 16;
-
-fn unroll(plan: &[PlanStep], spec: &JobSpec, out: &mut Vec<Op>) {
-    for s in plan {
-        assert!(out.len() <= OPS_MAX, "a plan unrolled past its bound");
-        match s {
-            PlanStep::Call => out.push(Op::Call),
-            PlanStep::Tools {
-                tools,
-                duration_ms,
-                effect_probability,
-            } => out.push(Op::Tools {
-                tools: *tools,
-                duration_ms: duration_ms.clone(),
-                effect_p: *effect_probability,
-            }),
-            PlanStep::Approval { wait_ms } => out.push(Op::Approval {
-                wait_ms: wait_ms.clone(),
-            }),
-            PlanStep::Subagent(name) => {
-                out.push(Op::Enter);
-                unroll(&spec.agents[name], spec, out);
-                out.push(Op::Exit);
-            }
-            PlanStep::Repeat { times, steps } => {
-                for _ in 0..*times {
-                    unroll(steps, spec, out);
-                }
-            }
-        }
-    }
-}
-
-/// A provider call's request id: bit 61, the job, the call's serial within the job.
-pub(crate) fn call_id(job: u64, serial: u32) -> u64 {
-    debug_assert!(job < 1 << 40 && serial < 1 << 20);
-    (1 << 61) | (job << 20) | serial as u64
-}
-
-/// What a job waits on.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Wait {
-    Nothing,
-    Call(Call),
-    /// A tool wave or an approval, ended by the timer of this serial.
-    Timer(u32),
-    /// The step after a call, at once (an event of its own: a request's end never runs the
-    /// next request's arrival inside it).
-    Resume(u32),
-}
-
-/// The provider call in progress.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Call {
-    id: u64,
-    tag: Option<Tag>,
-    message: u32,
-    output: u32,
-    /// Output tokens the job had seen, and the call's GPU ns, at the decision.
-    seen_at_decision: Option<u32>,
-    gpu_ns_at_decision: f64,
-    /// Its GPU ns when the worker closed its stream, if it did.
-    gpu_ns_at_close: Option<f64>,
-}
-
-pub(crate) struct Job {
-    accepted_ns: u64,
-    deadline_ns: u64,
-    pub state: JobState,
-    decided_ns: u64,
-    pc: u32,
-    depth: u32,
-    history: u64,
-    /// Provider attempts journalled, and the current call's attempts.
-    attempts: u32,
-    tries: u32,
-    serial: u32,
-    wait: Wait,
-    timers: u32,
-    /// The current or last tool wave: each tool's end and whether it has an external effect.
-    wave: Vec<(u64, bool)>,
-    /// The wave is in flight (its timer has not ended it).
-    wave_open: bool,
-    sandbox: bool,
-    /// Calls admitted that have not left the world.
-    calls_out: u32,
-    /// Its own calls' cancel intents: they are its group, not siblings of it.
-    intents: u32,
-    interrupted: bool,
-    usage: Usage,
-    cleanup: Option<Cleanup>,
-    cancels_pending: u32,
-}
+use crate::scenario::{JobSpec, Source, Workload};
+use crate::workload::{Arrival, TOKENS_MAX};
 
 /// What a job does next.
 #[derive(Debug, PartialEq)]
@@ -277,7 +167,11 @@ impl Jobs {
         let ops = &self.ops;
         let ignores_fence = self.bug(0);
         let child_bonus_ns = self.bug(3) as u64 * crate::kernel::NS_PER_MS;
-        let attempts_each = if self.bug(4) { crate::scenario::PROVIDER_ATTEMPTS_MAX } else { 1 };
+        let attempts_each = if self.bug(4) {
+            crate::scenario::PROVIDER_ATTEMPTS_MAX
+        } else {
+            1
+        };
         let j = self.live.get_mut(&job).expect("a live job");
         if (j.state.is_terminal() && !ignores_fence) || j.wait != Wait::Nothing {
             return Ok(Next::Nothing);
@@ -618,132 +512,5 @@ impl Jobs {
 
     pub fn all_ended(&self) -> bool {
         self.live.is_empty()
-    }
-}
-
-/// What the world knows of a call as it leaves.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct CallLeft {
-    pub started: bool,
-    pub prompt: u32,
-    /// Output tokens it received (up to its output; late ones too), and the late ones its
-    /// replica sampled and threw away itself.
-    pub received: u32,
-    pub late: u32,
-    pub gpu_ns: f64,
-    /// GPU work after its own cancel intent.
-    pub leaked_ns: f64,
-}
-
-impl Job {
-    fn new(accepted_ns: u64, deadline_ns: u64, cancels_pending: u32) -> Job {
-        Job {
-            accepted_ns,
-            deadline_ns,
-            state: JobState::Running,
-            decided_ns: 0,
-            pc: 0,
-            depth: 0,
-            history: 0,
-            attempts: 0,
-            tries: 0,
-            serial: 0,
-            wait: Wait::Nothing,
-            timers: 0,
-            wave: Vec::new(),
-            wave_open: false,
-            sandbox: false,
-            calls_out: 0,
-            intents: 0,
-            interrupted: false,
-            usage: Usage::default(),
-            cleanup: None,
-            cancels_pending,
-        }
-    }
-
-    /// Journal a provider attempt, then the call to admit.
-    fn call(&mut self, w: &Workload, seed: u64, job: u64, now_ns: u64) -> Result<Arrival, String> {
-        self.attempts += 1;
-        audit::attempts(job, self.attempts)?;
-        self.tries += 1;
-        let id = call_id(job, self.serial);
-        self.serial += 1;
-        let (message, output) = workload::shape(w, seed, id);
-        let prompt = (self.history + message as u64).clamp(1, TOKENS_MAX as u64) as u32;
-        self.wait = Wait::Call(Call {
-            id,
-            tag: None,
-            message,
-            output,
-            seen_at_decision: None,
-            gpu_ns_at_decision: 0.0,
-            gpu_ns_at_close: None,
-        });
-        Ok(Arrival {
-            id,
-            time_ns: now_ns,
-            prompt_tokens: prompt,
-            output_tokens: output,
-        })
-    }
-
-    fn wave(&mut self, seed: u64, job: u64, now_ns: u64, (tools, d, effect_p): (u32, &Dist, f64)) {
-        let mut s = Stream::keyed(seed, Purpose::Job, job, self.pc as u64);
-        self.wave.clear();
-        for _ in 0..tools {
-            let end = now_ns.saturating_add(ms_to_ns(d.sample(&mut s)));
-            let effect = s.uniform_open01() < effect_p;
-            self.wave.push((end, effect));
-        }
-        self.wave_open = true;
-        self.sandbox = true;
-    }
-
-    fn wave_end_ns(&self) -> u64 {
-        self.wave.iter().map(|t| t.0).max().unwrap_or(0)
-    }
-
-    fn timer(&mut self, f: &mut Follow, job: u64, at_ns: u64) -> Next {
-        let serial = self.timers;
-        self.timers += 1;
-        self.wait = Wait::Timer(serial);
-        f.at(at_ns, Event::JobTimer { job, serial });
-        Next::Waiting
-    }
-
-    /// The wave in flight at the decision, once the cleanup settled: effects completed, results
-    /// that came after the decision (journalled, never admitted), effects left unknown.
-    fn settle_wave(&self) -> (u64, u64, u64) {
-        if !self.wave_open {
-            return (0, 0, 0);
-        }
-        let resolved_ns = self
-            .cleanup
-            .as_ref()
-            .map_or(u64::MAX, Cleanup::resolved_until_ns);
-        let (mut done, mut late, mut unknown) = (0, 0, 0);
-        for &(end_ns, effect) in &self.wave {
-            if end_ns > resolved_ns {
-                unknown += effect as u64;
-                continue;
-            }
-            done += effect as u64;
-            late += (end_ns > self.decided_ns) as u64;
-        }
-        (done, late, unknown)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn call_ids_are_apart_from_every_other_id_space() {
-        let id = call_id(5, 3);
-        assert_eq!(id >> 61, 1);
-        assert_ne!(id, workload::conversation_request_id(5, 0, 3));
-        assert_eq!((id >> 20) & ((1 << 40) - 1), 5);
     }
 }

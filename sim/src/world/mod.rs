@@ -29,6 +29,7 @@ mod flow;
 mod follow;
 mod handoff;
 mod intent;
+mod job;
 mod job_audit;
 mod job_books;
 mod job_flow;

@@ -43,7 +43,10 @@ fn the_hand_computed_job_matches_its_arithmetic() {
     let r = report(&text, 1);
     let j = jobs(&r.policies[0]);
     assert_eq!((j.accepted, j.cancelled, j.completed), (1, 1, 0));
-    assert_eq!((j.true_tokens, j.reported_tokens, j.usage_gap_tokens), (352, 350, 2));
+    assert_eq!(
+        (j.true_tokens, j.reported_tokens, j.usage_gap_tokens),
+        (352, 350, 2)
+    );
     assert_eq!(j.cleanup_ms.p50, 55.0);
     assert_eq!(j.allowances_used_p99, 2);
     assert!((j.leaked_gpu_s - 0.020).abs() < 1e-9, "{}", j.leaked_gpu_s);
@@ -75,7 +78,11 @@ fn every_rule_holds_on_many_seeds_of_a_mixed_plan() {
             assert_eq!(ended, j.accepted, "every job ends in one state ({seed})");
             assert!(j.reported_tokens <= j.true_tokens);
             assert!(j.usage_complete <= j.completed);
-            assert_eq!(j.cleanups, j.cancelled + j.expired, "one cleanup per decision");
+            assert_eq!(
+                j.cleanups,
+                j.cancelled + j.expired,
+                "one cleanup per decision"
+            );
             seen[0] += j.cancelled;
             seen[1] += j.expired;
             seen[2] += j.completion_won;
@@ -96,26 +103,49 @@ fn a_plan_that_cannot_run_is_refused_at_load_where_it_is_written() {
             r#"agents: {"a": [Call, Subagent("b")], "b": [Subagent("a")]}"#,
             "cycle of subagents",
         ),
-        (r#"[Tools(tools: 2, duration_ms: Constant(0.0))]"#, "", "no duration"),
+        (
+            r#"[Tools(tools: 2, duration_ms: Constant(0.0))]"#,
+            "",
+            "no duration",
+        ),
         (r#"[Approval(wait_ms: Constant(0.0))]"#, "", "no duration"),
-        (r#"[Repeat(times: 4097, steps: [Call])]"#, "", "between 1 and 4096"),
-        (r#"[Repeat(times: 2048, steps: [Call])]"#, "call_attempts: 3", "provider attempts"),
+        (
+            r#"[Repeat(times: 4097, steps: [Call])]"#,
+            "",
+            "between 1 and 4096",
+        ),
+        (
+            r#"[Repeat(times: 2048, steps: [Call])]"#,
+            "call_attempts: 3",
+            "provider attempts",
+        ),
         (r#"[Subagent("nobody")]"#, "", "no agent named"),
         ("[]", "", "at least one step"),
+        (
+            r#"[Repeat(times: 300, steps: [Repeat(times: 300, steps: [Approval(wait_ms: Constant(1.0))])])]"#,
+            "",
+            "unrolls to 90000 steps",
+        ),
     ];
     for (plan, extra, want) in cases {
         let text = jobs_text(1, plan, extra);
         let e = Scenario::parse(&text, "j.ron").unwrap_err().to_string();
         assert!(e.contains(want), "{plan}: {e}");
         assert!(e.starts_with("j.ron:"), "names the file: {e}");
-        assert!(e.contains("workload.source.Jobs.job"), "names the field: {e}");
+        assert!(
+            e.contains("workload.source.Jobs.job"),
+            "names the field: {e}"
+        );
     }
     let zero = jobs_text(1, "[Call]", "").replace(
         "deadline_ms: Uniform(low: 2000.0, high: 20000.0)",
         "deadline_ms: Constant(0.0)",
     );
     let e = Scenario::parse(&zero, "j.ron").unwrap_err().to_string();
-    assert!(e.contains("deadline of 0") && e.starts_with("j.ron:3:"), "{e}");
+    assert!(
+        e.contains("deadline of 0") && e.starts_with("j.ron:3:"),
+        "{e}"
+    );
 }
 
 const POISSON: &str = r#"Scenario(name: "a", seed: 3,
@@ -139,10 +169,16 @@ fn aiperfs_cancel_knobs_mean_what_they_mean_there() {
     let (ra, rb) = (run::report(&a, 3).unwrap(), run::report(&b, 3).unwrap());
     assert_eq!(ra.run_hash, rb.run_hash);
     let targets = ra.policies[0].workload.storm_targets;
-    assert!((70..=130).contains(&targets), "about 25 % of 400: {targets}");
+    assert!(
+        (70..=130).contains(&targets),
+        "about 25 % of 400: {targets}"
+    );
     for (bad, want) in [
         ("(request_cancellation_rate: 120.0)", "percentage"),
-        ("(request_cancellation_delay: 1.0)", "needs `request_cancellation_rate`"),
+        (
+            "(request_cancellation_delay: 1.0)",
+            "needs `request_cancellation_rate`",
+        ),
         (
             "(request_cancellation_rate: 10.0, request_cancellation_delay: -1.0)",
             ">= 0",
@@ -168,7 +204,10 @@ fn each_rule_broken_on_purpose_stops_the_run_naming_it() {
         worker: (sandbox_kill_ms: Exponential(mean: 3000.0))"#;
     let s = scenario(&jobs_text(30, plan, extra));
     for (bug, says) in [
-        (JobBug::IgnoresFence, "dispatched work after its terminal decision"),
+        (
+            JobBug::IgnoresFence,
+            "dispatched work after its terminal decision",
+        ),
         (JobBug::RedecidesTerminal, "terminal state changed"),
         (JobBug::OverReports, "reported"),
         (JobBug::ChildOutlivesParent, "a child's deadline"),
@@ -179,7 +218,9 @@ fn each_rule_broken_on_purpose_stops_the_run_naming_it() {
             ..Hooks::default()
         };
         let caught = (1..=6).find_map(|seed| run::report_with(&s, seed, hooks).err());
-        let e = caught.unwrap_or_else(|| panic!("{bug:?} was never caught")).to_string();
+        let e = caught
+            .unwrap_or_else(|| panic!("{bug:?} was never caught"))
+            .to_string();
         assert!(e.contains(says), "{bug:?}: {e}");
         // The correct model passes the same seeds.
         assert!((1..=6).all(|seed| run::report(&s, seed).is_ok()));
