@@ -3,7 +3,8 @@
 
 Each executed notebook, with its outputs (figures inline), is saved beside the data it read:
 `run_report.ipynb` into the run directory (`CANCELSIM_RUN`), `sweep_comparison.ipynb` into the
-sweep directory (`CANCELSIM_SWEEP`), written to a temporary file and renamed. The notebooks in
+sweep directory (`CANCELSIM_SWEEP`), `jobs_sweep.ipynb` into the jobs sweep's
+(`CANCELSIM_JOBS_SWEEP`), each written to a temporary file and renamed. The notebooks in
 this folder are never rewritten. No timestamps are recorded, so the saved notebooks are
 byte-stable for the same data. Exits non-zero on the first cell error.
 """
@@ -17,7 +18,11 @@ from nbclient import NotebookClient
 here = pathlib.Path(__file__).resolve().parent
 root = here.parent
 # Where each notebook's data is, so its executed copy goes there.
-BESIDE = {"run_report.ipynb": "CANCELSIM_RUN", "sweep_comparison.ipynb": "CANCELSIM_SWEEP"}
+BESIDE = {
+    "run_report.ipynb": "CANCELSIM_RUN",
+    "sweep_comparison.ipynb": "CANCELSIM_SWEEP",
+    "jobs_sweep.ipynb": "CANCELSIM_JOBS_SWEEP",
+}
 
 failed = False
 for path in sorted(here.glob("*.ipynb")):

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::validate::{self as v, Check};
 use crate::dist::Dist;
 
 pub(super) fn default_policies() -> Vec<Policy> {
@@ -49,6 +50,38 @@ pub struct Cancellation {
 }
 
 impl Cancellation {
+    /// AIPerf's cancel knobs: a percentage and a delay in seconds, instead of the storm's own terms.
+    pub(super) fn validate_aiperf(&self) -> Check {
+        let c = self;
+        let f = "cancellation.request_cancellation_rate";
+        match (c.request_cancellation_rate, c.request_cancellation_delay) {
+            (None, None) => return Ok(()),
+            (None, Some(_)) => {
+                let m = "needs `request_cancellation_rate` (AIPerf's delay applies to its rate)";
+                return v::err("cancellation.request_cancellation_delay", m.into());
+            }
+            (Some(rate), delay) => {
+                if !(rate.is_finite() && (0.0..=100.0).contains(&rate)) {
+                    return v::err(f, format!("must be a percentage in [0, 100] (got {rate})"));
+                }
+                if let Some(d) = delay {
+                    v::non_negative("cancellation.request_cancellation_delay", d)?;
+                }
+            }
+        }
+        let own = c.fraction != 0.0
+            || !c.requests.is_empty()
+            || c.stage != Stage::Random
+            || c.delay_ms != Dist::Constant(0.0);
+        if own {
+            let m =
+                "AIPerf's knobs replace `fraction`, `requests`, `stage` and `delay_ms`: use one \
+                 spelling or the other";
+            return v::err(f, m.into());
+        }
+        Ok(())
+    }
+
     /// AIPerf's two knobs in the storm's own terms (after validation).
     pub(super) fn normalize(&mut self) {
         if let Some(rate) = self.request_cancellation_rate.take() {

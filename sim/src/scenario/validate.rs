@@ -201,7 +201,7 @@ impl Scenario {
 
     fn validate_cancellation(&self) -> Check {
         if let Some(c) = &self.cancellation {
-            aiperf_knobs(c)?;
+            c.validate_aiperf()?;
             probability("cancellation.fraction", c.fraction)?;
             dist("cancellation.delay_ms", &c.delay_ms)?;
             if let Some((from, to)) = c.window_s {
@@ -573,36 +573,6 @@ fn validate_swarm(r: &SwarmRanges) -> Check {
     if let Some((a, b)) = r.link_loss {
         ordered("swarm.link_loss", a, b)?;
         probability("swarm.link_loss", b)?;
-    }
-    Ok(())
-}
-
-/// AIPerf's cancel knobs: a percentage and a delay in seconds, instead of the storm's own terms.
-fn aiperf_knobs(c: &super::Cancellation) -> Check {
-    let f = "cancellation.request_cancellation_rate";
-    match (c.request_cancellation_rate, c.request_cancellation_delay) {
-        (None, None) => return Ok(()),
-        (None, Some(_)) => {
-            let m = "needs `request_cancellation_rate` (AIPerf's delay applies to its rate)";
-            return err("cancellation.request_cancellation_delay", m.into());
-        }
-        (Some(rate), delay) => {
-            if !(rate.is_finite() && (0.0..=100.0).contains(&rate)) {
-                return err(f, format!("must be a percentage in [0, 100] (got {rate})"));
-            }
-            if let Some(d) = delay {
-                non_negative("cancellation.request_cancellation_delay", d)?;
-            }
-        }
-    }
-    let own = c.fraction != 0.0
-        || !c.requests.is_empty()
-        || c.stage != super::Stage::Random
-        || c.delay_ms != Dist::Constant(0.0);
-    if own {
-        let m = "AIPerf's knobs replace `fraction`, `requests`, `stage` and `delay_ms`: use one \
-                 spelling or the other";
-        return err(f, m.into());
     }
     Ok(())
 }

@@ -77,12 +77,17 @@ pub enum Axis {
     /// `cluster.roofline.mfu_attn_pct`: attention's share of peak FLOP/s, in whole percent
     /// (FlashAttention-2 against FlashAttention-3, say).
     AttentionShare(Vec<u64>),
+    /// A `Jobs` source's `job.cancel.fraction`: the share of jobs cancelled.
+    JobCancelFraction(Vec<f64>),
+    /// A `Jobs` source's `job.worker.poll_ms`: how often workers poll the committed state.
+    PollMs(Vec<f64>),
 }
 
 impl Axis {
     /// Why this axis cannot change `base`, when the reason is its shape (else empty).
     fn why_inert(&self, base: &Scenario) -> &'static str {
         let continuous = matches!(base.cluster.scheduler, Scheduler::Continuous { .. });
+        let jobs = matches!(base.workload.source, Source::Jobs { .. });
         let rated = matches!(
             base.workload.source,
             Source::Poisson { .. } | Source::Gamma { .. } | Source::OnOff { .. }
@@ -96,6 +101,11 @@ impl Axis {
             }
             Axis::Rate(_) if !rated => {
                 ": the base scenario's source has no rate (a Poisson, Gamma or OnOff source has)"
+            }
+            Axis::PollMs(_) if !jobs => ": the base scenario's source is not `Jobs`",
+            Axis::JobCancelFraction(_) if !jobs => ": the base scenario's source is not `Jobs`",
+            Axis::JobCancelFraction(_) => {
+                ": the base scenario's jobs have no `cancel` to set the fraction of"
             }
             _ => " (a value is repeated)",
         }
@@ -111,12 +121,15 @@ impl Axis {
             Axis::Requests(_) => "requests",
             Axis::Loss(_) => "loss",
             Axis::AttentionShare(_) => "mfu_attn_pct",
+            Axis::JobCancelFraction(_) => "job_cancel_fraction",
+            Axis::PollMs(_) => "poll_ms",
         }
     }
 
     fn len(&self) -> usize {
         match self {
             Axis::Fraction(v) | Axis::Rate(v) | Axis::Loss(v) => v.len(),
+            Axis::JobCancelFraction(v) | Axis::PollMs(v) => v.len(),
             Axis::Window(v) | Axis::Replicas(v) => v.len(),
             Axis::Policy(v) => v.len(),
             Axis::Requests(v) | Axis::AttentionShare(v) => v.len(),
@@ -169,6 +182,21 @@ impl Axis {
             }
             Axis::AttentionShare(v) => {
                 s.cluster.roofline.get_or_insert_default().mfu_attn_pct = Some(v[i]);
+                v[i].to_string()
+            }
+            Axis::JobCancelFraction(v) => {
+                if let Source::Jobs { job, .. } = &mut s.workload.source {
+                    if let Some(c) = &mut job.cancel {
+                        c.fraction = v[i];
+                        c.jobs.clear();
+                    }
+                }
+                v[i].to_string()
+            }
+            Axis::PollMs(v) => {
+                if let Source::Jobs { job, .. } = &mut s.workload.source {
+                    job.worker.poll_ms = v[i];
+                }
                 v[i].to_string()
             }
         }

@@ -11,7 +11,8 @@ use super::{Plan, SweepError};
 use crate::output::plots::{fonts, markers, palette};
 
 /// The metrics drawn, as `results.csv` names them, and their axis labels.
-const DRAWN: [(&str, &str); 8] = [
+/// The `jobs_*` ones are empty, so not drawn, in a sweep without a `Jobs` source.
+const DRAWN: [(&str, &str); 11] = [
     ("leaked_gpu_s", "leaked GPU-s"),
     ("sibling_survival_rate", "sibling survival"),
     ("ttft_p50_ms", "time to first token p50 (ms)"),
@@ -20,6 +21,12 @@ const DRAWN: [(&str, &str); 8] = [
     ("e2e_p99_ms", "E2E p99 (ms)"),
     ("output_tokens_per_s", "output tokens/s"),
     ("admission_stalls", "admission stalls"),
+    ("jobs_cleanup_p99_ms", "job cleanup p99 (ms)"),
+    ("jobs_leaked_gpu_s", "jobs' GPU-s after their decisions"),
+    (
+        "jobs_usage_gap_tokens",
+        "usage gap, true - reported (tokens)",
+    ),
 ];
 
 /// One line: its label and its points (axis value, mean, half-width), by axis value.

@@ -62,10 +62,13 @@ pub(super) fn unroll(plan: &[PlanStep], spec: &JobSpec, out: &mut Vec<Op>) {
     }
 }
 
-/// A provider call's request id: bit 61, the job, the call's serial within the job.
-pub(crate) fn call_id(job: u64, serial: u32) -> u64 {
-    debug_assert!(job < 1 << 40 && serial < 1 << 20);
-    (1 << 61) | (job << 20) | serial as u64
+/// A provider call's request id: the job's block of `per_job` ids (the attempts it may journal),
+/// then the call's serial within it. Dense, like an open-loop source's ids, so the
+/// counterfactual's table of a million calls is a vector, not a map (a run has one source, so
+/// no other id can collide).
+pub(crate) fn call_id(job: u64, serial: u32, per_job: u64) -> u64 {
+    debug_assert!((serial as u64) < per_job);
+    job * per_job + serial as u64
 }
 
 /// What a job waits on.
@@ -169,13 +172,14 @@ impl Job {
         &mut self,
         w: &Workload,
         seed: u64,
-        job: u64,
+        (job, per_job): (u64, u64),
         now_ns: u64,
-    ) -> Result<Arrival, String> {
+    ) -> Result<(Arrival, u32), String> {
         self.attempts += 1;
         audit::attempts(job, self.attempts)?;
         self.tries += 1;
-        let id = call_id(job, self.serial);
+        let serial = self.serial;
+        let id = call_id(job, serial, per_job);
         self.serial += 1;
         let (message, output) = workload::shape(w, seed, id);
         let prompt = (self.history + message as u64).clamp(1, TOKENS_MAX as u64) as u32;
@@ -188,12 +192,13 @@ impl Job {
             gpu_ns_at_decision: 0.0,
             gpu_ns_at_close: None,
         });
-        Ok(Arrival {
+        let a = Arrival {
             id,
             time_ns: now_ns,
             prompt_tokens: prompt,
             output_tokens: output,
-        })
+        };
+        Ok((a, serial))
     }
 
     pub(super) fn wave(
@@ -254,10 +259,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn call_ids_are_apart_from_every_other_id_space() {
-        let id = call_id(5, 3);
-        assert_eq!(id >> 61, 1);
-        assert_ne!(id, workload::conversation_request_id(5, 0, 3));
-        assert_eq!((id >> 20) & ((1 << 40) - 1), 5);
+    fn call_ids_are_dense_and_one_per_attempt() {
+        let ids: std::collections::BTreeSet<u64> = (0..4u64)
+            .flat_map(|job| (0..3u32).map(move |k| call_id(job, k, 3)))
+            .collect();
+        assert_eq!(ids, (0..12).collect(), "12 attempts, 12 ids, no gap");
     }
 }

@@ -3,19 +3,15 @@
 //! through the adapter's policy, like any cancel intent. The job's own calls are its group: a
 //! cancel of one job counts only other jobs' requests as siblings.
 
-use super::error::{Step, Stop};
+use super::error::Step;
 use super::event::{Cause, Event};
 use super::job_audit::JobState;
-use super::jobs::{CallLeft, Next};
+use super::jobs::Next;
+use super::leave::broken;
 use super::requests::Tag;
 use super::World;
-use cancelsim_models::ownership::State;
 
 impl World<'_> {
-    fn jobs_mut(&mut self) -> &mut super::jobs::Jobs {
-        self.jobs.as_mut().expect("job events need a jobs source")
-    }
-
     pub(super) fn on_job_start(&mut self, job: u64) -> Step {
         let policy_run = self.cancel.policy().is_some();
         let f = &mut self.follow;
@@ -29,10 +25,7 @@ impl World<'_> {
         let jobs = self.jobs.as_mut().expect("jobs");
         let next = jobs.advance(&mut self.follow, w, job).map_err(broken)?;
         match next {
-            Next::Call(a) => {
-                let serial = (a.id & 0xF_FFFF) as u32;
-                self.arrive(a, Some((job, serial)))
-            }
+            Next::Call(a, serial) => self.arrive(a, Some((job, serial))),
             Next::Completed => {
                 let now_ns = self.kernel.now_ns();
                 let jobs = self.jobs_mut();
@@ -48,23 +41,6 @@ impl World<'_> {
             return self.job_step(job);
         }
         Ok(())
-    }
-
-    /// The request `tag` of a job became terminal: the job moves on, tries again, or fails.
-    pub(super) fn job_call_over(&mut self, tag: Tag, job: u64) -> Step {
-        let completed = self.state_of(tag) == Some(State::Completed);
-        let id = self.requests[tag].id;
-        let jobs = self.jobs.as_mut().expect("jobs");
-        match jobs.call_ended(&mut self.follow, job, id, completed) {
-            Some(JobState::Failed) => {
-                let now_ns = self.kernel.now_ns();
-                self.jobs_mut()
-                    .end(job, JobState::Failed, now_ns)
-                    .map_err(broken)?;
-                Ok(())
-            }
-            _ => Ok(()),
-        }
     }
 
     /// The world admitted request `tag` as the job's call.
@@ -143,32 +119,4 @@ impl World<'_> {
         }
         Ok(())
     }
-
-    /// A job's call leaves the world: its usage into the job's books.
-    pub(super) fn job_call_left(&mut self, tag: Tag, job: u64) -> Step {
-        let now_ns = self.kernel.now_ns();
-        let q = &self.requests[tag];
-        let left = CallLeft {
-            started: q.life.started(),
-            prompt: q.prompt,
-            received: q.life.tokens().min(q.output),
-            late: q.cost.late_discards(),
-            gpu_ns: q.cost.gpu_ns(),
-            leaked_ns: q.cost.leak_pre_ns() + q.cost.leak_post_ns(),
-        };
-        let id = q.id;
-        self.jobs_mut().call_left(job, id, now_ns, left);
-        self.job_try_leave(job)
-    }
-
-    fn job_try_leave(&mut self, job: u64) -> Step {
-        if self.jobs_mut().try_leave(job).map_err(broken)? {
-            self.sink.owner_gone(&mut self.owners, job);
-        }
-        Ok(())
-    }
-}
-
-fn broken(what: String) -> Stop {
-    Stop::broken(vec![], what)
 }

@@ -24,8 +24,8 @@ use crate::workload::{Arrival, TOKENS_MAX};
 /// What a job does next.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Next {
-    /// Admit this provider call.
-    Call(Arrival),
+    /// Admit this provider call (its serial within the job).
+    Call(Arrival, u32),
     /// Wait on the timer scheduled.
     Waiting,
     /// Its plan is done: it completed.
@@ -56,6 +56,8 @@ pub(crate) struct Jobs {
     seed: u64,
     spec: JobSpec,
     ops: Vec<Op>,
+    /// Ids each job's calls may take: every attempt it may journal.
+    per_job: u64,
     total: u64,
     rate_per_s: f64,
     started: u64,
@@ -84,6 +86,7 @@ impl Jobs {
             seed,
             spec: job.clone(),
             ops,
+            per_job: (job.bounds().calls * job.call_attempts as u64).max(1),
             total: *jobs,
             rate_per_s: *rate_per_s,
             started: 0,
@@ -165,6 +168,7 @@ impl Jobs {
         let now_ns = f.now_ns();
         let seed = self.seed;
         let ops = &self.ops;
+        let per_job = self.per_job;
         let ignores_fence = self.bug(0);
         let child_bonus_ns = self.bug(3) as u64 * crate::kernel::NS_PER_MS;
         let attempts_each = if self.bug(4) {
@@ -184,7 +188,8 @@ impl Jobs {
             match op {
                 Op::Call => {
                     j.attempts += attempts_each - 1;
-                    return j.call(w, seed, job, now_ns).map(Next::Call);
+                    let (a, serial) = j.call(w, seed, (job, per_job), now_ns)?;
+                    return Ok(Next::Call(a, serial));
                 }
                 Op::Tools {
                     tools,

@@ -4,6 +4,8 @@
 
 use super::conversations::TurnEnd;
 use super::error::{Step, Stop};
+use super::job_audit::JobState;
+use super::jobs::CallLeft;
 use super::recorder::Left;
 use super::requests::{Req, Tag};
 use super::World;
@@ -120,4 +122,53 @@ impl World<'_> {
             None => self.conversations.group_hit(c),
         })
     }
+
+    /// The request `tag` of a job became terminal: the job moves on, tries again, or fails.
+    pub(super) fn job_call_over(&mut self, tag: Tag, job: u64) -> Step {
+        let completed = self.state_of(tag) == Some(State::Completed);
+        let id = self.requests[tag].id;
+        let jobs = self.jobs.as_mut().expect("jobs");
+        match jobs.call_ended(&mut self.follow, job, id, completed) {
+            Some(JobState::Failed) => {
+                let now_ns = self.kernel.now_ns();
+                self.jobs_mut()
+                    .end(job, JobState::Failed, now_ns)
+                    .map_err(broken)?;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A job's call leaves the world: its usage into the job's books.
+    pub(super) fn job_call_left(&mut self, tag: Tag, job: u64) -> Step {
+        let now_ns = self.kernel.now_ns();
+        let q = &self.requests[tag];
+        let left = CallLeft {
+            started: q.life.started(),
+            prompt: q.prompt,
+            received: q.life.tokens().min(q.output),
+            late: q.cost.late_discards(),
+            gpu_ns: q.cost.gpu_ns(),
+            leaked_ns: q.cost.leak_pre_ns() + q.cost.leak_post_ns(),
+        };
+        let id = q.id;
+        self.jobs_mut().call_left(job, id, now_ns, left);
+        self.job_try_leave(job)
+    }
+
+    pub(super) fn job_try_leave(&mut self, job: u64) -> Step {
+        if self.jobs_mut().try_leave(job).map_err(broken)? {
+            self.sink.owner_gone(&mut self.owners, job);
+        }
+        Ok(())
+    }
+
+    pub(super) fn jobs_mut(&mut self) -> &mut super::jobs::Jobs {
+        self.jobs.as_mut().expect("job events need a jobs source")
+    }
+}
+
+pub(super) fn broken(what: String) -> Stop {
+    Stop::broken(vec![], what)
 }
