@@ -100,16 +100,19 @@ impl Cleanup {
             self.allowances = allowances_max;
             return true;
         }
-        let charge = |wait_ns: u64| wait_ns.div_ceil(allowance_ns.max(1)).max(1) as u32;
+        let charge = |wait_ns: u64| {
+            let n = wait_ns.div_ceil(allowance_ns.max(1)).max(1);
+            u32::try_from(n).unwrap_or(u32::MAX)
+        };
         let mut used = 0u32;
         if self.stream {
-            used += charge(self.stream_end_ns - self.observed_ns);
+            used = used.saturating_add(charge(self.stream_end_ns - self.observed_ns));
         }
         if self.draining {
-            used += charge(self.drain_end_ns - self.observed_ns);
+            used = used.saturating_add(charge(self.drain_end_ns - self.observed_ns));
         }
         if self.kill_ns > 0 {
-            used += charge(self.kill_ns);
+            used = used.saturating_add(charge(self.kill_ns));
         }
         self.allowances = used;
         self.complete = used <= allowances_max;

@@ -134,7 +134,7 @@ impl Jobs {
             if let Some(delay_ns) = self.cancel_delay(job) {
                 cancels = 1 + self.spec.cancel.as_ref().map_or(0, |c| c.duplicates);
                 for copy in 0..cancels {
-                    let at = delay_ns + copy as u64 * crate::kernel::NS_PER_MS;
+                    let at = delay_ns.saturating_add(copy as u64 * crate::kernel::NS_PER_MS);
                     f.after(
                         at,
                         Event::JobCancel {
@@ -341,7 +341,9 @@ impl Jobs {
         let lost = s.uniform_open01() < w.notify_loss;
         let poll_ns = ms_to_ns(w.poll_ms).max(1);
         let since = now_ns - j.accepted_ns;
-        let poll_at = j.accepted_ns + since.div_ceil(poll_ns) * poll_ns;
+        let poll_at = j
+            .accepted_ns
+            .saturating_add(since.div_ceil(poll_ns).saturating_mul(poll_ns));
         let notified = now_ns.saturating_add(ms_to_ns(w.notify_ms));
         if lost {
             self.books.notifications_lost += 1;
@@ -384,8 +386,9 @@ impl Jobs {
             }
             false => 0,
         };
-        let local_end_ns = drain_end_ns + kill_ns;
-        let give_up_ns = now_ns.saturating_add(ms_to_ns(w.allowance_ms) * w.allowances_max as u64);
+        let local_end_ns = drain_end_ns.saturating_add(kill_ns);
+        let give_up_ns =
+            now_ns.saturating_add(ms_to_ns(w.allowance_ms).saturating_mul(w.allowances_max as u64));
         let at = (j.decided_ns, now_ns);
         j.cleanup = Some(Cleanup::new(
             at,
