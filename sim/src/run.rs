@@ -72,7 +72,7 @@ pub fn run(
 ) -> Result<(Report, Vec<Extras>), RunError> {
     let mut table = CfTable::default();
     let intents = has_intent_sources(scenario);
-    let steps = step_table(scenario)?;
+    let steps = read_once(scenario)?;
     let cf_table = intents.then_some(&mut table);
     let world = World::new(
         scenario,
@@ -149,7 +149,7 @@ pub fn report_with(scenario: &Scenario, seed: u64, hooks: Hooks) -> Result<Repor
 
 /// Run only the counterfactual (no cancel intents): the runtime alone.
 pub fn counterfactual(scenario: &Scenario, seed: u64) -> Result<Summary, RunError> {
-    let inputs = inputs(scenario, &step_table(scenario)?)?;
+    let inputs = inputs(scenario, &read_once(scenario)?)?;
     World::new(scenario, seed, Mode::Counterfactual, None, inputs)?.run()
 }
 
@@ -190,7 +190,7 @@ fn step_table(s: &Scenario) -> Result<Option<Arc<StepTable>>, RunError> {
 
 /// What one run reads from outside: the step table, shared, and its own reader of the trace
 /// (each run replays it from the first row).
-fn inputs(s: &Scenario, steps: &Option<Arc<StepTable>>) -> Result<Inputs, RunError> {
+fn inputs(s: &Scenario, read: &Read) -> Result<Inputs, RunError> {
     let trace = match &s.workload.source {
         Source::Trace { path, format, .. } => {
             Some(TraceReader::open(&s.base_dir.join(path), *format).map_err(RunError::Input)?)
@@ -198,9 +198,26 @@ fn inputs(s: &Scenario, steps: &Option<Arc<StepTable>>) -> Result<Inputs, RunErr
         _ => None,
     };
     Ok(Inputs {
-        step_table: steps.clone(),
+        step_table: read.0.clone(),
         trace,
+        sessions: read.1.clone(),
     })
+}
+
+/// What every run of a report reads, read once: the step table, and an agent trace's sessions.
+type Read = (
+    Option<Arc<StepTable>>,
+    Option<Arc<crate::workload::agentic::AgentSessions>>,
+);
+
+fn read_once(s: &Scenario) -> Result<Read, RunError> {
+    let sessions = match &s.workload.source {
+        Source::AgentTrace { path, .. } => Some(Arc::new(
+            crate::workload::agentic::load(&s.base_dir.join(path)).map_err(RunError::Input)?,
+        )),
+        _ => None,
+    };
+    Ok((step_table(s)?, sessions))
 }
 
 /// Whether anything in the scenario can produce a cancel intent.
@@ -213,7 +230,10 @@ pub fn has_intent_sources(s: &Scenario) -> bool {
         }
     );
     // A job always has its deadline, and maybe cancels.
-    let jobs = matches!(&s.workload.source, Source::Jobs { .. });
+    let jobs = matches!(
+        &s.workload.source,
+        Source::Jobs { .. } | Source::AgentTrace { .. }
+    );
     s.cancellation.is_some()
         || jobs
         || s.workload.deadline_ms.is_some()

@@ -112,6 +112,7 @@ pub fn requests(s: &Scenario) -> Option<u64> {
         Source::Conversations { conversations, .. } => Some(*conversations),
         Source::Jobs { jobs, .. } => Some(*jobs),
         Source::Trace { rows, .. } => *rows,
+        Source::AgentTrace { .. } => None,
     }
 }
 
@@ -123,6 +124,8 @@ pub fn set_requests(s: &mut Scenario, n: u64) {
         Source::Conversations { conversations, .. } => *conversations = n,
         Source::Jobs { jobs, .. } => *jobs = n,
         Source::Trace { rows, .. } => *rows = Some(n),
+        // A recorded trace's sessions are what they are.
+        Source::AgentTrace { .. } => {}
     }
 }
 

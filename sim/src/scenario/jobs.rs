@@ -31,7 +31,9 @@ pub struct JobSpec {
     /// One deadline from acceptance, drawn per job: it covers queueing, retries and approval
     /// waits, and every child inherits what is left of it.
     pub deadline_ms: Dist,
-    /// The steps every job runs, in order.
+    /// The steps every job runs, in order (empty with an `AgentTrace` source: the trace is the
+    /// plan).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub plan: Vec<PlanStep>,
     /// Named plans that `Subagent` steps run.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -163,16 +165,29 @@ impl JobSpec {
         bounds_of(&self.plan, &self.agents, 0)
     }
 
+    /// The checks of a trace's jobs: every field but the plan, which the trace gives.
+    pub(super) fn validate_traced(&self, f: &str) -> Check {
+        if !self.plan.is_empty() || !self.agents.is_empty() {
+            let m = "must be empty with an `AgentTrace` source: the trace is the plan";
+            return v::err(&format!("{f}.plan"), m.into());
+        }
+        self.validate_rest(f)
+    }
+
     pub(super) fn validate(&self, f: &str) -> Check {
+        if self.plan.is_empty() {
+            return v::err(&format!("{f}.plan"), "must hold at least one step".into());
+        }
+        self.validate_rest(f)
+    }
+
+    fn validate_rest(&self, f: &str) -> Check {
         v::dist(&format!("{f}.deadline_ms"), &self.deadline_ms)?;
         if self.deadline_ms.mean() == 0.0 {
             return v::err(
                 &format!("{f}.deadline_ms"),
                 "a deadline of 0: no job can run".into(),
             );
-        }
-        if self.plan.is_empty() {
-            return v::err(&format!("{f}.plan"), "must hold at least one step".into());
         }
         steps(&format!("{f}.plan"), &self.plan, &self.agents)?;
         for (name, plan) in &self.agents {

@@ -82,6 +82,16 @@ impl Scenario {
                 (text, shown, syntax),
             )?;
         }
+        if let Source::AgentTrace { path, .. } = &self.workload.source {
+            self.check_file(
+                path,
+                "agent trace",
+                "workload.source.AgentTrace.path",
+                (text, shown, syntax),
+            )?;
+            // Its rows too, before anything is written: the error names its line.
+            crate::workload::agentic::load(&self.base_dir.join(path)).map_err(LoadError)?;
+        }
         if let super::ProfileRef::Table { path, .. } = &self.cluster.profile {
             self.check_file(
                 path,

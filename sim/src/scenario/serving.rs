@@ -128,6 +128,12 @@ pub enum Source {
         rate_per_s: f64,
         job: super::JobSpec,
     },
+    /// Replay of recorded agent sessions (the agentic Mooncake trace: JSON Lines, one row per
+    /// provider call with `wait_for`, `delay` and `tool_wait_ms`). Each chain of rows is one
+    /// durable job, accepted when its first row was sent; `job` gives its deadline, cancels and
+    /// worker (its `plan` stays empty: the trace is the plan). `path` is relative to the
+    /// scenario file.
+    AgentTrace { path: String, job: super::JobSpec },
     /// Replay of a real trace. `path` is relative to the scenario file.
     Trace {
         path: String,

@@ -316,6 +316,12 @@ fn validate_source(source: &Source) -> Check {
         }
         Source::Conversations { .. } => validate_conversations(source),
         Source::Jobs { .. } => validate_jobs(source),
+        Source::AgentTrace { path, job } => {
+            if path.is_empty() {
+                return err("workload.source.AgentTrace.path", "must name a file".into());
+            }
+            job.validate_traced("workload.source.AgentTrace.job")
+        }
         Source::Trace {
             path,
             speedup,

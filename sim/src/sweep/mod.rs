@@ -87,7 +87,10 @@ impl Axis {
     /// Why this axis cannot change `base`, when the reason is its shape (else empty).
     fn why_inert(&self, base: &Scenario) -> &'static str {
         let continuous = matches!(base.cluster.scheduler, Scheduler::Continuous { .. });
-        let jobs = matches!(base.workload.source, Source::Jobs { .. });
+        let jobs = matches!(
+            base.workload.source,
+            Source::Jobs { .. } | Source::AgentTrace { .. }
+        );
         let rated = matches!(
             base.workload.source,
             Source::Poisson { .. } | Source::Gamma { .. } | Source::OnOff { .. }
@@ -185,7 +188,9 @@ impl Axis {
                 v[i].to_string()
             }
             Axis::JobCancelFraction(v) => {
-                if let Source::Jobs { job, .. } = &mut s.workload.source {
+                if let Source::Jobs { job, .. } | Source::AgentTrace { job, .. } =
+                    &mut s.workload.source
+                {
                     if let Some(c) = &mut job.cancel {
                         c.fraction = v[i];
                         c.jobs.clear();
@@ -194,7 +199,9 @@ impl Axis {
                 v[i].to_string()
             }
             Axis::PollMs(v) => {
-                if let Source::Jobs { job, .. } = &mut s.workload.source {
+                if let Source::Jobs { job, .. } | Source::AgentTrace { job, .. } =
+                    &mut s.workload.source
+                {
                     job.worker.poll_ms = v[i];
                 }
                 v[i].to_string()

@@ -6,6 +6,7 @@
 //! shift them, so two runs that differ only in scheduling, policy or cancellation see the same
 //! workload (common random numbers).
 
+pub mod agentic;
 mod open_loop;
 pub mod trace;
 

@@ -118,7 +118,9 @@ fn process(
             };
             (Process::Trace(r), u64::MAX)
         }
-        Source::Conversations { .. } | Source::Jobs { .. } => return Ok(None),
+        Source::Conversations { .. } | Source::Jobs { .. } | Source::AgentTrace { .. } => {
+            return Ok(None)
+        }
     };
     Ok(Some(p))
 }

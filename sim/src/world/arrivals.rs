@@ -6,7 +6,7 @@ use super::error::{Step, Stop};
 use super::event::Event;
 use super::event::Tag;
 use super::follow::Follow;
-use crate::scenario::{Scenario, Workload};
+use crate::scenario::{Scenario, Source, Workload};
 use crate::workload::{self, Arrival, OpenLoop, TraceReader};
 
 /// The client's own timers of request `(id, tag)`: its deadline and its disconnect, if the
@@ -43,12 +43,14 @@ impl Arrivals {
     }
 
     /// The first event of the run: the first open-loop arrival, conversation or job.
-    pub fn begin(&mut self, f: &mut Follow, s: &Scenario) -> Step {
+    pub fn begin(&mut self, f: &mut Follow, s: &Scenario, first_job_ns: u64) -> Step {
         if self.open.is_some() {
             return self.pull(f, s);
         }
         match s.workload.source {
-            crate::scenario::Source::Jobs { .. } => f.at(0, Event::JobStart { job: 0 }),
+            Source::Jobs { .. } | Source::AgentTrace { .. } => {
+                f.at(first_job_ns, Event::JobStart { job: 0 })
+            }
             _ => f.at(0, Event::ConversationStart { conv: 0 }),
         }
         Ok(())
@@ -111,7 +113,7 @@ mod tests {
         let s = Scenario::default_embedded();
         let mut a = Arrivals::new(&s, 1, None).unwrap();
         let mut f = Follow::default();
-        a.begin(&mut f, &s).unwrap();
+        a.begin(&mut f, &s, 0).unwrap();
         let pending = a.pending.expect("a first arrival").id;
         a.take(pending + 1);
     }

@@ -15,6 +15,11 @@ use crate::workload::{self, Arrival, TOKENS_MAX};
 #[derive(Clone, Debug)]
 pub(super) enum Op {
     Call,
+    /// A recorded call: its prompt (its context included) and output lengths.
+    Fixed {
+        input: u32,
+        output: u32,
+    },
     Tools {
         tools: u32,
         duration_ms: Dist,
@@ -60,6 +65,32 @@ pub(super) fn unroll(plan: &[PlanStep], spec: &JobSpec, out: &mut Vec<Op>) {
             }
         }
     }
+}
+
+/// A recorded session's calls as a plan: before each call after the first, its tool work (a
+/// one-tool wave, in the job's sandbox) and the client's own wait.
+pub(super) fn recorded(calls: &[crate::workload::agentic::TraceCall]) -> Vec<Op> {
+    let ms = |ns: u64| Dist::Constant(ns as f64 / 1e6);
+    let mut ops = Vec::with_capacity(calls.len());
+    for c in calls {
+        if c.tool_ns > 0 {
+            ops.push(Op::Tools {
+                tools: 1,
+                duration_ms: ms(c.tool_ns),
+                effect_p: 0.0,
+            });
+        }
+        if c.wait_ns > 0 {
+            ops.push(Op::Approval {
+                wait_ms: ms(c.wait_ns),
+            });
+        }
+        ops.push(Op::Fixed {
+            input: c.input_tokens,
+            output: c.output_tokens,
+        });
+    }
+    ops
 }
 
 /// A provider call's request id: the job's block of `per_job` ids (the attempts it may journal),
@@ -173,7 +204,7 @@ impl Job {
         w: &Workload,
         seed: u64,
         (job, per_job): (u64, u64),
-        now_ns: u64,
+        (now_ns, fixed): (u64, Option<(u32, u32)>),
     ) -> Result<(Arrival, u32), String> {
         self.attempts += 1;
         audit::attempts(job, self.attempts)?;
@@ -181,8 +212,12 @@ impl Job {
         let serial = self.serial;
         let id = call_id(job, serial, per_job);
         self.serial += 1;
-        let (message, output) = workload::shape(w, seed, id);
-        let prompt = (self.history + message as u64).clamp(1, TOKENS_MAX as u64) as u32;
+        let (message, output) = fixed.unwrap_or_else(|| workload::shape(w, seed, id));
+        let prompt = match fixed {
+            // A recorded prompt holds its context already.
+            Some((input, _)) => input,
+            None => (self.history + message as u64).clamp(1, TOKENS_MAX as u64) as u32,
+        };
         self.wait = Wait::Call(Call {
             id,
             tag: None,

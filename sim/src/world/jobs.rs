@@ -7,6 +7,8 @@
 //! Sans-IO like the other components: it takes `now` and what happened, and says what follows
 //! (a call to admit, a timer); the world (`job_flow.rs`) does the rest.
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap;
 
 use super::event::{Event, Tag};
@@ -19,6 +21,7 @@ use crate::dist::{ms_to_ns, round_ns};
 use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::NS_PER_S;
 use crate::scenario::{JobSpec, Source, Workload};
+use crate::workload::agentic::AgentSessions;
 use crate::workload::{Arrival, TOKENS_MAX};
 
 /// What a job does next.
@@ -56,6 +59,9 @@ pub(crate) struct Jobs {
     seed: u64,
     spec: JobSpec,
     ops: Vec<Op>,
+    /// A trace's sessions as plans, one per job, and when each job is accepted.
+    recorded: Vec<Vec<Op>>,
+    starts_ns: Option<Vec<u64>>,
     /// Ids each job's calls may take: every attempt it may journal.
     per_job: u64,
     total: u64,
@@ -69,32 +75,62 @@ pub(crate) struct Jobs {
 }
 
 impl Jobs {
-    pub fn new(seed: u64, w: &Workload) -> Option<Jobs> {
-        let Source::Jobs {
-            jobs,
-            rate_per_s,
-            job,
-        } = &w.source
-        else {
-            return None;
+    /// The jobs of a `Jobs` source (`sessions` none), or of an `AgentTrace` one (its sessions).
+    pub fn new(seed: u64, w: &Workload, sessions: Option<&Arc<AgentSessions>>) -> Option<Jobs> {
+        let (total, rate_per_s, job) = match &w.source {
+            Source::Jobs {
+                jobs,
+                rate_per_s,
+                job,
+            } => (*jobs, *rate_per_s, job),
+            Source::AgentTrace { job, .. } => {
+                let s = sessions.expect("an agent trace's sessions, read at the edge");
+                (s.sessions.len() as u64, 0.0, job)
+            }
+            _ => return None,
         };
         let mut ops = Vec::new();
         unroll(&job.plan, job, &mut ops);
+        let recorded: Vec<Vec<Op>> = sessions.map_or_else(Vec::new, |s| {
+            s.sessions
+                .iter()
+                .map(|x| super::job::recorded(&x.calls))
+                .collect()
+        });
+        let calls = match sessions {
+            Some(s) => s
+                .sessions
+                .iter()
+                .map(|x| x.calls.len() as u64)
+                .max()
+                .unwrap_or(1),
+            None => job.bounds().calls,
+        };
         Some(Jobs {
             #[cfg(feature = "broken-variants")]
             bug: None,
             seed,
             spec: job.clone(),
             ops,
-            per_job: (job.bounds().calls * job.call_attempts as u64).max(1),
-            total: *jobs,
-            rate_per_s: *rate_per_s,
+            recorded,
+            starts_ns: sessions.map(|s| s.sessions.iter().map(|x| x.start_ns).collect()),
+            per_job: (calls * job.call_attempts as u64).max(1),
+            total,
+            rate_per_s,
             started: 0,
             starts: Stream::new(seed, Purpose::Arrival, key::JOB_STARTS),
             live: FxHashMap::default(),
             gone: FxHashMap::default(),
             books: JobBooks::new(job.worker.allowances_max),
         })
+    }
+
+    /// When the first job is accepted.
+    pub fn first_start_ns(&self) -> u64 {
+        self.starts_ns
+            .as_ref()
+            .and_then(|s| s.first().copied())
+            .unwrap_or(0)
     }
 
     pub fn get(&self, job: u64) -> Option<&Job> {
@@ -123,8 +159,14 @@ impl Jobs {
         assert_eq!(job, self.started, "jobs accepted out of order");
         self.started += 1;
         if self.started < self.total {
-            let gap = self.starts.exponential(NS_PER_S as f64 / self.rate_per_s);
-            f.after(round_ns(gap), Event::JobStart { job: job + 1 });
+            let next = Event::JobStart { job: job + 1 };
+            match &self.starts_ns {
+                Some(at) => f.at(at[self.started as usize], next),
+                None => {
+                    let gap = self.starts.exponential(NS_PER_S as f64 / self.rate_per_s);
+                    f.after(round_ns(gap), next);
+                }
+            }
         }
         let now_ns = f.now_ns();
         let mut d = Stream::keyed(self.seed, Purpose::Job, job, key::JOB_DEADLINE);
@@ -167,7 +209,10 @@ impl Jobs {
     pub fn advance(&mut self, f: &mut Follow, w: &Workload, job: u64) -> Result<Next, String> {
         let now_ns = f.now_ns();
         let seed = self.seed;
-        let ops = &self.ops;
+        let ops = match self.recorded.get(job as usize) {
+            Some(ops) => ops,
+            None => &self.ops,
+        };
         let per_job = self.per_job;
         let ignores_fence = self.bug(0);
         let child_bonus_ns = self.bug(3) as u64 * crate::kernel::NS_PER_MS;
@@ -186,9 +231,13 @@ impl Jobs {
             };
             audit::dispatch(job, j.state)?;
             match op {
-                Op::Call => {
+                Op::Call | Op::Fixed { .. } => {
                     j.attempts += attempts_each - 1;
-                    let (a, serial) = j.call(w, seed, (job, per_job), now_ns)?;
+                    let fixed = match op {
+                        Op::Fixed { input, output } => Some((*input, *output)),
+                        _ => None,
+                    };
+                    let (a, serial) = j.call(w, seed, (job, per_job), (now_ns, fixed))?;
                     return Ok(Next::Call(a, serial));
                 }
                 Op::Tools {

@@ -161,6 +161,8 @@ pub struct Inputs {
     pub step_table: Option<Arc<StepTable>>,
     /// The trace an open-loop `Trace` source replays, opened at its first row.
     pub trace: Option<TraceReader>,
+    /// The recorded sessions an `AgentTrace` source replays, read once for every run.
+    pub sessions: Option<Arc<crate::workload::agentic::AgentSessions>>,
 }
 
 impl<'s> World<'s> {
@@ -190,7 +192,7 @@ impl<'s> World<'s> {
             requests: Requests::default(),
             arrivals: Arrivals::new(scenario, seed, inputs.trace).map_err(RunError::Input)?,
             conversations: Conversations::new(seed, &scenario.workload),
-            jobs: jobs::Jobs::new(seed, &scenario.workload),
+            jobs: jobs::Jobs::new(seed, &scenario.workload, inputs.sessions.as_ref()),
             cluster: Cluster::new(scenario, inputs.step_table.as_ref()),
             handoff: scenario
                 .prefill_decode()
@@ -232,7 +234,10 @@ impl<'s> World<'s> {
     /// Run to completion; the summary and what was recorded.
     pub fn run_recorded(mut self) -> Result<(Summary, Extras), RunError> {
         self.follow.open(self.kernel.now_ns());
-        let started = self.arrivals.begin(&mut self.follow, self.scenario);
+        let first_job_ns = self.jobs.as_ref().map_or(0, |j| j.first_start_ns());
+        let started = self
+            .arrivals
+            .begin(&mut self.follow, self.scenario, first_job_ns);
         started.map_err(|e| self.stopped(e))?;
         self.follow.schedule(&mut self.kernel)?;
         loop {

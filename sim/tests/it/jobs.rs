@@ -226,3 +226,41 @@ fn each_rule_broken_on_purpose_stops_the_run_naming_it() {
         assert!((1..=6).all(|seed| run::report(&s, seed).is_ok()));
     }
 }
+
+#[test]
+fn a_recorded_session_is_a_job_and_a_broken_trace_names_its_line() {
+    let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/library/");
+    let text = std::fs::read_to_string(format!("{lib}jobs-agent-trace.ron")).unwrap();
+    // Cancel the session with the subagent at 300 ms, during its 200 ms of tool work (250-450).
+    let cancelled = text.replace(
+        "deadline_ms: Constant(60000.0),",
+        "deadline_ms: Constant(60000.0), cancel: Some((jobs: [0], delay_ms: Constant(300.0))),",
+    );
+    let mut s = Scenario::parse(&cancelled, "t.ron").unwrap();
+    s.base_dir = std::path::PathBuf::from(lib);
+    let r = run::report(&s, 1).unwrap();
+    let p = &r.policies[0];
+    let j = jobs(p);
+    assert_eq!((j.completed, j.cancelled), (1, 1));
+    assert_eq!(
+        p.requests.scheduled, 3,
+        "the call after the tool work is never sent"
+    );
+    // The worker learns of it at 305 ms, drains the tool (it ends at 450 ms), then terminates
+    // the sandbox (50 ms): 200 ms after the decision.
+    assert_eq!(j.cleanup_ms.p50, 200.0);
+    assert_eq!(
+        j.late_observations, 1,
+        "the tool's result came after the decision"
+    );
+    // A row that waits for a row nobody wrote is refused at load, with its line.
+    let dir = std::env::temp_dir().join(format!("cancelsim-agentic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = "{\"request_id\": \"a\", \"input_length\": 9, \"output_length\": 1, \"timestamp\": 0}\n\
+               {\"request_id\": \"b\", \"input_length\": 9, \"output_length\": 1, \"wait_for\": [\"z\"]}\n";
+    std::fs::write(dir.join("bad.jsonl"), bad).unwrap();
+    let ron = text.replace("../traces/agentic-example.jsonl", "bad.jsonl");
+    std::fs::write(dir.join("s.ron"), ron).unwrap();
+    let e = Scenario::load(&dir.join("s.ron")).unwrap_err().to_string();
+    assert!(e.contains("bad.jsonl:2:") && e.contains("\"z\""), "{e}");
+}
