@@ -316,12 +316,7 @@ fn validate_source(source: &Source) -> Check {
         }
         Source::Conversations { .. } => validate_conversations(source),
         Source::Jobs { .. } => validate_jobs(source),
-        Source::AgentTrace { path, job } => {
-            if path.is_empty() {
-                return err("workload.source.AgentTrace.path", "must name a file".into());
-            }
-            job.validate_traced("workload.source.AgentTrace.job")
-        }
+        Source::AgentTrace { .. } => validate_jobs(source),
         Source::Trace {
             path,
             speedup,
@@ -348,6 +343,12 @@ fn validate_source(source: &Source) -> Check {
 }
 
 fn validate_jobs(source: &Source) -> Check {
+    if let Source::AgentTrace { path, job } = source {
+        if path.is_empty() {
+            return err("workload.source.AgentTrace.path", "must name a file".into());
+        }
+        return job.validate_traced("workload.source.AgentTrace.job");
+    }
     let Source::Jobs {
         jobs,
         rate_per_s,
