@@ -378,6 +378,12 @@ pub struct JobsSummary {
     pub completion_won: u64,
     /// Cancels sent again with the same idempotency key (each changed nothing).
     pub cancel_duplicates: u64,
+    /// Observers that left a running job; of those, the jobs run inline that it cancelled (a
+    /// durable job runs on).
+    pub observers_left: u64,
+    pub observer_cancels: u64,
+    /// Provider attempts journalled before dispatch, every job's.
+    pub provider_attempts: u64,
     pub notifications_lost: u64,
     /// Decisions the worker's poll found before the notification came.
     pub poll_first: u64,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::draw::Draw;
 use crate::dist::Dist;
-use crate::scenario::{JobCancel, JobSpec, PlanStep, Source, Worker};
+use crate::scenario::{JobCancel, JobSpec, Observer, PlanStep, Source, Worker};
 
 /// A duration that can last: a drawn distribution, or 1 ms where it would always be 0.
 fn lasting(d: &mut Draw, typical: f64) -> Dist {
@@ -69,6 +69,10 @@ pub(super) fn source(d: &mut Draw, requests: u64, rate: f64) -> Source {
             allowances_max: d.int(1, 8) as u32,
             sandbox_kill_ms: d.dist(500.0, 1.0),
         },
+        observer: d.chance(0.4).then(|| Observer {
+            disconnect_ms: d.dist(3_000.0, 1.0),
+            durable: d.chance(0.5),
+        }),
     };
     let calls = job.bounds().calls.max(1);
     if calls * job.call_attempts as u64 > crate::scenario::PROVIDER_ATTEMPTS_MAX as u64 {

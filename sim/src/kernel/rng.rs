@@ -92,6 +92,8 @@ pub mod key {
     pub const JOB_CLEANUP: u64 = (1 << 40) + 2;
     /// `Arrival` entity of the job-acceptance process.
     pub const JOB_STARTS: u64 = 2;
+    /// `Job` sub-key of when the job's observer disconnects.
+    pub const JOB_OBSERVER: u64 = (1 << 40) + 3;
 }
 
 /// One keyed random stream.

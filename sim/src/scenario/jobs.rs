@@ -47,6 +47,26 @@ pub struct JobSpec {
     pub cancel: Option<JobCancel>,
     #[serde(default)]
     pub worker: Worker,
+    /// The job's observer (the client reading its stream), if it leaves: `disconnect_ms` after
+    /// acceptance. A durable job runs on without it; a job run inline (`durable: false`, the
+    /// legacy inline execution) is cancelled with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observer: Option<Observer>,
+}
+
+/// A job's observer, and whether the job outlives it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Observer {
+    /// From the job's acceptance to the observer's disconnect (an SDK observation timeout,
+    /// say).
+    pub disconnect_ms: Dist,
+    #[serde(default = "yes")]
+    pub durable: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn one() -> u32 {
@@ -227,6 +247,9 @@ impl JobSpec {
                 0,
                 16,
             )?;
+        }
+        if let Some(o) = &self.observer {
+            v::dist(&format!("{f}.observer.disconnect_ms"), &o.disconnect_ms)?;
         }
         let w = &self.worker;
         v::positive(&format!("{f}.worker.poll_ms"), w.poll_ms)?;

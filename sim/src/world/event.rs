@@ -164,6 +164,10 @@ pub enum Event {
         job: u64,
         give_up: bool,
     },
+    /// `job`'s observer disconnects.
+    JobObserverLeft {
+        job: u64,
+    },
 }
 
 impl Event {
@@ -197,7 +201,8 @@ impl Event {
             | Event::JobCancel { .. }
             | Event::JobDeadline { .. }
             | Event::JobObserve { .. }
-            | Event::JobCleanup { .. } => Class::Control,
+            | Event::JobCleanup { .. }
+            | Event::JobObserverLeft { .. } => Class::Control,
         }
     }
 }
@@ -236,6 +241,7 @@ impl Traced for Event {
             Event::JobDeadline { .. } => 27,
             Event::JobObserve { .. } => 28,
             Event::JobCleanup { .. } => 29,
+            Event::JobObserverLeft { .. } => 30,
         }
     }
 
@@ -264,7 +270,8 @@ impl Traced for Event {
             Event::JobStart { job }
             | Event::JobDeadline { job }
             | Event::JobObserve { job }
-            | Event::JobCleanup { job, .. } => job,
+            | Event::JobCleanup { job, .. }
+            | Event::JobObserverLeft { job } => job,
             Event::JobTimer { job, serial } => (job << 24) | serial as u64,
             Event::JobCancel { job, copy } => (job << 8) | copy as u64,
         }

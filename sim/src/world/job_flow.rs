@@ -55,6 +55,15 @@ impl World<'_> {
         self.job_decide(job, JobState::Cancelled)
     }
 
+    /// A durable job runs on when its observer leaves (its work is not leaked); a job run
+    /// inline is cancelled with it.
+    pub(super) fn on_job_observer_left(&mut self, job: u64) -> Step {
+        if self.jobs_mut().observer_left(job) {
+            return self.job_decide(job, JobState::Cancelled);
+        }
+        Ok(())
+    }
+
     pub(super) fn on_job_deadline(&mut self, job: u64) -> Step {
         self.job_decide(job, JobState::Expired)
     }

@@ -188,6 +188,11 @@ impl Jobs {
             }
             // Weak: a job that ended does not keep the run alive with its deadline.
             f.weak_after(deadline_ns - now_ns, Event::JobDeadline { job });
+            if let Some(o) = &self.spec.observer {
+                let mut s = Stream::keyed(self.seed, Purpose::Job, job, key::JOB_OBSERVER);
+                let at = ms_to_ns(o.disconnect_ms.sample(&mut s));
+                f.weak_after(at, Event::JobObserverLeft { job });
+            }
         }
         self.books.accepted += 1;
         self.live
@@ -524,6 +529,7 @@ impl Jobs {
         let complete = j.state == JobState::Completed && !j.interrupted;
         audit::usage(job, j.usage.truth, j.usage.reported, complete)?;
         audit::attempts(job, j.attempts)?;
+        self.books.provider_attempts += j.attempts as u64;
         let (done, late, unknown) = j.settle_wave();
         self.books.effects_completed += done;
         self.books.late_observations += late;
@@ -555,6 +561,22 @@ impl Jobs {
             self.gone.remove(&job);
         }
         false
+    }
+
+    /// The job's observer left: true if that cancels the job (it runs inline, not durably).
+    pub fn observer_left(&mut self, job: u64) -> bool {
+        let Some(j) = self.live.get(&job) else {
+            return false;
+        };
+        if j.state.is_terminal() {
+            return false;
+        }
+        self.books.observers_left += 1;
+        let durable = self.spec.observer.as_ref().is_none_or(|o| o.durable);
+        if !durable {
+            self.books.observer_cancels += 1;
+        }
+        !durable
     }
 
     pub fn note_intent(&mut self, job: u64) {

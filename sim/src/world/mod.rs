@@ -354,6 +354,7 @@ impl<'s> World<'s> {
             Event::JobDeadline { job } => self.on_job_deadline(job),
             Event::JobObserve { job } => self.on_job_observe(job),
             Event::JobCleanup { job, give_up } => self.on_job_cleanup(job, give_up),
+            Event::JobObserverLeft { job } => self.on_job_observer_left(job),
         }
     }
 

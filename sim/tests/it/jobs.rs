@@ -264,3 +264,46 @@ fn a_recorded_session_is_a_job_and_a_broken_trace_names_its_line() {
     let e = Scenario::load(&dir.join("s.ron")).unwrap_err().to_string();
     assert!(e.contains("bad.jsonl:2:") && e.contains("\"z\""), "{e}");
 }
+
+#[test]
+fn a_durable_job_outlives_its_observer_and_an_inline_one_does_not() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/library/jobs-hand-computed.ron"
+    ))
+    .unwrap();
+    // The hand-computed job, its observer leaving when its cancel came (1,305 ms), no cancel.
+    let with = |durable: bool| {
+        let t = text.replace(
+            "cancel: Some((jobs: [0], delay_ms: Constant(1305.0))),",
+            &format!("observer: Some((disconnect_ms: Constant(1305.0), durable: {durable})),"),
+        );
+        report(&t, 1)
+    };
+    let durable = with(true);
+    let j = jobs(&durable.policies[0]);
+    assert_eq!(
+        (
+            j.completed,
+            j.cancelled,
+            j.observers_left,
+            j.observer_cancels
+        ),
+        (1, 0, 1, 0)
+    );
+    assert_eq!(
+        j.leaked_gpu_s, 0.0,
+        "a durable job's work after its observer left is not leaked"
+    );
+    assert_eq!((j.true_tokens, j.reported_tokens), (360, 360));
+    // Inline, the observer's leaving is the job's cancel: the hand-computed case's figures.
+    let inline = with(false);
+    let j = jobs(&inline.policies[0]);
+    assert_eq!((j.completed, j.cancelled, j.observer_cancels), (0, 1, 1));
+    assert_eq!(
+        (j.true_tokens, j.reported_tokens, j.cleanup_ms.p50),
+        (352, 350, 55.0)
+    );
+    assert!((j.leaked_gpu_s - 0.020).abs() < 1e-9);
+    assert_eq!(j.provider_attempts, 2);
+}
