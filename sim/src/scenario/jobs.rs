@@ -174,7 +174,6 @@ impl Default for Worker {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PlanBounds {
     pub calls: u64,
-    pub tools: u64,
     /// Steps unrolled (a subagent's start and end count as one each).
     pub steps: u64,
 }
@@ -365,7 +364,6 @@ fn bounds_of(
 ) -> PlanBounds {
     let past = PlanBounds {
         calls: u64::MAX,
-        tools: u64::MAX,
         steps: u64::MAX,
     };
     if depth > NESTING_MAX {
@@ -374,15 +372,11 @@ fn bounds_of(
     }
     let mut b = PlanBounds::default();
     for s in plan {
-        let one = |calls, tools| PlanBounds {
-            calls,
-            tools,
-            steps: 1,
-        };
+        let one = |calls| PlanBounds { calls, steps: 1 };
         let inner = match s {
-            PlanStep::Call => one(1, 0),
-            PlanStep::Tools { tools, .. } => one(0, *tools as u64),
-            PlanStep::Approval { .. } => one(0, 0),
+            PlanStep::Call => one(1),
+            PlanStep::Tools { .. } => one(0),
+            PlanStep::Approval { .. } => one(0),
             PlanStep::Subagent(n) => {
                 let a = agents
                     .get(n)
@@ -397,13 +391,11 @@ fn bounds_of(
                 let t = *times as u64;
                 PlanBounds {
                     calls: r.calls.saturating_mul(t),
-                    tools: r.tools.saturating_mul(t),
                     steps: r.steps.saturating_mul(t),
                 }
             }
         };
         b.calls = b.calls.saturating_add(inner.calls);
-        b.tools = b.tools.saturating_add(inner.tools);
         b.steps = b.steps.saturating_add(inner.steps);
     }
     b

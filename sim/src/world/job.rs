@@ -134,7 +134,6 @@ pub(crate) struct Job {
     pub(super) state: JobState,
     pub(super) decided_ns: u64,
     pub(super) pc: u32,
-    pub(super) depth: u32,
     pub(super) history: u64,
     /// Provider attempts journalled, and the current call's attempts.
     pub(super) attempts: u32,
@@ -179,7 +178,6 @@ impl Job {
             state: JobState::Running,
             decided_ns: 0,
             pc: 0,
-            depth: 0,
             history: 0,
             attempts: 0,
             tries: 0,

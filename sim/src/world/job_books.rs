@@ -67,11 +67,11 @@ impl Cleanup {
         self.done
     }
 
-    pub fn local_done(&mut self, _now_ns: u64) {
+    pub fn local_done(&mut self) {
         self.local_done = true;
     }
 
-    pub fn give_up(&mut self, _now_ns: u64) {
+    pub fn give_up(&mut self) {
         self.gave_up = true;
     }
 
@@ -277,17 +277,17 @@ mod tests {
             !c.settle(10 * MS, 2000 * MS, 8),
             "the local resources still run"
         );
-        c.local_done(7000 * MS);
+        c.local_done();
         assert!(c.settle(7000 * MS, 2000 * MS, 8));
         assert_eq!((c.allowances, c.complete), (6, true));
         let mut tight = Cleanup::new((0, 0), true, true, 2500 * MS, 4500 * MS);
         tight.stream_closed(10 * MS);
-        tight.local_done(7000 * MS);
+        tight.local_done();
         assert!(tight.settle(7000 * MS, 2000 * MS, 5));
         assert!(!tight.complete, "six allowances of five: incomplete");
         // A worker that gives up has spent them all; tools still running then stay unknown.
         let mut gave_up = Cleanup::new((0, 0), false, true, 9000 * MS, 0);
-        gave_up.give_up(8000 * MS);
+        gave_up.give_up();
         assert!(gave_up.settle(8000 * MS, 2000 * MS, 4));
         assert_eq!((gave_up.allowances, gave_up.complete), (4, false));
         assert_eq!(gave_up.resolved_until_ns(), 8000 * MS);

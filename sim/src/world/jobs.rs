@@ -262,9 +262,9 @@ impl Jobs {
                     // A subagent runs under what is left of its parent's deadline, never more.
                     let child_ns = j.deadline_ns.saturating_sub(now_ns) + child_bonus_ns;
                     audit::child_deadline(job, child_ns, j.deadline_ns.saturating_sub(now_ns))?;
-                    j.depth += 1;
                 }
-                Op::Exit => j.depth -= 1,
+                // The subagent's end: its parent's steps go on under the same deadline.
+                Op::Exit => {}
             }
             j.pc += 1;
         }
@@ -469,8 +469,8 @@ impl Jobs {
             return false;
         }
         match give_up {
-            false => c.local_done(now_ns),
-            true => c.give_up(now_ns),
+            false => c.local_done(),
+            true => c.give_up(),
         }
         c.settle(now_ns, allowance_ns, w.allowances_max)
     }
