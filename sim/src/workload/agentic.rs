@@ -8,10 +8,11 @@
 //! them ended. `branches` names the rows it spawns (a subagent's first row waits for it). Other
 //! fields (`session_id`, `hash_ids`, `prefix_reset`) are read past.
 //!
-//! The rows that depend on each other, however indirectly, are one job. This replay runs a job's
-//! calls one after another, so a job's rows must form a chain: each row after the first waits
-//! for the one before it (a subagent that runs while its parent waits is such a chain). Rows
-//! that could run side by side (parallel branches) are refused, naming the row.
+//! The rows that depend on each other, however indirectly, are one job. Each row is a strand
+//! of that job: once every row it waits for completed, its tool work runs, then the client's
+//! own wait, then its call. Rows that wait for the same row run side by side (parallel
+//! branches); a row that waits for several starts after the last of them. A second row with a
+//! `timestamp` and no dependency starts that long after the job's first.
 
 use std::path::Path;
 
@@ -43,17 +44,20 @@ struct Row {
     branches: Vec<String>,
 }
 
-/// One provider call of a recorded session, and what came before it since the previous call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One provider call of a recorded session, and what comes before it once the calls it waits
+/// for completed.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceCall {
     pub input_tokens: u32,
     pub output_tokens: u32,
-    /// Tool work, then the client's own wait, between the previous call's end and this one.
+    /// Tool work, then the client's own wait (for a second root: its start after the first).
     pub tool_ns: u64,
     pub wait_ns: u64,
+    /// The earlier calls of the session it waits for (indices into its calls).
+    pub after: Vec<u32>,
 }
 
-/// One recorded session: a durable job's acceptance and its calls in order.
+/// One recorded session: a durable job's acceptance and its calls in dependency order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Session {
     pub start_ns: u64,
@@ -125,7 +129,7 @@ fn check_row(r: &Row) -> Result<(), String> {
     Ok(())
 }
 
-/// The rows as a graph of who waits for whom, then each connected part as one chained session.
+/// The rows as a graph of who waits for whom, then each connected part as one session.
 fn sessions(rows: &[(usize, Row)], shown: &str) -> Result<AgentSessions, String> {
     let mut index: FxHashMap<&str, usize> = FxHashMap::default();
     for (k, (n, r)) in rows.iter().enumerate() {
@@ -162,8 +166,8 @@ fn sessions(rows: &[(usize, Row)], shown: &str) -> Result<AgentSessions, String>
         by_part[parts[g[node]]].push(g[node]);
     }
     let mut out: Vec<(u64, usize, Session)> = Vec::new();
-    for chain in by_part {
-        out.push(session(rows, &chain, shown)?);
+    for part in by_part {
+        out.push(session(rows, &g, &part));
     }
     let first = out.iter().map(|s| s.0).min().unwrap_or(0);
     out.sort_by_key(|s| (s.0, s.1));
@@ -200,44 +204,42 @@ fn components(g: &DiGraph<usize, ()>, n: usize) -> Vec<usize> {
     part
 }
 
-/// One part, in dependency order, as a chain: (its start, its first line, the session).
-fn session(
-    rows: &[(usize, Row)],
-    chain: &[usize],
-    shown: &str,
-) -> Result<(u64, usize, Session), String> {
-    let (first_line, root) = &rows[chain[0]];
-    let start_ns = ms_to_ns(root.timestamp.unwrap_or(0.0));
-    let mut calls = Vec::with_capacity(chain.len());
-    for (i, &k) in chain.iter().enumerate() {
-        let (n, r) = &rows[k];
-        if i > 0 {
-            let prev = &rows[chain[i - 1]].1.request_id;
-            if !r.wait_for.contains(prev) {
-                return Err(format!(
-                    "{shown}:{n}: row {:?} can run beside row {prev:?}: this replay runs a \
-                     session's calls one after another, and parallel branches are not replayed \
-                     yet",
-                    r.request_id
-                ));
-            }
-        }
+/// One part, in dependency order: (its start, its first line, the session). Each call waits
+/// for the rows that point at it (its `wait_for`, or a row whose `branches` name it).
+fn session(rows: &[(usize, Row)], g: &DiGraph<usize, ()>, part: &[usize]) -> (u64, usize, Session) {
+    let first_line = rows[part[0]].0;
+    let root_ns = |k: usize| {
+        let root = g.neighbors_directed(NodeIndex::new(k), petgraph::Direction::Incoming);
+        (root.count() == 0).then(|| ms_to_ns(rows[k].1.timestamp.unwrap_or(0.0)))
+    };
+    let start_ns = part.iter().filter_map(|&k| root_ns(k)).min().unwrap_or(0);
+    let mut at: FxHashMap<usize, u32> = FxHashMap::default();
+    let mut calls = Vec::with_capacity(part.len());
+    for (i, &k) in part.iter().enumerate() {
+        let r = &rows[k].1;
+        at.insert(k, i as u32);
+        let mut after: Vec<u32> = g
+            .neighbors_directed(NodeIndex::new(k), petgraph::Direction::Incoming)
+            .map(|d| at[&g[d]])
+            .collect();
+        after.sort_unstable();
+        let (tool_ns, wait_ns) = match after.is_empty() {
+            // A root starts when its timestamp says, from the session's first.
+            true => (0, ms_to_ns(r.timestamp.unwrap_or(0.0)) - start_ns),
+            false => (
+                ms_to_ns(r.tool_wait_ms.unwrap_or(0.0)),
+                ms_to_ns(r.delay.unwrap_or(0.0)),
+            ),
+        };
         calls.push(TraceCall {
             input_tokens: r.input_length as u32,
             output_tokens: r.output_length as u32,
-            tool_ns: if i > 0 {
-                ms_to_ns(r.tool_wait_ms.unwrap_or(0.0))
-            } else {
-                0
-            },
-            wait_ns: if i > 0 {
-                ms_to_ns(r.delay.unwrap_or(0.0))
-            } else {
-                0
-            },
+            tool_ns,
+            wait_ns,
+            after,
         });
     }
-    Ok((start_ns, *first_line, Session { start_ns, calls }))
+    (start_ns, first_line, Session { start_ns, calls })
 }
 
 #[cfg(test)]
@@ -279,6 +281,32 @@ mod tests {
     }
 
     #[test]
+    fn parallel_branches_wait_for_their_parent_and_a_join_for_all_of_them() {
+        // `a` spawns `b` and `c`, which run side by side; `d` waits for both; `e` is a second
+        // root of the same session (it joins `d`), 300 ms after `a`.
+        let t = r#"{"request_id": "a", "input_length": 10, "output_length": 2, "timestamp": 1000.0, "branches": ["b", "c"]}
+{"request_id": "b", "input_length": 11, "output_length": 2, "wait_for": ["a"], "tool_wait_ms": 50.0}
+{"request_id": "c", "input_length": 12, "output_length": 2, "wait_for": ["a"], "delay": 20.0}
+{"request_id": "e", "input_length": 14, "output_length": 2, "timestamp": 1300.0}
+{"request_id": "d", "input_length": 13, "output_length": 2, "wait_for": ["b", "c", "e"]}"#;
+        let s = load_text(t).unwrap();
+        assert_eq!(s.sessions.len(), 1, "one connected part, one job");
+        let calls = &s.sessions[0].calls;
+        let by_input = |n: u32| calls.iter().position(|c| c.input_tokens == n).unwrap() as u32;
+        let (a, b, c, d, e) = (by_input(10), by_input(11), by_input(12), by_input(13), by_input(14));
+        assert_eq!(calls[b as usize].after, vec![a]);
+        assert_eq!(calls[c as usize].after, vec![a]);
+        let mut join = vec![b, c, e];
+        join.sort_unstable();
+        assert_eq!(calls[d as usize].after, join);
+        assert!(calls[e as usize].after.is_empty());
+        assert_eq!(calls[e as usize].wait_ns, 300_000_000, "300 ms after the first root");
+        assert_eq!(calls[b as usize].tool_ns, 50_000_000);
+        assert_eq!(calls[c as usize].wait_ns, 20_000_000);
+        assert!(calls.iter().enumerate().all(|(k, x)| x.after.iter().all(|&p| p < k as u32)));
+    }
+
+    #[test]
     fn a_broken_trace_names_its_line() {
         let cases = [
             ("", "no rows"),
@@ -293,10 +321,6 @@ mod tests {
             (
                 "{\"request_id\": \"a\", \"input_length\": 1, \"output_length\": 1, \"wait_for\": [\"b\"]}\n{\"request_id\": \"b\", \"input_length\": 1, \"output_length\": 1, \"wait_for\": [\"a\"]}",
                 "cycle",
-            ),
-            (
-                "{\"request_id\": \"a\", \"input_length\": 1, \"output_length\": 1, \"timestamp\": 0, \"branches\": [\"b\", \"c\"]}\n{\"request_id\": \"b\", \"input_length\": 1, \"output_length\": 1, \"wait_for\": [\"a\"]}\n{\"request_id\": \"c\", \"input_length\": 1, \"output_length\": 1, \"wait_for\": [\"a\"]}",
-                "parallel branches",
             ),
             (
                 "{\"request_id\": \"a\", \"input_length\": 1, \"output_length\": 1, \"timestamp\": -1}",

@@ -159,7 +159,7 @@ impl World<'_> {
         let q = Req::arriving(&a, now_ns, arriving);
         let tag = self.requests.insert(q);
         match (conv, self.jobs.is_some()) {
-            (Some((job, _)), true) => self.job_joined(job, tag),
+            (Some((job, _)), true) => self.job_joined(job, a.id, tag),
             (Some((c, _)), false) => self.conversations.joined(c, a.id, tag),
             (None, _) => {}
         }

@@ -1,97 +1,16 @@
-//! One durable agent job's own state: where it is in its plan (unrolled once per run), what it
-//! waits on, its current call, its tool wave and its books. `jobs.rs` drives it.
+//! One durable agent job's own state: where each strand of its plan is, what it waits on (a
+//! call, a timer), its tool waves and its books. `jobs.rs` drives it.
 
 use super::event::{Event, Tag};
 use super::follow::Follow;
 use super::job_audit::{self as audit, JobState};
 use super::job_books::{Cleanup, Usage};
 use super::jobs::Next;
+use super::job_plan::Plan;
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{Purpose, Stream};
-use crate::scenario::{JobSpec, PlanStep, Workload};
+use crate::scenario::Workload;
 use crate::workload::{self, Arrival, TOKENS_MAX};
-
-/// One step of a plan, subagents and repeats unrolled (once per run, shared by every job).
-#[derive(Clone, Debug)]
-pub(super) enum Op {
-    Call,
-    /// A recorded call: its prompt (its context included) and output lengths.
-    Fixed {
-        input: u32,
-        output: u32,
-    },
-    Tools {
-        tools: u32,
-        duration_ms: Dist,
-        effect_p: f64,
-    },
-    Approval {
-        wait_ms: Dist,
-    },
-    /// A subagent starts (`Enter`) or ends (`Exit`): the child inherits the remaining deadline.
-    Enter,
-    Exit,
-}
-
-/// Unrolled steps a plan may have (a plan past it is refused at load).
-pub(crate) const OPS_MAX: usize = crate::scenario::STEPS_MAX as usize;
-
-pub(super) fn unroll(plan: &[PlanStep], spec: &JobSpec, out: &mut Vec<Op>) {
-    for s in plan {
-        assert!(out.len() <= OPS_MAX, "a plan unrolled past its bound");
-        match s {
-            PlanStep::Call => out.push(Op::Call),
-            PlanStep::Tools {
-                tools,
-                duration_ms,
-                effect_probability,
-            } => out.push(Op::Tools {
-                tools: *tools,
-                duration_ms: duration_ms.clone(),
-                effect_p: *effect_probability,
-            }),
-            PlanStep::Approval { wait_ms } => out.push(Op::Approval {
-                wait_ms: wait_ms.clone(),
-            }),
-            PlanStep::Subagent(name) => {
-                out.push(Op::Enter);
-                unroll(&spec.agents[name], spec, out);
-                out.push(Op::Exit);
-            }
-            PlanStep::Repeat { times, steps } => {
-                for _ in 0..*times {
-                    unroll(steps, spec, out);
-                }
-            }
-        }
-    }
-}
-
-/// A recorded session's calls as a plan: before each call after the first, its tool work (a
-/// one-tool wave, in the job's sandbox) and the client's own wait.
-pub(super) fn recorded(calls: &[crate::workload::agentic::TraceCall]) -> Vec<Op> {
-    let ms = |ns: u64| Dist::Constant(ns as f64 / 1e6);
-    let mut ops = Vec::with_capacity(calls.len());
-    for c in calls {
-        if c.tool_ns > 0 {
-            ops.push(Op::Tools {
-                tools: 1,
-                duration_ms: ms(c.tool_ns),
-                effect_p: 0.0,
-            });
-        }
-        if c.wait_ns > 0 {
-            ops.push(Op::Approval {
-                wait_ms: ms(c.wait_ns),
-            });
-        }
-        ops.push(Op::Fixed {
-            input: c.input_tokens,
-            output: c.output_tokens,
-        });
-    }
-    ops
-}
 
 /// A provider call's request id: the job's block of `per_job` ids (the attempts it may journal),
 /// then the call's serial within it. Dense, like an open-loop source's ids, so the
@@ -102,7 +21,7 @@ pub(crate) fn call_id(job: u64, serial: u32, per_job: u64) -> u64 {
     job * per_job + serial as u64
 }
 
-/// What a job waits on.
+/// What a strand of a job waits on.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Wait {
     Nothing,
@@ -114,7 +33,7 @@ pub(super) enum Wait {
     Resume(u32),
 }
 
-/// The provider call in progress.
+/// A provider call in progress.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Call {
     pub(super) id: u64,
@@ -124,27 +43,54 @@ pub(super) struct Call {
     /// Output tokens the job had seen, and the call's GPU ns, at the decision.
     pub(super) seen_at_decision: Option<u32>,
     pub(super) gpu_ns_at_decision: f64,
-    /// Its GPU ns when the worker closed its stream, if it did.
+    /// Its GPU ns when the worker closed its stream, if it did: then it is a cleanup resource.
     pub(super) gpu_ns_at_close: Option<f64>,
 }
+
+/// A run of a job's plan: its place, what it waits on, its tool wave. A drawn plan has one; a
+/// recorded session one per call, started once the strands it waits for finished.
+#[derive(Clone, Debug)]
+pub(super) struct Strand {
+    pub(super) pc: u32,
+    end: u32,
+    /// Strands it still waits for.
+    waits: u32,
+    finished: bool,
+    /// The current call's attempts.
+    pub(super) tries: u32,
+    pub(super) wait: Wait,
+    /// The current or last tool wave: each tool's end and whether it has an external effect.
+    pub(super) wave: Vec<(u64, bool)>,
+    /// The wave is in flight (its timer has not ended it).
+    pub(super) wave_open: bool,
+}
+
+impl Strand {
+    pub(super) fn at_end(&self) -> bool {
+        self.pc >= self.end
+    }
+
+    fn wave_end_ns(&self) -> u64 {
+        self.wave.iter().map(|t| t.0).max().unwrap_or(0)
+    }
+}
+
 
 pub(crate) struct Job {
     pub(super) accepted_ns: u64,
     pub(super) deadline_ns: u64,
     pub(super) state: JobState,
     pub(super) decided_ns: u64,
-    pub(super) pc: u32,
     pub(super) history: u64,
-    /// Provider attempts journalled, and the current call's attempts.
+    /// Provider attempts journalled.
     pub(super) attempts: u32,
-    pub(super) tries: u32,
     pub(super) serial: u32,
-    pub(super) wait: Wait,
     pub(super) timers: u32,
-    /// The current or last tool wave: each tool's end and whether it has an external effect.
-    pub(super) wave: Vec<(u64, bool)>,
-    /// The wave is in flight (its timer has not ended it).
-    pub(super) wave_open: bool,
+    pub(super) strands: Vec<Strand>,
+    /// Strands that wait on something (a call, a timer), and those free to run on, in order.
+    active: Vec<u32>,
+    ready: std::collections::VecDeque<u32>,
+    finished: u32,
     pub(super) sandbox: bool,
     /// Calls admitted that have not left the world.
     pub(super) calls_out: u32,
@@ -171,21 +117,39 @@ pub(crate) struct CallLeft {
 }
 
 impl Job {
-    pub(super) fn new(accepted_ns: u64, deadline_ns: u64, cancels_pending: u32) -> Job {
+    pub(super) fn new(at_ns: (u64, u64), cancels_pending: u32, plan: &Plan) -> Job {
+        let (accepted_ns, deadline_ns) = at_ns;
+        let strands: Vec<Strand> = plan
+            .strands
+            .iter()
+            .zip(&plan.waits)
+            .map(|(&(pc, end), &waits)| Strand {
+                pc,
+                end,
+                waits,
+                finished: false,
+                tries: 0,
+                wait: Wait::Nothing,
+                wave: Vec::new(),
+                wave_open: false,
+            })
+            .collect();
+        let ready = (0..strands.len() as u32)
+            .filter(|&s| strands[s as usize].waits == 0)
+            .collect();
         Job {
             accepted_ns,
             deadline_ns,
             state: JobState::Running,
             decided_ns: 0,
-            pc: 0,
             history: 0,
             attempts: 0,
-            tries: 0,
             serial: 0,
-            wait: Wait::Nothing,
             timers: 0,
-            wave: Vec::new(),
-            wave_open: false,
+            strands,
+            active: Vec::new(),
+            ready,
+            finished: 0,
             sandbox: false,
             calls_out: 0,
             intents: 0,
@@ -196,17 +160,88 @@ impl Job {
         }
     }
 
-    /// Journal a provider attempt, then the call to admit.
+    /// The next strand free to run on, if any.
+    pub(super) fn next_ready(&mut self) -> Option<usize> {
+        self.ready.pop_front().map(|s| s as usize)
+    }
+
+    /// Every strand finished: the plan is done.
+    pub(super) fn all_finished(&self) -> bool {
+        self.finished as usize == self.strands.len()
+    }
+
+    /// Strand `s` reached its end: the strands that wait for it, once free, run on in order.
+    pub(super) fn finish(&mut self, s: usize, plan: &Plan) {
+        let st = &mut self.strands[s];
+        assert!(st.at_end() && !st.finished, "a strand finished twice");
+        st.finished = true;
+        self.finished += 1;
+        for &t in &plan.then[s] {
+            let w = &mut self.strands[t as usize];
+            w.waits -= 1;
+            if w.waits == 0 {
+                self.ready.push_back(t);
+            }
+        }
+    }
+
+    pub(super) fn set_wait(&mut self, s: usize, w: Wait) {
+        debug_assert!(w != Wait::Nothing);
+        if self.strands[s].wait == Wait::Nothing {
+            self.active.push(s as u32);
+        }
+        self.strands[s].wait = w;
+    }
+
+    /// Strand `s` waits on nothing now; `run_on`: it is free to run on.
+    pub(super) fn clear_wait(&mut self, s: usize, run_on: bool) {
+        self.strands[s].wait = Wait::Nothing;
+        self.active.retain(|&a| a as usize != s);
+        if run_on {
+            self.ready.push_back(s as u32);
+        }
+    }
+
+    /// The strand whose wait `hit` matches.
+    pub(super) fn find(&self, hit: impl Fn(&Wait) -> bool) -> Option<usize> {
+        let a = self.active.iter().find(|&&a| hit(&self.strands[a as usize].wait))?;
+        Some(*a as usize)
+    }
+
+    /// The strand waiting on call `id`.
+    pub(super) fn strand_of_call(&self, id: u64) -> Option<usize> {
+        self.find(|w| matches!(w, Wait::Call(c) if c.id == id))
+    }
+
+    /// The strands with a call in progress, in the order their calls were dispatched.
+    pub(super) fn call_strands(&self) -> Vec<usize> {
+        let mut v: Vec<(u64, usize)> = (self.active.iter())
+            .filter_map(|&a| match self.strands[a as usize].wait {
+                Wait::Call(c) => Some((c.id, a as usize)),
+                _ => None,
+            })
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|x| x.1).collect()
+    }
+
+    pub(super) fn call_mut(&mut self, s: usize) -> &mut Call {
+        match &mut self.strands[s].wait {
+            Wait::Call(c) => c,
+            w => panic!("strand {s} waits on {w:?}, not a call"),
+        }
+    }
+
+    /// Journal a provider attempt, then the call to admit, for strand `s`.
     pub(super) fn call(
         &mut self,
-        w: &Workload,
-        seed: u64,
+        (s, w, seed): (usize, &Workload, u64),
         (job, per_job): (u64, u64),
         (now_ns, fixed): (u64, Option<(u32, u32)>),
     ) -> Result<(Arrival, u32), String> {
         self.attempts += 1;
         audit::attempts(job, self.attempts)?;
-        self.tries += 1;
+        self.strands[s].tries += 1;
         let serial = self.serial;
         let id = call_id(job, serial, per_job);
         self.serial += 1;
@@ -216,7 +251,7 @@ impl Job {
             Some((input, _)) => input,
             None => (self.history + message as u64).clamp(1, TOKENS_MAX as u64) as u32,
         };
-        self.wait = Wait::Call(Call {
+        let call = Call {
             id,
             tag: None,
             message,
@@ -224,7 +259,8 @@ impl Job {
             seen_at_decision: None,
             gpu_ns_at_decision: 0.0,
             gpu_ns_at_close: None,
-        });
+        };
+        self.set_wait(s, Wait::Call(call));
         let a = Arrival {
             id,
             time_ns: now_ns,
@@ -234,48 +270,50 @@ impl Job {
         Ok((a, serial))
     }
 
+    /// Strand `s` starts a tool wave; returns when its last tool ends.
     pub(super) fn wave(
         &mut self,
-        seed: u64,
-        job: u64,
+        (s, seed, job): (usize, u64, u64),
         now_ns: u64,
         (tools, d, effect_p): (u32, &Dist, f64),
-    ) {
-        let mut s = Stream::keyed(seed, Purpose::Job, job, self.pc as u64);
-        self.wave.clear();
+    ) -> u64 {
+        let st = &mut self.strands[s];
+        let mut r = Stream::keyed(seed, Purpose::Job, job, st.pc as u64);
+        st.wave.clear();
         for _ in 0..tools {
-            let end = now_ns.saturating_add(ms_to_ns(d.sample(&mut s)));
-            let effect = s.uniform_open01() < effect_p;
-            self.wave.push((end, effect));
+            let end = now_ns.saturating_add(ms_to_ns(d.sample(&mut r)));
+            let effect = r.uniform_open01() < effect_p;
+            st.wave.push((end, effect));
         }
-        self.wave_open = true;
+        st.wave_open = true;
         self.sandbox = true;
+        st.wave_end_ns()
     }
 
-    pub(super) fn wave_end_ns(&self) -> u64 {
-        self.wave.iter().map(|t| t.0).max().unwrap_or(0)
+    /// When the tool waves in flight end (`None`: none is).
+    pub(super) fn waves_end_ns(&self) -> Option<u64> {
+        let open = self.strands.iter().filter(|st| st.wave_open);
+        open.map(Strand::wave_end_ns).max()
     }
 
-    pub(super) fn timer(&mut self, f: &mut Follow, job: u64, at_ns: u64) -> Next {
+    pub(super) fn timer(&mut self, s: usize, f: &mut Follow, job: u64, at_ns: u64) -> Next {
         let serial = self.timers;
         self.timers += 1;
-        self.wait = Wait::Timer(serial);
+        self.set_wait(s, Wait::Timer(serial));
         f.at(at_ns, Event::JobTimer { job, serial });
         Next::Waiting
     }
 
-    /// The wave in flight at the decision, once the cleanup settled: effects completed, results
-    /// that came after the decision (journalled, never admitted), effects left unknown.
-    pub(super) fn settle_wave(&self) -> (u64, u64, u64) {
-        if !self.wave_open {
-            return (0, 0, 0);
-        }
+    /// The waves in flight at the decision, once the cleanup settled: effects completed,
+    /// results that came after the decision (journalled, never admitted), effects left unknown.
+    pub(super) fn settle_waves(&self) -> (u64, u64, u64) {
         let resolved_ns = self
             .cleanup
             .as_ref()
             .map_or(u64::MAX, Cleanup::resolved_until_ns);
         let (mut done, mut late, mut unknown) = (0, 0, 0);
-        for &(end_ns, effect) in &self.wave {
+        let open = self.strands.iter().filter(|st| st.wave_open);
+        for &(end_ns, effect) in open.flat_map(|st| &st.wave) {
             if end_ns > resolved_ns {
                 unknown += effect as u64;
                 continue;

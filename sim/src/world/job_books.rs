@@ -22,8 +22,10 @@ pub(crate) struct Usage {
 pub(crate) struct Cleanup {
     decided_ns: u64,
     observed_ns: u64,
-    stream: bool,
-    stream_open: bool,
+    /// The provider streams it closes (a job's parallel calls), those still open, and when the
+    /// last one closed.
+    streams: u32,
+    streams_open: u32,
     stream_end_ns: u64,
     draining: bool,
     drain_end_ns: u64,
@@ -39,7 +41,7 @@ pub(crate) struct Cleanup {
 impl Cleanup {
     pub fn new(
         at: (u64, u64),
-        stream: bool,
+        streams: u32,
         draining: bool,
         drain_end_ns: u64,
         kill_ns: u64,
@@ -48,8 +50,8 @@ impl Cleanup {
         Cleanup {
             decided_ns,
             observed_ns,
-            stream,
-            stream_open: stream,
+            streams,
+            streams_open: streams,
             stream_end_ns: observed_ns,
             draining,
             drain_end_ns,
@@ -76,8 +78,8 @@ impl Cleanup {
     }
 
     pub fn stream_closed(&mut self, now_ns: u64) {
-        assert!(self.stream_open, "a stream closed twice");
-        self.stream_open = false;
+        assert!(self.streams_open > 0, "a stream closed twice");
+        self.streams_open -= 1;
         self.stream_end_ns = now_ns;
     }
 
@@ -91,7 +93,7 @@ impl Cleanup {
 
     /// Whether the cleanup is over now, and if so, how it ended. True the first time.
     pub fn settle(&mut self, now_ns: u64, allowance_ns: u64, allowances_max: u32) -> bool {
-        if self.done || (!self.gave_up && (!self.local_done || self.stream_open)) {
+        if self.done || (!self.gave_up && (!self.local_done || self.streams_open > 0)) {
             return false;
         }
         self.done = true;
@@ -105,7 +107,7 @@ impl Cleanup {
             u32::try_from(n).unwrap_or(u32::MAX)
         };
         let mut used = 0u32;
-        if self.stream {
+        if self.streams > 0 {
             used = used.saturating_add(charge(self.stream_end_ns - self.observed_ns));
         }
         if self.draining {
@@ -271,7 +273,7 @@ mod tests {
     fn each_wait_takes_its_allowances_and_too_many_make_the_cleanup_incomplete() {
         // Observed at 0: the stream closes at 10 ms (one allowance), the tools drain until
         // 2.5 s (two), the sandbox takes 4.5 s (three): six in all.
-        let mut c = Cleanup::new((0, 0), true, true, 2500 * MS, 4500 * MS);
+        let mut c = Cleanup::new((0, 0), 1, true, 2500 * MS, 4500 * MS);
         c.stream_closed(10 * MS);
         assert!(
             !c.settle(10 * MS, 2000 * MS, 8),
@@ -280,13 +282,13 @@ mod tests {
         c.local_done();
         assert!(c.settle(7000 * MS, 2000 * MS, 8));
         assert_eq!((c.allowances, c.complete), (6, true));
-        let mut tight = Cleanup::new((0, 0), true, true, 2500 * MS, 4500 * MS);
+        let mut tight = Cleanup::new((0, 0), 1, true, 2500 * MS, 4500 * MS);
         tight.stream_closed(10 * MS);
         tight.local_done();
         assert!(tight.settle(7000 * MS, 2000 * MS, 5));
         assert!(!tight.complete, "six allowances of five: incomplete");
         // A worker that gives up has spent them all; tools still running then stay unknown.
-        let mut gave_up = Cleanup::new((0, 0), false, true, 9000 * MS, 0);
+        let mut gave_up = Cleanup::new((0, 0), 0, true, 9000 * MS, 0);
         gave_up.give_up();
         assert!(gave_up.settle(8000 * MS, 2000 * MS, 4));
         assert_eq!((gave_up.allowances, gave_up.complete), (4, false));

@@ -19,20 +19,21 @@ impl World<'_> {
         self.job_step(job)
     }
 
-    /// Run the job on: admit its next call, or wait, or end it.
+    /// Run the job on: admit its next calls (its strands run side by side), or wait, or end it.
     fn job_step(&mut self, job: u64) -> Step {
-        let w = &self.scenario.workload;
-        let jobs = self.jobs.as_mut().expect("jobs");
-        let next = jobs.advance(&mut self.follow, w, job).map_err(broken)?;
-        match next {
-            Next::Call(a, serial) => self.arrive(a, Some((job, serial))),
-            Next::Completed => {
-                let now_ns = self.kernel.now_ns();
-                let jobs = self.jobs_mut();
-                jobs.end(job, JobState::Completed, now_ns).map_err(broken)?;
-                self.job_try_leave(job)
+        loop {
+            let w = &self.scenario.workload;
+            let jobs = self.jobs.as_mut().expect("jobs");
+            match jobs.advance(&mut self.follow, w, job).map_err(broken)? {
+                Next::Call(a, serial) => self.arrive(a, Some((job, serial)))?,
+                Next::Completed => {
+                    let now_ns = self.kernel.now_ns();
+                    let jobs = self.jobs_mut();
+                    jobs.end(job, JobState::Completed, now_ns).map_err(broken)?;
+                    return self.job_try_leave(job);
+                }
+                Next::Waiting | Next::Nothing => return Ok(()),
             }
-            Next::Waiting | Next::Nothing => Ok(()),
         }
     }
 
@@ -43,9 +44,9 @@ impl World<'_> {
         Ok(())
     }
 
-    /// The world admitted request `tag` as the job's call.
-    pub(super) fn job_joined(&mut self, job: u64, tag: Tag) {
-        self.jobs_mut().joined(job, tag);
+    /// The world admitted request `tag` as the job's call `id`.
+    pub(super) fn job_joined(&mut self, job: u64, id: u64, tag: Tag) {
+        self.jobs_mut().joined(job, id, tag);
     }
 
     pub(super) fn on_job_cancel(&mut self, job: u64, copy: u8) -> Step {
@@ -71,29 +72,27 @@ impl World<'_> {
     /// The terminal decision: recorded now, dispatch fenced; the worker learns of it later.
     fn job_decide(&mut self, job: u64, to: JobState) -> Step {
         let now_ns = self.kernel.now_ns();
-        let call = self.jobs_mut().call_tag(job).map(|tag| {
-            let q = &self.requests[tag];
+        let requests = &self.requests;
+        let at = |tag: Tag| {
+            let q = &requests[tag];
             (q.life.tokens().min(q.output), q.cost.gpu_ns())
-        });
-        let observe = self
-            .jobs_mut()
-            .decide(job, to, now_ns, call)
-            .map_err(broken)?;
+        };
+        let jobs = self.jobs.as_mut().expect("jobs");
+        let observe = jobs.decide((job, to), now_ns, at).map_err(broken)?;
         if let Some(at_ns) = observe {
             self.follow.at(at_ns, Event::JobObserve { job });
         }
         Ok(())
     }
 
-    /// The worker begins the cleanup: the call in progress is closed by the adapter's policy,
+    /// The worker begins the cleanup: the calls in progress are closed by the adapter's policy,
     /// the tools drain, the sandbox is terminated, each within its allowances.
     pub(super) fn on_job_observe(&mut self, job: u64) -> Step {
         let now_ns = self.kernel.now_ns();
-        let gpu_ns = self
-            .jobs_mut()
-            .call_tag(job)
-            .map(|t| self.requests[t].cost.gpu_ns());
-        let (stream, local_end_ns, give_up_ns) = self.jobs_mut().observe(job, now_ns, gpu_ns);
+        let requests = &self.requests;
+        let gpu_ns = |t: Tag| requests[t].cost.gpu_ns();
+        let jobs = self.jobs.as_mut().expect("jobs");
+        let (streams, local_end_ns, give_up_ns) = jobs.observe(job, now_ns, gpu_ns);
         let f = &mut self.follow;
         f.weak_after(
             give_up_ns - now_ns,
@@ -110,11 +109,11 @@ impl World<'_> {
         } else {
             self.jobs_mut().cleanup_event(job, now_ns, false);
         }
-        if let Some(tag) = stream {
-            let cause = match self.jobs_mut().get(job).map(|j| j.state) {
-                Some(JobState::Expired) => Cause::Deadline,
-                _ => Cause::Job,
-            };
+        let cause = match self.jobs_mut().get(job).map(|j| j.state) {
+            Some(JobState::Expired) => Cause::Deadline,
+            _ => Cause::Job,
+        };
+        for tag in streams {
             self.intent(tag, cause)?;
             self.try_finalize(tag)?;
         }

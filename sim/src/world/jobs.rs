@@ -14,7 +14,8 @@ use rustc_hash::FxHashMap;
 use super::event::{Event, Tag};
 use super::follow::Follow;
 pub(crate) use super::job::CallLeft;
-use super::job::{unroll, Job, Op, Wait};
+use super::job::{Job, Wait};
+use super::job_plan::{Op, Plan};
 use super::job_audit::{self as audit, JobState};
 use super::job_books::{Cleanup, JobBooks};
 use crate::dist::{ms_to_ns, round_ns};
@@ -58,9 +59,9 @@ pub(crate) struct Jobs {
     pub bug: Option<JobBug>,
     seed: u64,
     spec: JobSpec,
-    ops: Vec<Op>,
+    plan: Plan,
     /// A trace's sessions as plans, one per job, and when each job is accepted.
-    recorded: Vec<Vec<Op>>,
+    recorded: Vec<Plan>,
     starts_ns: Option<Vec<u64>>,
     /// Ids each job's calls may take: every attempt it may journal.
     per_job: u64,
@@ -89,13 +90,8 @@ impl Jobs {
             }
             _ => return None,
         };
-        let mut ops = Vec::new();
-        unroll(&job.plan, job, &mut ops);
-        let recorded: Vec<Vec<Op>> = sessions.map_or_else(Vec::new, |s| {
-            s.sessions
-                .iter()
-                .map(|x| super::job::recorded(&x.calls))
-                .collect()
+        let recorded: Vec<Plan> = sessions.map_or_else(Vec::new, |s| {
+            s.sessions.iter().map(|x| Plan::recorded(&x.calls)).collect()
         });
         let calls = match sessions {
             Some(s) => s
@@ -111,7 +107,7 @@ impl Jobs {
             bug: None,
             seed,
             spec: job.clone(),
-            ops,
+            plan: Plan::drawn(&job.plan, job),
             recorded,
             starts_ns: sessions.map(|s| s.sessions.iter().map(|x| x.start_ns).collect()),
             per_job: (calls * job.call_attempts as u64).max(1),
@@ -195,8 +191,9 @@ impl Jobs {
             }
         }
         self.books.accepted += 1;
-        self.live
-            .insert(job, Job::new(now_ns, deadline_ns, cancels));
+        let plan = self.recorded.get(job as usize).unwrap_or(&self.plan);
+        let j = Job::new((now_ns, deadline_ns), cancels, plan);
+        self.live.insert(job, j);
     }
 
     /// When job `job`'s cancel is requested, from its acceptance, if it is a target.
@@ -210,14 +207,12 @@ impl Jobs {
         target.then(|| ms_to_ns(c.delay_ms.sample(&mut s)))
     }
 
-    /// Run the job's plan on until it must wait: a call to admit, a timer, or its end.
+    /// Run the job's strands on until each must wait: a call to admit (one per call; the world
+    /// asks again), a timer, or the plan's end.
     pub fn advance(&mut self, f: &mut Follow, w: &Workload, job: u64) -> Result<Next, String> {
         let now_ns = f.now_ns();
         let seed = self.seed;
-        let ops = match self.recorded.get(job as usize) {
-            Some(ops) => ops,
-            None => &self.ops,
-        };
+        let plan = self.recorded.get(job as usize).unwrap_or(&self.plan);
         let per_job = self.per_job;
         let ignores_fence = self.bug(0);
         let child_bonus_ns = self.bug(3) as u64 * crate::kernel::NS_PER_MS;
@@ -226,60 +221,76 @@ impl Jobs {
         } else {
             1
         };
-        let j = self.live.get_mut(&job).expect("a live job");
-        if (j.state.is_terminal() && !ignores_fence) || j.wait != Wait::Nothing {
+        // A call just admitted may have ended the job already (refused, out of attempts).
+        let Some(j) = self.live.get_mut(&job) else {
+            return Ok(Next::Nothing);
+        };
+        if j.state.is_terminal() && !ignores_fence {
             return Ok(Next::Nothing);
         }
-        loop {
-            let Some(op) = ops.get(j.pc as usize) else {
-                return Ok(Next::Completed);
-            };
-            audit::dispatch(job, j.state)?;
-            match op {
-                Op::Call | Op::Fixed { .. } => {
-                    j.attempts += attempts_each - 1;
-                    let fixed = match op {
-                        Op::Fixed { input, output } => Some((*input, *output)),
-                        _ => None,
-                    };
-                    let (a, serial) = j.call(w, seed, (job, per_job), (now_ns, fixed))?;
-                    return Ok(Next::Call(a, serial));
+        while let Some(s) = j.next_ready() {
+            loop {
+                let st = &j.strands[s];
+                if st.at_end() {
+                    j.finish(s, plan);
+                    break;
                 }
-                Op::Tools {
-                    tools,
-                    duration_ms,
-                    effect_p,
-                } => {
-                    j.wave(seed, job, now_ns, (*tools, duration_ms, *effect_p));
-                    return Ok(j.timer(f, job, j.wave_end_ns()));
+                audit::dispatch(job, j.state)?;
+                let pc = st.pc;
+                match &plan.ops[pc as usize] {
+                    op @ (Op::Call | Op::Fixed { .. }) => {
+                        j.attempts += attempts_each - 1;
+                        let fixed = match op {
+                            Op::Fixed { input, output } => Some((*input, *output)),
+                            _ => None,
+                        };
+                        let (a, serial) =
+                            j.call((s, w, seed), (job, per_job), (now_ns, fixed))?;
+                        return Ok(Next::Call(a, serial));
+                    }
+                    Op::Tools {
+                        tools,
+                        duration_ms,
+                        effect_p,
+                    } => {
+                        let t = (*tools, duration_ms, *effect_p);
+                        let end_ns = j.wave((s, seed, job), now_ns, t);
+                        j.timer(s, f, job, end_ns);
+                        break;
+                    }
+                    Op::Approval { wait_ms } => {
+                        let mut r = Stream::keyed(seed, Purpose::Job, job, pc as u64);
+                        let at = now_ns.saturating_add(ms_to_ns(wait_ms.sample(&mut r)));
+                        j.timer(s, f, job, at);
+                        break;
+                    }
+                    Op::Enter => {
+                        // A subagent runs under what is left of its parent's deadline, never more.
+                        let left_ns = j.deadline_ns.saturating_sub(now_ns);
+                        audit::child_deadline(job, left_ns + child_bonus_ns, left_ns)?;
+                    }
+                    // The subagent's end: its parent's steps go on under the same deadline.
+                    Op::Exit => {}
                 }
-                Op::Approval { wait_ms } => {
-                    let mut s = Stream::keyed(seed, Purpose::Job, job, j.pc as u64);
-                    let at = now_ns.saturating_add(ms_to_ns(wait_ms.sample(&mut s)));
-                    return Ok(j.timer(f, job, at));
-                }
-                Op::Enter => {
-                    // A subagent runs under what is left of its parent's deadline, never more.
-                    let child_ns = j.deadline_ns.saturating_sub(now_ns) + child_bonus_ns;
-                    audit::child_deadline(job, child_ns, j.deadline_ns.saturating_sub(now_ns))?;
-                }
-                // The subagent's end: its parent's steps go on under the same deadline.
-                Op::Exit => {}
+                j.strands[s].pc += 1;
             }
-            j.pc += 1;
         }
+        Ok(match j.all_finished() {
+            true => Next::Completed,
+            false => Next::Waiting,
+        })
     }
 
-    /// The world admitted the current call as `tag`.
-    pub fn joined(&mut self, job: u64, tag: Tag) {
+    /// The world admitted call `id` as `tag`.
+    pub fn joined(&mut self, job: u64, id: u64, tag: Tag) {
         let j = self.job(job);
         j.calls_out += 1;
-        if let Wait::Call(c) = &mut j.wait {
-            c.tag = Some(tag);
+        if let Some(s) = j.strand_of_call(id) {
+            j.call_mut(s).tag = Some(tag);
         }
     }
 
-    /// The current call ended (`completed`, or not). The job moves on, tries again, or fails.
+    /// Call `id` ended (`completed`, or not). Its strand moves on, tries again, or fails the job.
     pub fn call_ended(
         &mut self,
         f: &mut Follow,
@@ -289,12 +300,7 @@ impl Jobs {
     ) -> Option<JobState> {
         let attempts_max = self.spec.call_attempts;
         let j = self.live.get_mut(&job)?;
-        let Wait::Call(c) = j.wait else {
-            return None;
-        };
-        if c.id != id {
-            return None;
-        }
+        let s = j.strand_of_call(id)?;
         if j.state.is_terminal() {
             if completed {
                 // A provider result after the decision: journalled, never admitted.
@@ -302,25 +308,27 @@ impl Jobs {
             }
             return None;
         }
-        j.wait = Wait::Nothing;
+        let c = *j.call_mut(s);
+        j.clear_wait(s, false);
+        let st = &mut j.strands[s];
         if completed {
             j.history = (j.history + c.message as u64 + c.output as u64).min(TOKENS_MAX as u64);
-            j.pc += 1;
-            j.tries = 0;
+            st.pc += 1;
+            st.tries = 0;
         } else {
             j.interrupted = true;
-            if j.tries >= attempts_max {
+            if st.tries >= attempts_max {
                 return Some(JobState::Failed);
             }
         }
         let serial = j.timers;
         j.timers += 1;
-        j.wait = Wait::Resume(serial);
+        j.set_wait(s, Wait::Resume(serial));
         f.at(f.now_ns(), Event::JobTimer { job, serial });
         Some(JobState::Running)
     }
 
-    /// A tool wave's or approval's timer: true if it is the one the job waits on.
+    /// A tool wave's or approval's timer, or a call's resume: true if a strand waits on it.
     pub fn timer(&mut self, job: u64, serial: u32) -> bool {
         let ignores_fence = self.bug(0);
         let Some(j) = self.live.get_mut(&job) else {
@@ -329,19 +337,20 @@ impl Jobs {
         if j.state.is_terminal() && !ignores_fence {
             return false;
         }
-        if j.wait == Wait::Resume(serial) {
-            j.wait = Wait::Nothing;
+        if let Some(s) = j.find(|w| *w == Wait::Resume(serial)) {
+            j.clear_wait(s, true);
             return true;
         }
-        if j.wait != Wait::Timer(serial) {
+        let Some(s) = j.find(|w| *w == Wait::Timer(serial)) else {
             return false;
-        }
-        j.wait = Wait::Nothing;
-        if std::mem::take(&mut j.wave_open) {
-            let done = j.wave.iter().filter(|t| t.1).count() as u64;
+        };
+        j.clear_wait(s, true);
+        let st = &mut j.strands[s];
+        if std::mem::take(&mut st.wave_open) {
+            let done = st.wave.iter().filter(|t| t.1).count() as u64;
             self.books.effects_completed += done;
         }
-        j.pc += 1;
+        st.pc += 1;
         true
     }
 
@@ -355,23 +364,14 @@ impl Jobs {
         Ok(())
     }
 
-    /// The tag of the job's call in progress, if admitted.
-    pub fn call_tag(&self, job: u64) -> Option<Tag> {
-        match self.live.get(&job)?.wait {
-            Wait::Call(c) => c.tag,
-            _ => None,
-        }
-    }
-
     /// The terminal decision, now: the state is recorded and dispatch fenced. Returns when the
     /// worker learns of it, if this decided (not a duplicate, nor a job already terminal).
-    /// `call` is the current call's output seen and GPU ns.
+    /// `at` says what the job had seen of an admitted call, and its GPU ns.
     pub fn decide(
         &mut self,
-        job: u64,
-        to: JobState,
+        (job, to): (u64, JobState),
         now_ns: u64,
-        call: Option<(u32, f64)>,
+        at: impl Fn(Tag) -> (u32, f64),
     ) -> Result<Option<u64>, String> {
         let redecides = self.bug(1);
         let Some(j) = self.live.get_mut(&job) else {
@@ -386,9 +386,13 @@ impl Jobs {
         audit::transition(job, j.state, to)?;
         j.state = to;
         j.decided_ns = now_ns;
-        if let (Wait::Call(c), Some((seen, gpu_ns))) = (&mut j.wait, call) {
-            c.seen_at_decision = Some(seen);
-            c.gpu_ns_at_decision = gpu_ns;
+        for s in j.call_strands() {
+            let c = j.call_mut(s);
+            if let Some(tag) = c.tag {
+                let (seen, gpu_ns) = at(tag);
+                c.seen_at_decision = Some(seen);
+                c.gpu_ns_at_decision = gpu_ns;
+            }
         }
         let w = &self.spec.worker;
         let mut s = Stream::keyed(self.seed, Purpose::Job, job, key::JOB_CLEANUP);
@@ -409,29 +413,29 @@ impl Jobs {
         Ok(Some(observe_at))
     }
 
-    /// The worker learns of the decision now and begins the cleanup. Returns the call to close,
-    /// when the local resources are done, and when the worker gives up.
+    /// The worker learns of the decision now and begins the cleanup. Returns the calls to close
+    /// (their streams: `gpu_ns` says each one's GPU ns now), when the local resources are done,
+    /// and when the worker gives up.
     pub fn observe(
         &mut self,
         job: u64,
         now_ns: u64,
-        gpu_ns: Option<f64>,
-    ) -> (Option<Tag>, u64, u64) {
+        gpu_ns: impl Fn(Tag) -> f64,
+    ) -> (Vec<Tag>, u64, u64) {
         let w = self.spec.worker.clone();
         let seed = self.seed;
         let j = self.job(job);
-        let stream = match &mut j.wait {
-            Wait::Call(c) => {
-                c.gpu_ns_at_close = gpu_ns;
-                c.tag
+        let mut streams = Vec::new();
+        for s in j.call_strands() {
+            let c = j.call_mut(s);
+            if let Some(tag) = c.tag {
+                c.gpu_ns_at_close = Some(gpu_ns(tag));
+                streams.push(tag);
             }
-            _ => None,
-        };
-        let draining = j.wave_open;
-        let drain_end_ns = match draining {
-            true => j.wave_end_ns().max(now_ns),
-            false => now_ns,
-        };
+        }
+        let waves_end_ns = j.waves_end_ns();
+        let draining = waves_end_ns.is_some();
+        let drain_end_ns = waves_end_ns.map_or(now_ns, |e| e.max(now_ns));
         let kill_ns = match j.sandbox {
             true => {
                 let mut s = Stream::keyed(seed, Purpose::Job, job, key::JOB_CLEANUP);
@@ -444,14 +448,9 @@ impl Jobs {
         let give_up_ns =
             now_ns.saturating_add(ms_to_ns(w.allowance_ms).saturating_mul(w.allowances_max as u64));
         let at = (j.decided_ns, now_ns);
-        j.cleanup = Some(Cleanup::new(
-            at,
-            stream.is_some(),
-            draining,
-            drain_end_ns,
-            kill_ns,
-        ));
-        (stream, local_end_ns, give_up_ns)
+        let n = streams.len() as u32;
+        j.cleanup = Some(Cleanup::new(at, n, draining, drain_end_ns, kill_ns));
+        (streams, local_end_ns, give_up_ns)
     }
 
     /// The job's local resources (tools drained, sandbox terminated) are done, or its worker
@@ -484,12 +483,14 @@ impl Jobs {
         let j = self.job(job);
         j.calls_out -= 1;
         j.usage.reported.output += over;
-        let current = matches!(j.wait, Wait::Call(c) if c.id == id);
-        let (seen, gpu_at_decision, gpu_at_close) = match j.wait {
-            Wait::Call(c) if current => {
+        // Still its strand's call: the job was decided while it ran (else it ended before).
+        let current = j.strand_of_call(id);
+        let (seen, gpu_at_decision, gpu_at_close) = match current {
+            Some(s) => {
+                let c = j.call_mut(s);
                 (c.seen_at_decision, c.gpu_ns_at_decision, c.gpu_ns_at_close)
             }
-            _ => (None, left.gpu_ns, None),
+            None => (None, left.gpu_ns, None),
         };
         let seen_out = seen.unwrap_or(left.received).min(left.received);
         j.usage.truth.input += if left.started { left.prompt as u64 } else { 0 };
@@ -500,13 +501,14 @@ impl Jobs {
             let until_close = gpu_at_close.unwrap_or(left.gpu_ns);
             j.usage.leaked_ns += (until_close - gpu_at_decision).max(0.0) + left.leaked_ns;
         }
-        if current && j.state.is_terminal() {
-            j.wait = Wait::Nothing;
+        if let Some(s) = current.filter(|_| j.state.is_terminal()) {
+            j.clear_wait(s, false);
         }
         let Some(c) = j.cleanup.as_mut() else {
             return false;
         };
-        if c.done() || !current {
+        // Only a stream the worker closed is a cleanup resource.
+        if c.done() || gpu_at_close.is_none() {
             return false;
         }
         c.stream_closed(now_ns);
@@ -530,7 +532,7 @@ impl Jobs {
         audit::usage(job, j.usage.truth, j.usage.reported, complete)?;
         audit::attempts(job, j.attempts)?;
         self.books.provider_attempts += j.attempts as u64;
-        let (done, late, unknown) = j.settle_wave();
+        let (done, late, unknown) = j.settle_waves();
         self.books.effects_completed += done;
         self.books.late_observations += late;
         self.books.effects_unknown += unknown;

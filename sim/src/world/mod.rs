@@ -33,6 +33,7 @@ mod job;
 mod job_audit;
 mod job_books;
 mod job_flow;
+mod job_plan;
 mod jobs;
 mod leave;
 mod life;
