@@ -156,14 +156,14 @@ fn sessions(rows: &[(usize, Row)], shown: &str) -> Result<AgentSessions, String>
             g.update_edge(nodes[from], nodes[to], ());
         }
     }
-    let order = toposort(&g, None).map_err(|c| {
+    toposort(&g, None).map_err(|c| {
         let n = rows[g[c.node_id()]].0;
         format!("{shown}:{n}: this row waits for itself, through a cycle of `wait_for`")
     })?;
     let parts = components(&g, rows.len());
     let mut by_part: Vec<Vec<usize>> = vec![Vec::new(); parts.iter().max().map_or(0, |m| m + 1)];
-    for node in order {
-        by_part[parts[g[node]]].push(g[node]);
+    for row in in_order(&g) {
+        by_part[parts[row]].push(row);
     }
     let mut out: Vec<(u64, usize, Session)> = Vec::new();
     for part in by_part {
@@ -179,6 +179,35 @@ fn sessions(rows: &[(usize, Row)], shown: &str) -> Result<AgentSessions, String>
         })
         .collect();
     Ok(AgentSessions { sessions })
+}
+
+/// The rows in dependency order, the file's order among rows free at the same point (so a
+/// session's calls are dispatched as its file lists them). The graph has no cycle.
+fn in_order(g: &DiGraph<usize, ()>) -> Vec<usize> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut waits: Vec<usize> = (g.node_indices())
+        .map(|v| {
+            g.neighbors_directed(v, petgraph::Direction::Incoming)
+                .count()
+        })
+        .collect();
+    let mut free: BinaryHeap<Reverse<usize>> = (0..waits.len())
+        .filter(|&k| waits[k] == 0)
+        .map(Reverse)
+        .collect();
+    let mut out = Vec::with_capacity(waits.len());
+    while let Some(Reverse(k)) = free.pop() {
+        out.push(k);
+        for w in g.neighbors_directed(NodeIndex::new(k), petgraph::Direction::Outgoing) {
+            waits[w.index()] -= 1;
+            if waits[w.index()] == 0 {
+                free.push(Reverse(w.index()));
+            }
+        }
+    }
+    assert_eq!(out.len(), waits.len(), "the rows form no cycle");
+    out
 }
 
 /// Each row's connected part (its rows linked by `wait_for` or `branches` either way).
@@ -293,17 +322,29 @@ mod tests {
         assert_eq!(s.sessions.len(), 1, "one connected part, one job");
         let calls = &s.sessions[0].calls;
         let by_input = |n: u32| calls.iter().position(|c| c.input_tokens == n).unwrap() as u32;
-        let (a, b, c, d, e) = (by_input(10), by_input(11), by_input(12), by_input(13), by_input(14));
+        let (a, b, c, d, e) = (
+            by_input(10),
+            by_input(11),
+            by_input(12),
+            by_input(13),
+            by_input(14),
+        );
         assert_eq!(calls[b as usize].after, vec![a]);
         assert_eq!(calls[c as usize].after, vec![a]);
         let mut join = vec![b, c, e];
         join.sort_unstable();
         assert_eq!(calls[d as usize].after, join);
         assert!(calls[e as usize].after.is_empty());
-        assert_eq!(calls[e as usize].wait_ns, 300_000_000, "300 ms after the first root");
+        assert_eq!(
+            calls[e as usize].wait_ns, 300_000_000,
+            "300 ms after the first root"
+        );
         assert_eq!(calls[b as usize].tool_ns, 50_000_000);
         assert_eq!(calls[c as usize].wait_ns, 20_000_000);
-        assert!(calls.iter().enumerate().all(|(k, x)| x.after.iter().all(|&p| p < k as u32)));
+        assert!(calls
+            .iter()
+            .enumerate()
+            .all(|(k, x)| x.after.iter().all(|&p| p < k as u32)));
     }
 
     #[test]

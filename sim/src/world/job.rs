@@ -5,8 +5,8 @@ use super::event::{Event, Tag};
 use super::follow::Follow;
 use super::job_audit::{self as audit, JobState};
 use super::job_books::{Cleanup, Usage};
-use super::jobs::Next;
 use super::job_plan::Plan;
+use super::jobs::Next;
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{Purpose, Stream};
 use crate::scenario::Workload;
@@ -74,7 +74,6 @@ impl Strand {
         self.wave.iter().map(|t| t.0).max().unwrap_or(0)
     }
 }
-
 
 pub(crate) struct Job {
     pub(super) accepted_ns: u64,
@@ -204,7 +203,10 @@ impl Job {
 
     /// The strand whose wait `hit` matches.
     pub(super) fn find(&self, hit: impl Fn(&Wait) -> bool) -> Option<usize> {
-        let a = self.active.iter().find(|&&a| hit(&self.strands[a as usize].wait))?;
+        let a = self
+            .active
+            .iter()
+            .find(|&&a| hit(&self.strands[a as usize].wait))?;
         Some(*a as usize)
     }
 

@@ -132,4 +132,3 @@ fn recorded_call(c: &TraceCall, ops: &mut Vec<Op>) {
         output: c.output_tokens,
     });
 }
-

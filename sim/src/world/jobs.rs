@@ -15,9 +15,9 @@ use super::event::{Event, Tag};
 use super::follow::Follow;
 pub(crate) use super::job::CallLeft;
 use super::job::{Job, Wait};
-use super::job_plan::{Op, Plan};
 use super::job_audit::{self as audit, JobState};
 use super::job_books::{Cleanup, JobBooks};
+use super::job_plan::{Op, Plan};
 use crate::dist::{ms_to_ns, round_ns};
 use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::NS_PER_S;
@@ -91,7 +91,10 @@ impl Jobs {
             _ => return None,
         };
         let recorded: Vec<Plan> = sessions.map_or_else(Vec::new, |s| {
-            s.sessions.iter().map(|x| Plan::recorded(&x.calls)).collect()
+            s.sessions
+                .iter()
+                .map(|x| Plan::recorded(&x.calls))
+                .collect()
         });
         let calls = match sessions {
             Some(s) => s
@@ -244,8 +247,7 @@ impl Jobs {
                             Op::Fixed { input, output } => Some((*input, *output)),
                             _ => None,
                         };
-                        let (a, serial) =
-                            j.call((s, w, seed), (job, per_job), (now_ns, fixed))?;
+                        let (a, serial) = j.call((s, w, seed), (job, per_job), (now_ns, fixed))?;
                         return Ok(Next::Call(a, serial));
                     }
                     Op::Tools {

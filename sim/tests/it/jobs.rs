@@ -307,3 +307,34 @@ fn a_durable_job_outlives_its_observer_and_an_inline_one_does_not() {
     assert!((j.leaked_gpu_s - 0.020).abs() < 1e-9);
     assert_eq!(j.provider_attempts, 2);
 }
+
+#[test]
+fn parallel_branches_run_side_by_side_and_one_cancel_closes_them_all() {
+    // scenarios/library/jobs-parallel-branches.ron gives the arithmetic.
+    let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/library/");
+    let text = std::fs::read_to_string(format!("{lib}jobs-parallel-branches.ron")).unwrap();
+    let mut s = Scenario::parse(&text, "t.ron").unwrap();
+    s.base_dir = std::path::PathBuf::from(lib);
+    let r = run::report(&s, 1).unwrap();
+    // Uncancelled, both branches start at 100 ms: the job ends at 500 ms, not 700 ms.
+    let cf = &r.counterfactual;
+    assert_eq!(cf.makespan_s, 0.5, "the branches ran one after another");
+    assert_eq!(cf.requests.completed, 4);
+    assert_eq!(
+        (jobs(cf).true_tokens, jobs(cf).usage_complete),
+        (110 + 60 + 80 + 210, 1)
+    );
+    let p = &r.policies[0];
+    let j = jobs(p);
+    assert_eq!((j.cancelled, j.cleanups, j.cleanup_incomplete), (1, 1, 0));
+    assert_eq!(p.requests.scheduled, 3, "the join is fenced");
+    assert_eq!(p.requests.cancelled, 2, "both branches' streams are closed");
+    assert_eq!(j.cleanup_ms.p50, 15.2);
+    assert_eq!(
+        j.allowances_used_p99, 1,
+        "two streams closing together: one wait"
+    );
+    assert_eq!((j.true_tokens, j.reported_tokens), (224, 220));
+    // The branches are the job's own group: neither is a sibling of its cancel.
+    assert_eq!(p.sibling_survival.siblings, 0);
+}
