@@ -19,7 +19,7 @@ fn lasting(d: &mut Draw, typical: f64) -> Dist {
 }
 
 fn step(d: &mut Draw, agents: &[String], depth: u32) -> PlanStep {
-    match d.s.below(if depth > 1 { 3 } else { 5 }) {
+    match d.s.below(if depth > 1 { 3 } else { 6 }) {
         0 => PlanStep::Call,
         1 => PlanStep::Tools {
             tools: d.int(1, 8) as u32,
@@ -30,10 +30,15 @@ fn step(d: &mut Draw, agents: &[String], depth: u32) -> PlanStep {
             wait_ms: lasting(d, 500.0),
         },
         3 if !agents.is_empty() => PlanStep::Subagent(d.pick(agents)),
-        _ => PlanStep::Repeat {
+        4 => PlanStep::Repeat {
             times: d.int(1, 3) as u32,
             steps: plan(d, agents, depth + 1),
         },
+        _ => PlanStep::Parallel(
+            (0..d.int(1, 3))
+                .map(|_| plan(d, agents, depth + 1))
+                .collect(),
+        ),
     }
 }
 

@@ -4,7 +4,8 @@
 //!
 //! A plan is a list of steps run in order: a provider call (one request into the cluster, its
 //! prompt carrying the job's history), a wave of parallel tools, an approval wait, a named
-//! subagent (a nested plan under the same deadline), or a repeat of steps.
+//! subagent (a nested plan under the same deadline), a repeat of steps, or branches that run
+//! side by side.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +24,8 @@ pub const NESTING_MAX: u32 = 16;
 pub const TOOLS_PER_WAVE_MAX: u32 = 256;
 /// Steps of a plan with its subagents and repeats unrolled (each run unrolls it once).
 pub const STEPS_MAX: u64 = 1 << 16;
+/// Branches of one `Parallel` step.
+pub const BRANCHES_MAX: u64 = 64;
 
 /// What every job of a `Jobs` source does, and how its cancel and cleanup behave.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -94,6 +97,9 @@ pub enum PlanStep {
     Subagent(String),
     /// `steps`, `times` times over.
     Repeat { times: u32, steps: Vec<PlanStep> },
+    /// Branches that run side by side (subagents fanned out, say), each its own list of steps;
+    /// the step after waits for all of them.
+    Parallel(Vec<Vec<PlanStep>>),
 }
 
 /// Which jobs get a cancel, and when.
@@ -330,6 +336,17 @@ fn steps(f: &str, plan: &[PlanStep], agents: &BTreeMap<String, Vec<PlanStep>>) -
                 }
                 steps(&format!("{f}.Repeat.steps"), inner, agents)?;
             }
+            PlanStep::Parallel(branches) => {
+                let n = branches.len() as u64;
+                v::in_range(&format!("{f}.Parallel"), n, 1, BRANCHES_MAX)?;
+                for (k, b) in branches.iter().enumerate() {
+                    let f = format!("{f}.Parallel[{k}]");
+                    if b.is_empty() {
+                        return v::err(&f, "a branch must hold a step".into());
+                    }
+                    steps(&f, b, agents)?;
+                }
+            }
         }
     }
     Ok(())
@@ -352,6 +369,7 @@ fn subagents<'a>(plan: &'a [PlanStep], out: &mut Vec<&'a str>) {
         match s {
             PlanStep::Subagent(n) => out.push(n),
             PlanStep::Repeat { steps, .. } => subagents(steps, out),
+            PlanStep::Parallel(branches) => branches.iter().for_each(|b| subagents(b, out)),
             _ => {}
         }
     }
@@ -393,6 +411,13 @@ fn bounds_of(
                     calls: r.calls.saturating_mul(t),
                     steps: r.steps.saturating_mul(t),
                 }
+            }
+            PlanStep::Parallel(branches) => {
+                let each = branches.iter().map(|b| bounds_of(b, agents, depth));
+                each.fold(PlanBounds::default(), |a, r| PlanBounds {
+                    calls: a.calls.saturating_add(r.calls),
+                    steps: a.steps.saturating_add(r.steps),
+                })
             }
         };
         b.calls = b.calls.saturating_add(inner.calls);

@@ -32,34 +32,69 @@ pub(super) enum Op {
 /// Unrolled steps a plan may have (a plan past it is refused at load).
 pub(crate) const OPS_MAX: usize = crate::scenario::STEPS_MAX as usize;
 
-fn unroll(plan: &[PlanStep], spec: &JobSpec, out: &mut Vec<Op>) {
-    for s in plan {
-        assert!(out.len() <= OPS_MAX, "a plan unrolled past its bound");
-        match s {
-            PlanStep::Call => out.push(Op::Call),
-            PlanStep::Tools {
-                tools,
-                duration_ms,
-                effect_probability,
-            } => out.push(Op::Tools {
-                tools: *tools,
-                duration_ms: duration_ms.clone(),
-                effect_p: *effect_probability,
-            }),
-            PlanStep::Approval { wait_ms } => out.push(Op::Approval {
-                wait_ms: wait_ms.clone(),
-            }),
-            PlanStep::Subagent(name) => {
-                out.push(Op::Enter);
-                unroll(&spec.agents[name], spec, out);
-                out.push(Op::Exit);
-            }
-            PlanStep::Repeat { times, steps } => {
-                for _ in 0..*times {
-                    unroll(steps, spec, out);
+/// A drawn plan as it unrolls: steps go into the open strand; a `Parallel` step closes it,
+/// opens a strand per branch (each waiting for it), then a strand that waits for every branch.
+struct Unroll<'a> {
+    spec: &'a JobSpec,
+    ops: Vec<Op>,
+    strands: Vec<(u32, u32)>,
+    after: Vec<Vec<u32>>,
+}
+
+impl Unroll<'_> {
+    /// Open a strand after `after`; its steps start here.
+    fn open(&mut self, after: Vec<u32>) -> u32 {
+        let at = self.ops.len() as u32;
+        self.strands.push((at, at));
+        self.after.push(after);
+        self.strands.len() as u32 - 1
+    }
+
+    /// Unroll `plan` into strand `cur`; returns the strand open at its end.
+    fn steps(&mut self, plan: &[PlanStep], mut cur: u32) -> u32 {
+        for s in plan {
+            assert!(self.ops.len() <= OPS_MAX, "a plan unrolled past its bound");
+            match s {
+                PlanStep::Call => self.ops.push(Op::Call),
+                PlanStep::Tools {
+                    tools,
+                    duration_ms,
+                    effect_probability,
+                } => self.ops.push(Op::Tools {
+                    tools: *tools,
+                    duration_ms: duration_ms.clone(),
+                    effect_p: *effect_probability,
+                }),
+                PlanStep::Approval { wait_ms } => self.ops.push(Op::Approval {
+                    wait_ms: wait_ms.clone(),
+                }),
+                PlanStep::Subagent(name) => {
+                    self.ops.push(Op::Enter);
+                    cur = self.steps(&self.spec.agents[name], cur);
+                    self.ops.push(Op::Exit);
                 }
+                PlanStep::Repeat { times, steps } => {
+                    for _ in 0..*times {
+                        cur = self.steps(steps, cur);
+                    }
+                }
+                PlanStep::Parallel(branches) => cur = self.fork(branches, cur),
             }
+            self.strands[cur as usize].1 = self.ops.len() as u32;
         }
+        cur
+    }
+
+    fn fork(&mut self, branches: &[Vec<PlanStep>], before: u32) -> u32 {
+        self.strands[before as usize].1 = self.ops.len() as u32;
+        let mut tails = Vec::with_capacity(branches.len());
+        for b in branches {
+            let first = self.open(vec![before]);
+            let tail = self.steps(b, first);
+            self.strands[tail as usize].1 = self.ops.len() as u32;
+            tails.push(tail);
+        }
+        self.open(tails)
     }
 }
 
@@ -75,15 +110,33 @@ pub(super) struct Plan {
 }
 
 impl Plan {
-    /// A drawn plan: one strand.
+    /// A drawn plan: one strand, and one more per branch and join of its `Parallel` steps.
     pub fn drawn(plan: &[PlanStep], spec: &JobSpec) -> Plan {
-        let mut ops = Vec::new();
-        unroll(plan, spec, &mut ops);
+        let mut u = Unroll {
+            spec,
+            ops: Vec::new(),
+            strands: Vec::new(),
+            after: Vec::new(),
+        };
+        let first = u.open(Vec::new());
+        u.steps(plan, first);
+        Plan::new(u.ops, u.strands, &u.after)
+    }
+
+    fn new(ops: Vec<Op>, strands: Vec<(u32, u32)>, after: &[Vec<u32>]) -> Plan {
+        let mut then = vec![Vec::new(); strands.len()];
+        for (k, a) in after.iter().enumerate() {
+            for &d in a {
+                assert!((d as usize) < k, "a strand waits for a later one");
+                then[d as usize].push(k as u32);
+            }
+        }
+        let waits = after.iter().map(|a| a.len() as u32).collect();
         Plan {
-            strands: vec![(0, ops.len() as u32)],
             ops,
-            waits: vec![0],
-            then: vec![Vec::new()],
+            strands,
+            waits,
+            then,
         }
     }
 
@@ -91,23 +144,13 @@ impl Plan {
     pub fn recorded(calls: &[TraceCall]) -> Plan {
         let mut ops = Vec::with_capacity(calls.len());
         let mut strands = Vec::with_capacity(calls.len());
-        let mut then = vec![Vec::new(); calls.len()];
-        for (k, c) in calls.iter().enumerate() {
+        for c in calls {
             let start = ops.len() as u32;
             recorded_call(c, &mut ops);
             strands.push((start, ops.len() as u32));
-            for &d in &c.after {
-                assert!((d as usize) < k, "a call waits for a later one");
-                then[d as usize].push(k as u32);
-            }
         }
-        let waits = calls.iter().map(|c| c.after.len() as u32).collect();
-        Plan {
-            ops,
-            strands,
-            waits,
-            then,
-        }
+        let after: Vec<Vec<u32>> = calls.iter().map(|c| c.after.clone()).collect();
+        Plan::new(ops, strands, &after)
     }
 }
 

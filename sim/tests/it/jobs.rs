@@ -338,3 +338,39 @@ fn parallel_branches_run_side_by_side_and_one_cancel_closes_them_all() {
     // The branches are the job's own group: neither is a sibling of its cancel.
     assert_eq!(p.sibling_survival.siblings, 0);
 }
+
+#[test]
+fn a_drawn_plans_parallel_branches_run_side_by_side_and_the_step_after_waits_for_all() {
+    // A call, then two branches (one call; two calls), then a call, each call 100 ms on a flat
+    // 10 ms step (10 output tokens): 0-100, both branches from 100 (to 200 and 300), the join
+    // 300-400. One after another the calls would take 500 ms.
+    let text = r#"Scenario(name: "p", seed: 1,
+        workload: (source: Jobs(jobs: 1, rate_per_s: 1.0, job: (
+            deadline_ms: Constant(60000.0),
+            plan: [Call, Parallel([[Call], [Call, Tools(tools: 1, duration_ms: Constant(1.0)), Call]]), Call])),
+            prompt_tokens: Constant(100.0), output_tokens: Constant(10.0)),
+        cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 1000), scheduler: Continuous(window: 1)),
+        policies: [PerRequest])"#;
+    let r = report(text, 1);
+    let cf = &r.counterfactual;
+    assert_eq!(cf.requests.completed, 5);
+    assert_eq!(
+        cf.makespan_s, 0.401,
+        "branches one after another, or the join ran early"
+    );
+    assert_eq!((jobs(cf).completed, jobs(cf).usage_complete), (1, 1));
+    // The join's prompt carries every branch's history: 100 + 4 x (100 + 10) = 540 tokens.
+    let (_, rows) = super::queueing::rows_of(text);
+    let last = rows
+        .iter()
+        .filter(|q| q.policy == "counterfactual")
+        .max_by_key(|q| q.id);
+    assert_eq!(last.map(|q| q.prompt_tokens), Some(540));
+    // An empty branch is refused where it is written.
+    let bad = text.replace("[[Call], [Call,", "[[], [Call,");
+    let e = Scenario::parse(&bad, "p.ron").unwrap_err().to_string();
+    assert!(
+        e.contains("Parallel[0]") && e.contains("a branch must hold a step"),
+        "{e}"
+    );
+}
