@@ -407,4 +407,26 @@ pub struct JobsSummary {
     pub usage_gap_tokens: u64,
     /// Jobs whose usage is complete (reported equals true).
     pub usage_complete: u64,
+    /// What the observers that left saw again, with an `observer` in the job spec.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observers: Option<ObserversSummary>,
+}
+
+/// The `jobs.observers` section: observers that left and came back (a GET of the job's
+/// events), what the retained events gave them, and the results nobody observed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ObserversSummary {
+    /// Observers that reconnected (or will, after their job left: the retained events answer).
+    pub reconnects: u64,
+    /// Of those, the ones that found their job still running and followed it on.
+    pub resumed_live: u64,
+    /// The ones replayed the job's terminal result from its retained events; of those, the
+    /// results that were an interruption (cancelled, expired, failed).
+    pub replays: u64,
+    pub replayed_interruptions: u64,
+    /// Reconnects later than the retention: the events were gone.
+    pub too_late: u64,
+    /// Jobs whose terminal result no observer saw (the observer left and never came back in
+    /// time).
+    pub results_unobserved: u64,
 }

@@ -77,6 +77,8 @@ pub(super) fn source(d: &mut Draw, requests: u64, rate: f64) -> Source {
         observer: d.chance(0.4).then(|| Observer {
             disconnect_ms: d.dist(3_000.0, 1.0),
             durable: d.chance(0.5),
+            reconnect_ms: d.chance(0.5).then(|| d.dist(2_000.0, 1.0)),
+            retention_ms: d.chance(0.3).then(|| d.real(0.0, 5_000.0)),
         }),
     };
     let calls = job.bounds().calls.max(1);

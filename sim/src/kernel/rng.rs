@@ -94,6 +94,8 @@ pub mod key {
     pub const JOB_STARTS: u64 = 2;
     /// `Job` sub-key of when the job's observer disconnects.
     pub const JOB_OBSERVER: u64 = (1 << 40) + 3;
+    /// `Job` sub-key of when the job's observer reconnects.
+    pub const JOB_RECONNECT: u64 = (1 << 40) + 4;
 }
 
 /// One keyed random stream.

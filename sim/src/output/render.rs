@@ -121,6 +121,25 @@ const JOB_ROWS: &[(&str, Cell)] = &[
     }),
 ];
 
+/// The rows of the jobs' observers that left and came back, after the job rows.
+const OBSERVER_ROWS: &[(&str, Cell)] = &[
+    ("jobs.observers.reconnects", |s| {
+        obs(s, |o| int(o.reconnects))
+    }),
+    ("jobs.observers.replayed_interruptions", |s| {
+        obs(s, |o| int(o.replayed_interruptions))
+    }),
+    ("jobs.observers.too_late", |s| obs(s, |o| int(o.too_late))),
+    ("jobs.observers.results_unobserved", |s| {
+        obs(s, |o| int(o.results_unobserved))
+    }),
+];
+
+fn obs(s: &Summary, f: fn(&crate::metrics::ObserversSummary) -> String) -> String {
+    let o = s.jobs.as_ref().and_then(|j| j.observers.as_ref());
+    o.map_or("-".into(), f)
+}
+
 /// The rows of a prefill/decode graph's handoff, after the head rows.
 const HANDOFF_ROWS: &[(&str, Cell)] = &[
     ("handoff.transfers", |s| {
@@ -300,6 +319,10 @@ pub fn render(r: &Report) -> String {
         (true, HEAD_ROWS),
         (r.ideal.is_some(), CAPACITY_ROWS),
         (cf.jobs.is_some(), JOB_ROWS),
+        (
+            cf.jobs.as_ref().is_some_and(|j| j.observers.is_some()),
+            OBSERVER_ROWS,
+        ),
         (cf.handoff.is_some(), HANDOFF_ROWS),
         (cf.recovery.is_some(), RECOVERY_ROWS),
     ];

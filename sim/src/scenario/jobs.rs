@@ -66,7 +66,19 @@ pub struct Observer {
     pub disconnect_ms: Dist,
     #[serde(default = "yes")]
     pub durable: bool,
+    /// From the disconnect to the observer's reconnect (a GET of the job's events), if it comes
+    /// back: it is replayed the events it missed, the interruption result included, and never
+    /// restarts generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect_ms: Option<Dist>,
+    /// How long a job's events are retained after its terminal result (default 300,000 ms): a
+    /// reconnect later than that finds nothing, and the result goes unobserved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<f64>,
 }
+
+/// Retention of a job's events after its terminal result, unless the scenario says.
+pub const RETENTION_MS_DEFAULT: f64 = 300_000.0;
 
 fn yes() -> bool {
     true
@@ -255,6 +267,12 @@ impl JobSpec {
         }
         if let Some(o) = &self.observer {
             v::dist(&format!("{f}.observer.disconnect_ms"), &o.disconnect_ms)?;
+            if let Some(r) = &o.reconnect_ms {
+                v::dist(&format!("{f}.observer.reconnect_ms"), r)?;
+            }
+            if let Some(r) = o.retention_ms {
+                v::non_negative(&format!("{f}.observer.retention_ms"), r)?;
+            }
         }
         let w = &self.worker;
         v::positive(&format!("{f}.worker.poll_ms"), w.poll_ms)?;

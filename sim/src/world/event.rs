@@ -168,6 +168,10 @@ pub enum Event {
     JobObserverLeft {
         job: u64,
     },
+    /// `job`'s observer reconnects (a GET of its events).
+    JobObserverBack {
+        job: u64,
+    },
 }
 
 impl Event {
@@ -202,7 +206,8 @@ impl Event {
             | Event::JobDeadline { .. }
             | Event::JobObserve { .. }
             | Event::JobCleanup { .. }
-            | Event::JobObserverLeft { .. } => Class::Control,
+            | Event::JobObserverLeft { .. }
+            | Event::JobObserverBack { .. } => Class::Control,
         }
     }
 }
@@ -242,6 +247,7 @@ impl Traced for Event {
             Event::JobObserve { .. } => 28,
             Event::JobCleanup { .. } => 29,
             Event::JobObserverLeft { .. } => 30,
+            Event::JobObserverBack { .. } => 31,
         }
     }
 
@@ -271,7 +277,8 @@ impl Traced for Event {
             | Event::JobDeadline { job }
             | Event::JobObserve { job }
             | Event::JobCleanup { job, .. }
-            | Event::JobObserverLeft { job } => job,
+            | Event::JobObserverLeft { job }
+            | Event::JobObserverBack { job } => job,
             Event::JobTimer { job, serial } => (job << 24) | serial as u64,
             Event::JobCancel { job, copy } => (job << 8) | copy as u64,
         }

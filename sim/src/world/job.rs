@@ -5,6 +5,7 @@ use super::event::{Event, Tag};
 use super::follow::Follow;
 use super::job_audit::{self as audit, JobState};
 use super::job_books::{Cleanup, Usage};
+use super::job_observer::Watch;
 use super::job_plan::Plan;
 use super::jobs::Next;
 use crate::dist::{ms_to_ns, Dist};
@@ -99,6 +100,7 @@ pub(crate) struct Job {
     pub(super) usage: Usage,
     pub(super) cleanup: Option<Cleanup>,
     pub(super) cancels_pending: u32,
+    pub(super) watch: Watch,
 }
 
 /// What the world knows of a call as it leaves.
@@ -156,6 +158,7 @@ impl Job {
             usage: Usage::default(),
             cleanup: None,
             cancels_pending,
+            watch: Watch::Watching,
         }
     }
 

@@ -2,8 +2,10 @@
 //! leave (folded in as they go, so memory follows the jobs in flight).
 
 use super::job_audit::{JobState, Tokens};
+use super::job_observer::ObserverBooks;
 use crate::kernel::NS_PER_S;
 use crate::metrics::JobsSummary;
+use crate::scenario::Observer;
 use crate::stats::LatencyStats;
 
 /// One job's usage: the truth (what the GPUs computed for it), what it reported, and the GPU
@@ -151,10 +153,11 @@ pub(crate) struct JobBooks {
     /// True minus reported tokens, over cancelled and expired jobs.
     pub usage_gap_tokens: u64,
     pub usage_complete: u64,
+    pub observers: ObserverBooks,
 }
 
 impl JobBooks {
-    pub fn new(allowances_max: u32) -> JobBooks {
+    pub fn new(allowances_max: u32, observer: Option<&Observer>) -> JobBooks {
         JobBooks {
             accepted: 0,
             completed: 0,
@@ -180,6 +183,7 @@ impl JobBooks {
             reported: Tokens::default(),
             usage_gap_tokens: 0,
             usage_complete: 0,
+            observers: ObserverBooks::new(observer),
         }
     }
 
@@ -242,6 +246,7 @@ impl JobBooks {
             reported_tokens: self.reported.total(),
             usage_gap_tokens: self.usage_gap_tokens,
             usage_complete: self.usage_complete,
+            observers: self.observers.summary(),
         }
     }
 
@@ -297,7 +302,7 @@ mod tests {
 
     #[test]
     fn the_books_count_each_state_and_the_gap_only_of_decided_jobs() {
-        let mut b = JobBooks::new(4);
+        let mut b = JobBooks::new(4, None);
         let truth = Tokens {
             input: 100,
             output: 30,

@@ -59,9 +59,24 @@ impl World<'_> {
     /// A durable job runs on when its observer leaves (its work is not leaked); a job run
     /// inline is cancelled with it.
     pub(super) fn on_job_observer_left(&mut self, job: u64) -> Step {
-        if self.jobs_mut().observer_left(job) {
+        let now_ns = self.kernel.now_ns();
+        let (cancels, back_ns) = self.jobs_mut().observer_left(job, now_ns);
+        if let Some(at_ns) = back_ns {
+            // Weak: a reconnect alone does not keep the run going (one after its job left is
+            // settled as the job leaves).
+            self.follow
+                .weak_after(at_ns - now_ns, Event::JobObserverBack { job });
+        }
+        if cancels {
             return self.job_decide(job, JobState::Cancelled);
         }
+        Ok(())
+    }
+
+    /// The observer reconnects: it reads the job's retained events, and starts nothing.
+    pub(super) fn on_job_observer_back(&mut self, job: u64) -> Step {
+        let now_ns = self.kernel.now_ns();
+        self.jobs_mut().observer_back(job, now_ns);
         Ok(())
     }
 

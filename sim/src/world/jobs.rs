@@ -57,8 +57,8 @@ pub enum JobBug {
 pub(crate) struct Jobs {
     #[cfg(feature = "broken-variants")]
     pub bug: Option<JobBug>,
-    seed: u64,
-    spec: JobSpec,
+    pub(super) seed: u64,
+    pub(super) spec: JobSpec,
     plan: Plan,
     /// A trace's sessions as plans, one per job, and when each job is accepted.
     recorded: Vec<Plan>,
@@ -69,7 +69,7 @@ pub(crate) struct Jobs {
     rate_per_s: f64,
     started: u64,
     starts: Stream,
-    live: FxHashMap<u64, Job>,
+    pub(super) live: FxHashMap<u64, Job>,
     /// Terminal jobs that left with cancels still to come: what those cancels find.
     gone: FxHashMap<u64, (JobState, u32)>,
     pub books: JobBooks,
@@ -120,7 +120,7 @@ impl Jobs {
             starts: Stream::new(seed, Purpose::Arrival, key::JOB_STARTS),
             live: FxHashMap::default(),
             gone: FxHashMap::default(),
-            books: JobBooks::new(job.worker.allowances_max),
+            books: JobBooks::new(job.worker.allowances_max, job.observer.as_ref()),
         })
     }
 
@@ -539,6 +539,7 @@ impl Jobs {
         self.books.late_observations += late;
         self.books.effects_unknown += unknown;
         self.books.left(j.state, &j.usage, j.cleanup.as_ref());
+        (self.books.observers).job_left(j.watch, j.state, j.decided_ns);
         if j.cancels_pending > 0 {
             self.gone.insert(job, (j.state, j.cancels_pending));
         }
@@ -565,22 +566,6 @@ impl Jobs {
             self.gone.remove(&job);
         }
         false
-    }
-
-    /// The job's observer left: true if that cancels the job (it runs inline, not durably).
-    pub fn observer_left(&mut self, job: u64) -> bool {
-        let Some(j) = self.live.get(&job) else {
-            return false;
-        };
-        if j.state.is_terminal() {
-            return false;
-        }
-        self.books.observers_left += 1;
-        let durable = self.spec.observer.as_ref().is_none_or(|o| o.durable);
-        if !durable {
-            self.books.observer_cancels += 1;
-        }
-        !durable
     }
 
     pub fn note_intent(&mut self, job: u64) {

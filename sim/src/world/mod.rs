@@ -33,6 +33,7 @@ mod job;
 mod job_audit;
 mod job_books;
 mod job_flow;
+mod job_observer;
 mod job_plan;
 mod jobs;
 mod leave;
@@ -356,6 +357,7 @@ impl<'s> World<'s> {
             Event::JobObserve { job } => self.on_job_observe(job),
             Event::JobCleanup { job, give_up } => self.on_job_cleanup(job, give_up),
             Event::JobObserverLeft { job } => self.on_job_observer_left(job),
+            Event::JobObserverBack { job } => self.on_job_observer_back(job),
         }
     }
 

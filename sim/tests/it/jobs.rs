@@ -306,6 +306,59 @@ fn a_durable_job_outlives_its_observer_and_an_inline_one_does_not() {
     );
     assert!((j.leaked_gpu_s - 0.020).abs() < 1e-9);
     assert_eq!(j.provider_attempts, 2);
+    assert_eq!(
+        j.observers.as_ref().map(|o| o.results_unobserved),
+        Some(1),
+        "it left and never came back"
+    );
+}
+
+#[test]
+fn a_reconnect_is_replayed_the_retained_result_and_never_restarts_generation() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/library/jobs-hand-computed.ron"
+    ))
+    .unwrap();
+    // The hand-computed job's observer leaves at 1,305 ms (no cancel of its own) and comes back.
+    let with = |durable: bool, back_ms: f64, retention_ms: f64| {
+        let t = text.replace(
+            "cancel: Some((jobs: [0], delay_ms: Constant(1305.0))),",
+            &format!(
+                "observer: Some((disconnect_ms: Constant(1305.0), durable: {durable}, \
+                 reconnect_ms: Some(Constant({back_ms})), retention_ms: Some({retention_ms}))),"
+            ),
+        );
+        let r = report(&t, 1);
+        let p = r.policies[0].clone();
+        (jobs(&p).clone(), p.requests.scheduled)
+    };
+    // Inline: the disconnect cancelled it; back 100 ms later (the cleanup ran until 1,360 ms,
+    // the job has left) it is replayed the interruption, and nothing is sent again.
+    let (j, scheduled) = with(false, 100.0, 300_000.0);
+    let o = j.observers.clone().unwrap();
+    assert_eq!((j.cancelled, o.reconnects, o.replays), (1, 1, 1));
+    assert_eq!((o.replayed_interruptions, o.results_unobserved), (1, 0));
+    assert_eq!(scheduled, 2, "a reconnect restarted generation");
+    assert_eq!(j.provider_attempts, 2);
+    // Back after the 10 ms of retention the job's events had (1,405 ms against 1,305 + 10): gone.
+    let (j, _) = with(false, 100.0, 10.0);
+    let o = j.observers.clone().unwrap();
+    assert_eq!((o.reconnects, o.replays, o.too_late), (1, 0, 1));
+    assert_eq!(o.results_unobserved, 1);
+    // Durable: it runs on (call 2 ends at 1,400 ms). Back 50 ms later the observer follows it
+    // to its completion; back 100 ms later, the job has left, and its result is replayed.
+    let (j, scheduled) = with(true, 50.0, 10.0);
+    let o = j.observers.clone().unwrap();
+    assert_eq!((j.completed, o.reconnects, o.resumed_live), (1, 1, 1));
+    assert_eq!((o.replays, o.results_unobserved), (0, 0));
+    assert_eq!(scheduled, 2);
+    let (j, _) = with(true, 100.0, 10.0);
+    let o = j.observers.clone().unwrap();
+    assert_eq!(
+        (o.resumed_live, o.replays, o.replayed_interruptions),
+        (0, 1, 0)
+    );
 }
 
 #[test]
