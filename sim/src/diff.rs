@@ -1,5 +1,5 @@
 //! `cancelsim diff`: where two runs, or two sweeps, first diverge. Two run directories are
-//! compared file by file (`summary.json` field by field, `requests.csv` and `timeseries.csv` row
+//! compared file by file (`summary.json` field by field, `requests.csv`, `jobs.csv` and `timeseries.csv` row
 //! by row, streamed), two sweeps by their `results.csv`. What names the build (`commit`,
 //! `version`) and the run hashes are left out: two builds that agree on every answer agree here,
 //! and the run hashes are reported apart (an event stream may change by design while no answer
@@ -106,7 +106,7 @@ fn runs(a: &Path, b: &Path) -> Result<Diff, String> {
     };
     let hashes = (hash(&ja) != hash(&jb)).then(|| (hash(&ja), hash(&jb)));
     let mut files = vec![summary];
-    for name in ["requests.csv", "timeseries.csv"] {
+    for name in ["requests.csv", "jobs.csv", "timeseries.csv"] {
         match (a.join(name).is_file(), b.join(name).is_file()) {
             (false, false) => {}
             (true, true) => files.push(csv_file(name, a, b)?.0),
@@ -235,7 +235,11 @@ fn csv_file(
         return Ok((c, None));
     }
     let col = |n: &str| ha.iter().position(|h| h == n);
-    let (policy, id, hash) = (col("policy"), col("id"), col("report_run_hash"));
+    let (policy, id, hash) = (
+        col("policy"),
+        col("id").or(col("job")),
+        col("report_run_hash"),
+    );
     let mut hashes = None;
     for line in 2u64.. {
         let (x, y) = (next(&mut ra, &pa)?, next(&mut rb, &pb)?);

@@ -66,9 +66,42 @@ pub struct RequestRow {
     pub restarts: u32,
 }
 
-/// Where a run streams its per-request rows (a CSV file, say). Rows arrive as requests leave.
+/// One durable agent job's status as it left, as `jobs.csv` writes it: what the job reported
+/// (its usage metadata) beside the truth. Times are virtual ms from the start of the run; an
+/// empty cell is none (a job without a cleanup has no cleanup figures).
+#[derive(Clone, Debug, Serialize)]
+pub struct JobRow {
+    pub policy: String,
+    pub job: u64,
+    /// `completed`, `cancelled`, `expired` or `failed`.
+    pub status: &'static str,
+    pub accepted_ms: f64,
+    /// Its terminal decision, or its completion.
+    pub ended_ms: f64,
+    pub deadline_ms: f64,
+    pub provider_attempts: u32,
+    pub reported_input_tokens: u64,
+    pub reported_output_tokens: u64,
+    pub true_input_tokens: u64,
+    pub true_output_tokens: u64,
+    pub usage_complete: bool,
+    pub effects_completed: u64,
+    pub effects_unknown: u64,
+    /// Whether its cleanup was complete, and why not: `complete`, `allowances_exceeded` (it
+    /// needed more than it had) or `gave_up` (its worker ran out of time).
+    pub cleanup_complete: Option<bool>,
+    pub cleanup_reason: Option<&'static str>,
+    pub cleanup_ms: Option<f64>,
+    pub allowances_used: Option<u32>,
+    /// GPU work of its calls after its decision.
+    pub leaked_gpu_ms: f64,
+}
+
+/// Where a run streams its per-request rows (a CSV file, say). Rows arrive as requests leave,
+/// and, with durable agent jobs, a job's row as it leaves.
 pub trait RequestSink {
     fn row(&mut self, row: &RequestRow);
+    fn job(&mut self, _row: &JobRow) {}
     /// Flush, and report any write error held back so far.
     fn finish(&mut self) -> Result<(), String> {
         Ok(())

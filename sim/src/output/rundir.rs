@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::files::{write_timeseries, TraceFile};
-use crate::record::{Extras, RequestRow, RequestSink, TraceSink, PAIRS_MAX, SAMPLES_MAX};
+use crate::record::{Extras, JobRow, RequestRow, RequestSink, TraceSink, PAIRS_MAX, SAMPLES_MAX};
 use crate::run::Report;
 
 /// The sinks a run directory's runs stream into: `requests.csv`, and the trace if asked.
@@ -25,24 +25,59 @@ pub enum Written {
     Replaced(PathBuf),
 }
 
-/// `requests.csv`, written row by row as requests leave.
+type CsvFile = csv::Writer<std::io::BufWriter<std::fs::File>>;
+
+fn csv_file(path: &Path) -> Result<CsvFile, String> {
+    let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(csv::Writer::from_writer(std::io::BufWriter::new(f)))
+}
+
+/// `requests.csv`, written row by row as requests leave, and `jobs.csv` (made at the first
+/// job's row: only runs of agent jobs have one).
 struct CsvSink {
-    w: csv::Writer<std::io::BufWriter<std::fs::File>>,
+    w: CsvFile,
+    jobs_path: PathBuf,
+    jobs: Option<CsvFile>,
     error: Option<String>,
+}
+
+impl CsvSink {
+    fn hold(&mut self, r: Result<(), String>) {
+        if let (Err(e), None) = (r, &self.error) {
+            self.error = Some(e);
+        }
+    }
 }
 
 impl RequestSink for CsvSink {
     fn row(&mut self, row: &RequestRow) {
         if self.error.is_none() {
-            if let Err(e) = self.w.serialize(row) {
-                self.error = Some(e.to_string());
+            let r = self.w.serialize(row).map_err(|e| e.to_string());
+            self.hold(r);
+        }
+    }
+
+    fn job(&mut self, row: &JobRow) {
+        if self.error.is_some() {
+            return;
+        }
+        if self.jobs.is_none() {
+            match csv_file(&self.jobs_path) {
+                Ok(w) => self.jobs = Some(w),
+                Err(e) => return self.hold(Err(e)),
             }
         }
+        let w = self.jobs.as_mut().expect("jobs.csv open");
+        let r = w.serialize(row).map_err(|e| format!("jobs.csv: {e}"));
+        self.hold(r);
     }
 
     fn finish(&mut self) -> Result<(), String> {
         if let Some(e) = self.error.take() {
             return Err(e);
+        }
+        if let Some(j) = self.jobs.as_mut() {
+            j.flush().map_err(|e| format!("jobs.csv: {e}"))?;
         }
         self.w.flush().map_err(|e| e.to_string())
     }
@@ -78,10 +113,10 @@ impl RunDir {
 
     /// The sink that streams `requests.csv` into the directory.
     pub fn requests_sink(&self) -> Result<Box<dyn RequestSink>, String> {
-        let path = self.tmp.join("requests.csv");
-        let f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Box::new(CsvSink {
-            w: csv::Writer::from_writer(std::io::BufWriter::new(f)),
+            w: csv_file(&self.tmp.join("requests.csv"))?,
+            jobs_path: self.tmp.join("jobs.csv"),
+            jobs: None,
             error: None,
         }))
     }

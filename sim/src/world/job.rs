@@ -10,6 +10,7 @@ use super::job_plan::Plan;
 use super::jobs::Next;
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{Purpose, Stream};
+use crate::record::JobRow;
 use crate::scenario::Workload;
 use crate::workload::{self, Arrival, TOKENS_MAX};
 
@@ -101,6 +102,8 @@ pub(crate) struct Job {
     pub(super) cleanup: Option<Cleanup>,
     pub(super) cancels_pending: u32,
     pub(super) watch: Watch,
+    /// External effects its finished tool waves committed.
+    pub(super) effects_done: u64,
 }
 
 /// What the world knows of a call as it leaves.
@@ -159,6 +162,7 @@ impl Job {
             cleanup: None,
             cancels_pending,
             watch: Watch::Watching,
+            effects_done: 0,
         }
     }
 
@@ -327,6 +331,37 @@ impl Job {
             late += (end_ns > self.decided_ns) as u64;
         }
         (done, late, unknown)
+    }
+}
+
+impl Job {
+    /// Its status row as it leaves (`policy` left for the recorder to fill), with the effects
+    /// its last waves settled.
+    pub(super) fn row(&self, job: u64, effects_done: u64, effects_unknown: u64) -> JobRow {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let cleanup = self.cleanup.as_ref().map(Cleanup::outcome);
+        let (u, state) = (&self.usage, self.state);
+        JobRow {
+            policy: String::new(),
+            job,
+            status: state.as_str(),
+            accepted_ms: ms(self.accepted_ns),
+            ended_ms: ms(self.decided_ns),
+            deadline_ms: ms(self.deadline_ns),
+            provider_attempts: self.attempts,
+            reported_input_tokens: u.reported.input,
+            reported_output_tokens: u.reported.output,
+            true_input_tokens: u.truth.input,
+            true_output_tokens: u.truth.output,
+            usage_complete: u.truth == u.reported && state == JobState::Completed,
+            effects_completed: self.effects_done + effects_done,
+            effects_unknown,
+            cleanup_complete: cleanup.map(|c| c.0),
+            cleanup_reason: cleanup.map(|c| c.1),
+            cleanup_ms: cleanup.map(|c| ms(c.2)),
+            allowances_used: cleanup.map(|c| c.3),
+            leaked_gpu_ms: u.leaked_ns / 1e6,
+        }
     }
 }
 

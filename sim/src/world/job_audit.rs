@@ -19,6 +19,16 @@ impl JobState {
     pub fn is_terminal(self) -> bool {
         self != JobState::Running
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Cancelled => "cancelled",
+            JobState::Expired => "expired",
+            JobState::Failed => "failed",
+        }
+    }
 }
 
 /// Tokens a job used: the truth (what the GPUs computed for it) or what it reported.

@@ -71,6 +71,19 @@ impl Cleanup {
         self.done
     }
 
+    /// How a settled cleanup ended: complete or not and why, its time from the decision, and the
+    /// allowances it used.
+    pub fn outcome(&self) -> (bool, &'static str, u64, u32) {
+        debug_assert!(self.done, "an unsettled cleanup");
+        let reason = match (self.complete, self.gave_up) {
+            (true, _) => "complete",
+            (false, true) => "gave_up",
+            (false, false) => "allowances_exceeded",
+        };
+        let took_ns = self.ended_ns - self.decided_ns;
+        (self.complete, reason, took_ns, self.allowances)
+    }
+
     pub fn local_done(&mut self) {
         self.local_done = true;
     }

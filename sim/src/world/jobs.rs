@@ -21,6 +21,7 @@ use super::job_plan::{Op, Plan};
 use crate::dist::{ms_to_ns, round_ns};
 use crate::kernel::rng::{key, Purpose, Stream};
 use crate::kernel::NS_PER_S;
+use crate::record::JobRow;
 use crate::scenario::{JobSpec, Source, Workload};
 use crate::workload::agentic::AgentSessions;
 use crate::workload::{Arrival, TOKENS_MAX};
@@ -351,6 +352,7 @@ impl Jobs {
         if std::mem::take(&mut st.wave_open) {
             let done = st.wave.iter().filter(|t| t.1).count() as u64;
             self.books.effects_completed += done;
+            j.effects_done += done;
         }
         st.pc += 1;
         true
@@ -517,17 +519,17 @@ impl Jobs {
         c.settle(now_ns, allowance_ns, max)
     }
 
-    /// The job is over (terminal, every call gone, its cleanup settled): into the books, and out.
-    /// Returns false if it is not over yet.
-    pub fn try_leave(&mut self, job: u64) -> Result<bool, String> {
+    /// The job is over (terminal, every call gone, its cleanup settled): into the books, and out,
+    /// with its status row (the policy left for the recorder). None if it is not over yet.
+    pub fn try_leave(&mut self, job: u64) -> Result<Option<JobRow>, String> {
         let Some(j) = self.live.get(&job) else {
-            return Ok(false);
+            return Ok(None);
         };
         let settled = j.cleanup.as_ref().is_none_or(Cleanup::done);
         let decided = matches!(j.state, JobState::Cancelled | JobState::Expired);
         if !j.state.is_terminal() || j.calls_out > 0 || !settled || (decided && j.cleanup.is_none())
         {
-            return Ok(false);
+            return Ok(None);
         }
         let j = self.live.remove(&job).expect("a live job");
         let complete = j.state == JobState::Completed && !j.interrupted;
@@ -543,7 +545,7 @@ impl Jobs {
         if j.cancels_pending > 0 {
             self.gone.insert(job, (j.state, j.cancels_pending));
         }
-        Ok(true)
+        Ok(Some(j.row(job, done, unknown)))
     }
 
     /// A cancel for job `job` arrives (copy `copy` of its idempotency key): whether to decide.

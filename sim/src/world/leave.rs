@@ -158,7 +158,8 @@ impl World<'_> {
     }
 
     pub(super) fn job_try_leave(&mut self, job: u64) -> Step {
-        if self.jobs_mut().try_leave(job).map_err(broken)? {
+        if let Some(row) = self.jobs_mut().try_leave(job).map_err(broken)? {
+            self.recorder.job_left(row, &self.label);
             self.sink.owner_gone(&mut self.owners, job);
         }
         Ok(())

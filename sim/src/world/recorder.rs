@@ -8,7 +8,7 @@ use cancelsim_models::protocol::{Dispatch, Gauges};
 use super::requests::Req;
 use crate::kernel::NS_PER_S;
 use crate::record::{
-    Extras, Recording, RequestRow, Sample, TraceArgs, TraceEvent, TraceLog, CANCELS_TID,
+    Extras, JobRow, Recording, RequestRow, Sample, TraceArgs, TraceEvent, TraceLog, CANCELS_TID,
     SAMPLES_MAX,
 };
 
@@ -157,6 +157,14 @@ impl<'r> Recorder<'r> {
         let mut group = vec![begin, end];
         self.cancel_flow(q, &mut group);
         self.trace(&group);
+    }
+
+    /// A durable agent job leaves: its status row to the sink.
+    pub fn job_left(&mut self, mut row: JobRow, policy: &str) {
+        if let Some(sink) = self.opts.sink.as_deref_mut() {
+            row.policy = policy.to_string();
+            sink.job(&row);
+        }
     }
 
     /// The cancel as a flow: intent, then backend observation, then resource release, each a

@@ -206,3 +206,79 @@ fn sweeps_compare_by_their_results_leaving_the_run_hashes_out() {
     let run = run_into(&dir, "r");
     assert_eq!(diff(&dir.join("a"), &run).0, Some(2));
 }
+
+#[test]
+fn jobs_csv_holds_each_jobs_status_and_diff_names_its_first_difference() {
+    // The hand-computed job (scenarios/library/jobs-hand-computed.ron): its row is the
+    // arithmetic of docs/agent-jobs.md, and a run of plain requests has no jobs.csv.
+    let dir = Scratch::new("diff", "jobs-csv", true);
+    let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/library/");
+    let text = std::fs::read_to_string(format!("{lib}jobs-hand-computed.ron")).unwrap();
+    std::fs::write(dir.join("j.ron"), &text).unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
+        .args(["run", "j.ron", "--out", "a"])
+        .current_dir(&*dir)
+        .output()
+        .unwrap()
+        .status;
+    assert!(status.success());
+    let a = std::fs::read_dir(dir.join("a/jobs-hand-computed"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let csv = std::fs::read_to_string(a.join("jobs.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        rows.len(),
+        3,
+        "a header, the counterfactual's job, the policy's: {csv}"
+    );
+    let col = |name: &str, row: &str| {
+        let at = rows[0].split(',').position(|h| h == name).unwrap();
+        row.split(',').nth(at).unwrap().to_string()
+    };
+    let p = rows.iter().find(|r| r.starts_with("per_request,")).unwrap();
+    let want = [
+        ("status", "cancelled"),
+        ("ended_ms", "1305.0"),
+        ("provider_attempts", "2"),
+        ("true_input_tokens", "320"),
+        ("true_output_tokens", "32"),
+        ("reported_output_tokens", "30"),
+        ("usage_complete", "false"),
+        ("effects_completed", "2"),
+        ("cleanup_complete", "true"),
+        ("cleanup_reason", "complete"),
+        ("cleanup_ms", "55.0"),
+        ("allowances_used", "2"),
+    ];
+    for (name, value) in want {
+        assert_eq!(col(name, p), value, "{name} in {p}");
+    }
+    let cf = rows
+        .iter()
+        .find(|r| r.starts_with("counterfactual,"))
+        .unwrap();
+    assert_eq!(
+        (col("status", cf), col("cleanup_reason", cf)),
+        ("completed".into(), String::new())
+    );
+    // A copy agrees; one changed job field is named, with its job.
+    let b = dir.join("b");
+    copy(&a, &b);
+    assert_eq!(diff(&a, &b).0, Some(0));
+    std::fs::write(b.join("jobs.csv"), csv.replace(",1305.0,", ",1306.0,")).unwrap();
+    let (code, out, _) = diff(&a, &b);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("jobs.csv") && out.contains("ended_ms"),
+        "{out}"
+    );
+    let (_, plain, _) = run_and_copy("no-jobs-csv");
+    assert!(
+        !plain.join("jobs.csv").exists(),
+        "plain requests wrote a jobs.csv"
+    );
+}
