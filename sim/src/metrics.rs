@@ -407,6 +407,13 @@ pub struct JobsSummary {
     pub usage_gap_tokens: u64,
     /// Jobs whose usage is complete (reported equals true).
     pub usage_complete: u64,
+    /// With developer-hosted tools in the plan only: effects whose results came as submissions
+    /// after the decision (rejected; the external system holds the truth), and those
+    /// submissions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effects_awaiting_external: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected_submissions: Option<u64>,
     /// What the observers that left saw again, with an `observer` in the job spec.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observers: Option<ObserversSummary>,

@@ -80,17 +80,23 @@ pub struct JobRow {
     pub ended_ms: f64,
     pub deadline_ms: f64,
     pub provider_attempts: u32,
-    pub reported_input_tokens: u64,
-    pub reported_output_tokens: u64,
+    /// What the job observed (its reported usage: a lower bound unless `usage_complete`).
+    pub observed_input_tokens: u64,
+    pub observed_output_tokens: u64,
     pub true_input_tokens: u64,
     pub true_output_tokens: u64,
     pub usage_complete: bool,
     pub effects_completed: u64,
     pub effects_unknown: u64,
-    /// Whether its cleanup was complete, and why not: `complete`, `allowances_exceeded` (it
-    /// needed more than it had) or `gave_up` (its worker ran out of time).
+    /// Effects of developer-hosted tools whose results came after the decision (rejected).
+    pub effects_awaiting_external: u64,
+    /// Its worker's cleanup, if it had one: whether it was complete (`false` asks for an
+    /// operator), its reason (`run_cancelled`, `run_expired`), and why it fell short:
+    /// `allowances_exceeded` (it needed more than it had) or `gave_up` (its worker ran out of
+    /// time).
     pub cleanup_complete: Option<bool>,
     pub cleanup_reason: Option<&'static str>,
+    pub cleanup_shortfall: Option<&'static str>,
     pub cleanup_ms: Option<f64>,
     pub allowances_used: Option<u32>,
     /// GPU work of its calls after its decision.

@@ -25,6 +25,7 @@ fn step(d: &mut Draw, agents: &[String], depth: u32) -> PlanStep {
             tools: d.int(1, 8) as u32,
             duration_ms: lasting(d, 300.0),
             effect_probability: d.real(0.0, 1.0),
+            developer_hosted: d.chance(0.25),
         },
         2 => PlanStep::Approval {
             wait_ms: lasting(d, 500.0),

@@ -96,12 +96,16 @@ pub enum PlanStep {
     /// prompt the job's history so far plus the message.
     Call,
     /// `tools` tools in parallel, each running for a draw of `duration_ms`; each has an external
-    /// effect (a committed write) with `effect_probability`.
+    /// effect (a committed write) with `effect_probability`. `developer_hosted` tools run in the
+    /// developer's own system, not the job's sandbox: their results come back as submissions,
+    /// which a terminal job rejects, and no cleanup can drain them.
     Tools {
         tools: u32,
         duration_ms: Dist,
         #[serde(default)]
         effect_probability: f64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        developer_hosted: bool,
     },
     /// A wait for a human's approval.
     Approval { wait_ms: Dist },
@@ -197,6 +201,21 @@ pub struct PlanBounds {
 }
 
 impl JobSpec {
+    /// Whether a step of the plan (or of an agent) runs developer-hosted tools.
+    pub fn has_hosted_tools(&self) -> bool {
+        fn any(plan: &[PlanStep]) -> bool {
+            plan.iter().any(|s| match s {
+                PlanStep::Tools {
+                    developer_hosted, ..
+                } => *developer_hosted,
+                PlanStep::Repeat { steps, .. } => any(steps),
+                PlanStep::Parallel(b) => b.iter().any(|x| any(x)),
+                _ => false,
+            })
+        }
+        any(&self.plan) || self.agents.values().any(|p| any(p))
+    }
+
     /// The plan's bounds, its subagents unrolled (after `validate`: no cycle, names known).
     pub fn bounds(&self) -> PlanBounds {
         bounds_of(&self.plan, &self.agents, 0)
@@ -324,6 +343,7 @@ fn steps(f: &str, plan: &[PlanStep], agents: &BTreeMap<String, Vec<PlanStep>>) -
                 tools,
                 duration_ms,
                 effect_probability,
+                ..
             } => {
                 v::in_range(
                     &format!("{f}.Tools.tools"),

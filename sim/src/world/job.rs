@@ -4,7 +4,7 @@
 use super::event::{Event, Tag};
 use super::follow::Follow;
 use super::job_audit::{self as audit, JobState};
-use super::job_books::{Cleanup, Usage};
+use super::job_books::{Cleanup, Settled, Usage};
 use super::job_observer::Watch;
 use super::job_plan::Plan;
 use super::jobs::Next;
@@ -65,6 +65,8 @@ pub(super) struct Strand {
     pub(super) wave: Vec<(u64, bool)>,
     /// The wave is in flight (its timer has not ended it).
     pub(super) wave_open: bool,
+    /// Its tools are developer-hosted: outside the sandbox, their results submissions.
+    wave_hosted: bool,
 }
 
 impl Strand {
@@ -136,6 +138,7 @@ impl Job {
                 wait: Wait::Nothing,
                 wave: Vec::new(),
                 wave_open: false,
+                wave_hosted: false,
             })
             .collect();
         let ready = (0..strands.len() as u32)
@@ -284,7 +287,7 @@ impl Job {
         &mut self,
         (s, seed, job): (usize, u64, u64),
         now_ns: u64,
-        (tools, d, effect_p): (u32, &Dist, f64),
+        (tools, d, effect_p, hosted): (u32, &Dist, f64, bool),
     ) -> u64 {
         let st = &mut self.strands[s];
         let mut r = Stream::keyed(seed, Purpose::Job, job, st.pc as u64);
@@ -295,13 +298,19 @@ impl Job {
             st.wave.push((end, effect));
         }
         st.wave_open = true;
-        self.sandbox = true;
+        st.wave_hosted = hosted;
+        // Developer-hosted tools run in the developer's system: the job owns no sandbox for them.
+        self.sandbox |= !hosted;
         st.wave_end_ns()
     }
 
-    /// When the tool waves in flight end (`None`: none is).
+    /// When the tool waves in flight that a cleanup drains end (`None`: none is). Developer-
+    /// hosted tools are not the worker's to drain.
     pub(super) fn waves_end_ns(&self) -> Option<u64> {
-        let open = self.strands.iter().filter(|st| st.wave_open);
+        let open = self
+            .strands
+            .iter()
+            .filter(|st| st.wave_open && !st.wave_hosted);
         open.map(Strand::wave_end_ns).max()
     }
 
@@ -313,31 +322,39 @@ impl Job {
         Next::Waiting
     }
 
-    /// The waves in flight at the decision, once the cleanup settled: effects completed,
-    /// results that came after the decision (journalled, never admitted), effects left unknown.
-    pub(super) fn settle_waves(&self) -> (u64, u64, u64) {
+    /// The waves in flight at the decision, once the cleanup settled. A sandboxed tool's
+    /// result after the decision is journalled, never admitted; one past the cleanup's end
+    /// leaves its effect unknown. A developer-hosted tool's result after the decision is a
+    /// submission the terminal job rejects: its effect awaits the external system.
+    pub(super) fn settle_waves(&self) -> Settled {
         let resolved_ns = self
             .cleanup
             .as_ref()
             .map_or(u64::MAX, Cleanup::resolved_until_ns);
-        let (mut done, mut late, mut unknown) = (0, 0, 0);
+        let mut out = Settled::default();
         let open = self.strands.iter().filter(|st| st.wave_open);
-        for &(end_ns, effect) in open.flat_map(|st| &st.wave) {
-            if end_ns > resolved_ns {
-                unknown += effect as u64;
-                continue;
+        for st in open {
+            for &(end_ns, effect) in &st.wave {
+                let after = end_ns > self.decided_ns;
+                if st.wave_hosted && after {
+                    out.rejected += 1;
+                    out.awaiting += effect as u64;
+                } else if end_ns > resolved_ns {
+                    out.unknown += effect as u64;
+                } else {
+                    out.done += effect as u64;
+                    out.late += after as u64;
+                }
             }
-            done += effect as u64;
-            late += (end_ns > self.decided_ns) as u64;
         }
-        (done, late, unknown)
+        out
     }
 }
 
 impl Job {
     /// Its status row as it leaves (`policy` left for the recorder to fill), with the effects
     /// its last waves settled.
-    pub(super) fn row(&self, job: u64, effects_done: u64, effects_unknown: u64) -> JobRow {
+    pub(super) fn row(&self, job: u64, settled: Settled) -> JobRow {
         let ms = |ns: u64| ns as f64 / 1e6;
         let cleanup = self.cleanup.as_ref().map(Cleanup::outcome);
         let (u, state) = (&self.usage, self.state);
@@ -349,15 +366,20 @@ impl Job {
             ended_ms: ms(self.decided_ns),
             deadline_ms: ms(self.deadline_ns),
             provider_attempts: self.attempts,
-            reported_input_tokens: u.reported.input,
-            reported_output_tokens: u.reported.output,
+            observed_input_tokens: u.reported.input,
+            observed_output_tokens: u.reported.output,
             true_input_tokens: u.truth.input,
             true_output_tokens: u.truth.output,
             usage_complete: u.truth == u.reported && state == JobState::Completed,
-            effects_completed: self.effects_done + effects_done,
-            effects_unknown,
+            effects_completed: self.effects_done + settled.done,
+            effects_unknown: settled.unknown,
+            effects_awaiting_external: settled.awaiting,
             cleanup_complete: cleanup.map(|c| c.0),
-            cleanup_reason: cleanup.map(|c| c.1),
+            cleanup_reason: cleanup.map(|_| match state {
+                JobState::Expired => "run_expired",
+                _ => "run_cancelled",
+            }),
+            cleanup_shortfall: cleanup.and_then(|c| c.1),
             cleanup_ms: cleanup.map(|c| ms(c.2)),
             allowances_used: cleanup.map(|c| c.3),
             leaked_gpu_ms: u.leaked_ns / 1e6,

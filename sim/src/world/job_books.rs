@@ -5,7 +5,7 @@ use super::job_audit::{JobState, Tokens};
 use super::job_observer::ObserverBooks;
 use crate::kernel::NS_PER_S;
 use crate::metrics::JobsSummary;
-use crate::scenario::Observer;
+use crate::scenario::{JobSpec, Observer};
 use crate::stats::LatencyStats;
 
 /// One job's usage: the truth (what the GPUs computed for it), what it reported, and the GPU
@@ -15,6 +15,16 @@ pub(crate) struct Usage {
     pub truth: Tokens,
     pub reported: Tokens,
     pub leaked_ns: f64,
+}
+
+/// What a job's tool waves in flight at its decision came to, as it leaves.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Settled {
+    pub done: u64,
+    pub late: u64,
+    pub unknown: u64,
+    pub awaiting: u64,
+    pub rejected: u64,
 }
 
 /// One job's cleanup, from the worker's observation of the decision. Each wait (the provider
@@ -71,17 +81,17 @@ impl Cleanup {
         self.done
     }
 
-    /// How a settled cleanup ended: complete or not and why, its time from the decision, and the
-    /// allowances it used.
-    pub fn outcome(&self) -> (bool, &'static str, u64, u32) {
+    /// How a settled cleanup ended: complete or not (and why not), its time from the decision,
+    /// and the allowances it used.
+    pub fn outcome(&self) -> (bool, Option<&'static str>, u64, u32) {
         debug_assert!(self.done, "an unsettled cleanup");
-        let reason = match (self.complete, self.gave_up) {
-            (true, _) => "complete",
-            (false, true) => "gave_up",
-            (false, false) => "allowances_exceeded",
+        let short = match (self.complete, self.gave_up) {
+            (true, _) => None,
+            (false, true) => Some("gave_up"),
+            (false, false) => Some("allowances_exceeded"),
         };
         let took_ns = self.ended_ns - self.decided_ns;
-        (self.complete, reason, took_ns, self.allowances)
+        (self.complete, short, took_ns, self.allowances)
     }
 
     pub fn local_done(&mut self) {
@@ -167,10 +177,14 @@ pub(crate) struct JobBooks {
     pub usage_gap_tokens: u64,
     pub usage_complete: u64,
     pub observers: ObserverBooks,
+    /// With developer-hosted tools only: effects awaiting the external system, and rejected
+    /// submissions.
+    hosted: Option<(u64, u64)>,
 }
 
 impl JobBooks {
-    pub fn new(allowances_max: u32, observer: Option<&Observer>) -> JobBooks {
+    pub fn new(spec: &JobSpec, observer: Option<&Observer>) -> JobBooks {
+        let allowances_max = spec.worker.allowances_max;
         JobBooks {
             accepted: 0,
             completed: 0,
@@ -197,6 +211,18 @@ impl JobBooks {
             usage_gap_tokens: 0,
             usage_complete: 0,
             observers: ObserverBooks::new(observer),
+            hosted: spec.has_hosted_tools().then_some((0, 0)),
+        }
+    }
+
+    /// The waves a job had in flight at its decision, settled as it leaves.
+    pub fn settled(&mut self, s: Settled) {
+        self.effects_completed += s.done;
+        self.late_observations += s.late;
+        self.effects_unknown += s.unknown;
+        if let Some((awaiting, rejected)) = self.hosted.as_mut() {
+            *awaiting += s.awaiting;
+            *rejected += s.rejected;
         }
     }
 
@@ -260,6 +286,8 @@ impl JobBooks {
             usage_gap_tokens: self.usage_gap_tokens,
             usage_complete: self.usage_complete,
             observers: self.observers.summary(),
+            effects_awaiting_external: self.hosted.map(|h| h.0),
+            rejected_submissions: self.hosted.map(|h| h.1),
         }
     }
 
@@ -315,7 +343,11 @@ mod tests {
 
     #[test]
     fn the_books_count_each_state_and_the_gap_only_of_decided_jobs() {
-        let mut b = JobBooks::new(4, None);
+        let spec: JobSpec = ron::from_str(
+            "(deadline_ms: Constant(1.0), plan: [Call], worker: (allowances_max: 4))",
+        )
+        .unwrap();
+        let mut b = JobBooks::new(&spec, None);
         let truth = Tokens {
             input: 100,
             output: 30,

@@ -20,6 +20,7 @@ pub(super) enum Op {
         tools: u32,
         duration_ms: Dist,
         effect_p: f64,
+        hosted: bool,
     },
     Approval {
         wait_ms: Dist,
@@ -60,10 +61,12 @@ impl Unroll<'_> {
                     tools,
                     duration_ms,
                     effect_probability,
+                    developer_hosted,
                 } => self.ops.push(Op::Tools {
                     tools: *tools,
                     duration_ms: duration_ms.clone(),
                     effect_p: *effect_probability,
+                    hosted: *developer_hosted,
                 }),
                 PlanStep::Approval { wait_ms } => self.ops.push(Op::Approval {
                     wait_ms: wait_ms.clone(),
@@ -163,6 +166,7 @@ fn recorded_call(c: &TraceCall, ops: &mut Vec<Op>) {
             tools: 1,
             duration_ms: ms(c.tool_ns),
             effect_p: 0.0,
+            hosted: false,
         });
     }
     if c.wait_ns > 0 {

@@ -121,7 +121,7 @@ impl Jobs {
             starts: Stream::new(seed, Purpose::Arrival, key::JOB_STARTS),
             live: FxHashMap::default(),
             gone: FxHashMap::default(),
-            books: JobBooks::new(job.worker.allowances_max, job.observer.as_ref()),
+            books: JobBooks::new(job, job.observer.as_ref()),
         })
     }
 
@@ -255,8 +255,9 @@ impl Jobs {
                         tools,
                         duration_ms,
                         effect_p,
+                        hosted,
                     } => {
-                        let t = (*tools, duration_ms, *effect_p);
+                        let t = (*tools, duration_ms, *effect_p, *hosted);
                         let end_ns = j.wave((s, seed, job), now_ns, t);
                         j.timer(s, f, job, end_ns);
                         break;
@@ -536,16 +537,14 @@ impl Jobs {
         audit::usage(job, j.usage.truth, j.usage.reported, complete)?;
         audit::attempts(job, j.attempts)?;
         self.books.provider_attempts += j.attempts as u64;
-        let (done, late, unknown) = j.settle_waves();
-        self.books.effects_completed += done;
-        self.books.late_observations += late;
-        self.books.effects_unknown += unknown;
+        let settled = j.settle_waves();
+        self.books.settled(settled);
         self.books.left(j.state, &j.usage, j.cleanup.as_ref());
         (self.books.observers).job_left(j.watch, j.state, j.decided_ns);
         if j.cancels_pending > 0 {
             self.gone.insert(job, (j.state, j.cancels_pending));
         }
-        Ok(Some(j.row(job, done, unknown)))
+        Ok(Some(j.row(job, settled)))
     }
 
     /// A cancel for job `job` arrives (copy `copy` of its idempotency key): whether to decide.

@@ -207,27 +207,28 @@ fn sweeps_compare_by_their_results_leaving_the_run_hashes_out() {
     assert_eq!(diff(&dir.join("a"), &run).0, Some(2));
 }
 
-#[test]
-fn jobs_csv_holds_each_jobs_status_and_diff_names_its_first_difference() {
-    // The hand-computed job (scenarios/library/jobs-hand-computed.ron): its row is the
-    // arithmetic of docs/agent-jobs.md, and a run of plain requests has no jobs.csv.
-    let dir = Scratch::new("diff", "jobs-csv", true);
+/// Run the library's hand-computed job into `dir/a`; the run directory.
+fn run_hand_job(dir: &Path) -> PathBuf {
     let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/library/");
     let text = std::fs::read_to_string(format!("{lib}jobs-hand-computed.ron")).unwrap();
     std::fs::write(dir.join("j.ron"), &text).unwrap();
     let status = Command::new(env!("CARGO_BIN_EXE_cancelsim"))
         .args(["run", "j.ron", "--out", "a"])
-        .current_dir(&*dir)
+        .current_dir(dir)
         .output()
         .unwrap()
         .status;
     assert!(status.success());
-    let a = std::fs::read_dir(dir.join("a/jobs-hand-computed"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let mut runs = std::fs::read_dir(dir.join("a/jobs-hand-computed")).unwrap();
+    runs.next().unwrap().unwrap().path()
+}
+
+#[test]
+fn jobs_csv_holds_each_jobs_status_and_diff_names_its_first_difference() {
+    // The hand-computed job (scenarios/library/jobs-hand-computed.ron): its row is the
+    // arithmetic of docs/agent-jobs.md, and a run of plain requests has no jobs.csv.
+    let dir = Scratch::new("diff", "jobs-csv", true);
+    let a = run_hand_job(&dir);
     let csv = std::fs::read_to_string(a.join("jobs.csv")).unwrap();
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(
@@ -246,11 +247,14 @@ fn jobs_csv_holds_each_jobs_status_and_diff_names_its_first_difference() {
         ("provider_attempts", "2"),
         ("true_input_tokens", "320"),
         ("true_output_tokens", "32"),
-        ("reported_output_tokens", "30"),
+        ("observed_input_tokens", "320"),
+        ("observed_output_tokens", "30"),
         ("usage_complete", "false"),
         ("effects_completed", "2"),
         ("cleanup_complete", "true"),
-        ("cleanup_reason", "complete"),
+        ("cleanup_reason", "run_cancelled"),
+        ("cleanup_shortfall", ""),
+        ("effects_awaiting_external", "0"),
         ("cleanup_ms", "55.0"),
         ("allowances_used", "2"),
     ];

@@ -427,3 +427,52 @@ fn a_drawn_plans_parallel_branches_run_side_by_side_and_the_step_after_waits_for
         "{e}"
     );
 }
+
+#[test]
+fn developer_hosted_tools_are_not_drained_and_their_late_results_await_the_external_system() {
+    // A call (0-200 ms), two tools of 1 s with an effect each (200-1,200 ms), a call; the cancel
+    // at 510 ms, the worker told at 515 ms (its poll would at 750 ms).
+    let text = |hosted: bool| {
+        format!(
+            r#"Scenario(name: "h", seed: 1,
+        workload: (source: Jobs(jobs: 1, rate_per_s: 1.0, job: (
+            deadline_ms: Constant(60000.0),
+            plan: [Call, Tools(tools: 2, duration_ms: Constant(1000.0), effect_probability: 1.0,
+                               developer_hosted: {hosted}), Call],
+            cancel: Some((jobs: [0], delay_ms: Constant(510.0))))),
+            prompt_tokens: Constant(100.0), output_tokens: Constant(20.0)),
+        cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 1000), scheduler: Continuous(window: 1)),
+        policies: [PerRequest])"#
+        )
+    };
+    // In the sandbox: the worker drains the tools (to 1,200 ms) and terminates the sandbox
+    // (50 ms): 740 ms; both results came after the decision, journalled, effects completed.
+    let r = report(&text(false), 1);
+    let j = jobs(&r.policies[0]);
+    assert_eq!(j.cleanup_ms.p50, 740.0);
+    assert_eq!((j.effects_completed, j.late_observations), (2, 2));
+    assert_eq!(
+        j.effects_awaiting_external, None,
+        "no hosted tool, no such field"
+    );
+    // Developer-hosted: nothing of the job's to drain or terminate, so the cleanup ends when
+    // the worker learns of the decision; both results come as submissions to a terminal job,
+    // rejected, and their effects await the external system.
+    let r = report(&text(true), 1);
+    let j = jobs(&r.policies[0]);
+    assert_eq!((j.cleanups, j.cleanup_ms.p50), (1, 5.0));
+    assert_eq!(
+        (j.effects_completed, j.late_observations, j.effects_unknown),
+        (0, 0, 0)
+    );
+    assert_eq!(
+        (j.effects_awaiting_external, j.rejected_submissions),
+        (Some(2), Some(2))
+    );
+    // The counterfactual runs it through: both submissions land, both effects complete.
+    let cf = jobs(&r.counterfactual);
+    assert_eq!(
+        (cf.effects_completed, cf.effects_awaiting_external),
+        (2, Some(0))
+    );
+}
