@@ -5,8 +5,9 @@
 //! A row is `request_id`, `input_length`, `output_length`, and either a `timestamp` (ms from
 //! the trace's start; a row with no dependency) or `wait_for` (the rows it starts after), then
 //! `delay` (ms of the client's own wait) and `tool_wait_ms` (ms of tool work) after the last of
-//! them ended. `branches` names the rows it spawns (a subagent's first row waits for it). Other
-//! fields (`session_id`, `hash_ids`, `prefix_reset`) are read past.
+//! them ended. `branches` names the rows it spawns (a subagent's first row waits for it).
+//! `hash_ids` (one block id per 512 prompt tokens) key the call's blocks in the prefix cache, as
+//! a Mooncake trace row's do. Other fields (`session_id`, `prefix_reset`) are read past.
 //!
 //! The rows that depend on each other, however indirectly, are one job. Each row is a strand
 //! of that job: once every row it waits for completed, its tool work runs, then the client's
@@ -22,6 +23,7 @@ use rustc_hash::FxHashMap;
 use serde::Deserialize;
 
 use crate::dist::ms_to_ns;
+use crate::workload::trace::MOONCAKE_BLOCK_TOKENS;
 use crate::workload::TOKENS_MAX;
 
 /// Rows a trace may hold (the whole trace is in memory: a session's rows may be anywhere in it).
@@ -42,6 +44,8 @@ struct Row {
     wait_for: Vec<String>,
     #[serde(default)]
     branches: Vec<String>,
+    #[serde(default)]
+    hash_ids: Vec<u64>,
 }
 
 /// One provider call of a recorded session, and what comes before it once the calls it waits
@@ -55,6 +59,8 @@ pub struct TraceCall {
     pub wait_ns: u64,
     /// The earlier calls of the session it waits for (indices into its calls).
     pub after: Vec<u32>,
+    /// Its prompt's block ids (Mooncake's `hash_ids`, one per 512 tokens), for the prefix cache.
+    pub hash_ids: Box<[u64]>,
 }
 
 /// One recorded session: a durable job's acceptance and its calls in dependency order.
@@ -122,6 +128,15 @@ fn check_row(r: &Row) -> Result<(), String> {
                 "field `{f}` must be a finite number >= 0 (got {x:?})"
             ));
         }
+    }
+    let blocks = r.input_length.div_ceil(MOONCAKE_BLOCK_TOKENS);
+    if !r.hash_ids.is_empty() && r.hash_ids.len() as u64 != blocks {
+        return Err(format!(
+            "`hash_ids` has {} block ids, but input_length {} needs {blocks} (one per \
+             {MOONCAKE_BLOCK_TOKENS} tokens)",
+            r.hash_ids.len(),
+            r.input_length
+        ));
     }
     if r.wait_for.is_empty() && r.timestamp.is_none() {
         return Err("a row that waits for no other needs a `timestamp`".into());
@@ -266,6 +281,7 @@ fn session(rows: &[(usize, Row)], g: &DiGraph<usize, ()>, part: &[usize]) -> (u6
             tool_ns,
             wait_ns,
             after,
+            hash_ids: r.hash_ids.clone().into(),
         });
     }
     (start_ns, first_line, Session { start_ns, calls })

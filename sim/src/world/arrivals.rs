@@ -75,6 +75,11 @@ impl Arrivals {
         a
     }
 
+    /// A job's recorded call `id` arrives now with these block ids (it is the one taken last).
+    pub fn give_prefix(&mut self, id: u64, ids: Box<[u64]>) {
+        self.taken_prefix = (id, ids);
+    }
+
     /// The shared-prefix block ids of arrival `id` if it is the one taken last; else none.
     pub fn prefix_of(&self, id: u64) -> &[u64] {
         match &self.taken_prefix {

@@ -25,7 +25,13 @@ impl World<'_> {
             let w = &self.scenario.workload;
             let jobs = self.jobs.as_mut().expect("jobs");
             match jobs.advance(&mut self.follow, w, job).map_err(broken)? {
-                Next::Call(a, serial) => self.arrive(a, Some((job, serial)))?,
+                Next::Call(a, serial, prefix) => {
+                    // A recorded call's block ids, for the prefix cache, as a trace row's are.
+                    if !prefix.is_empty() {
+                        self.arrivals.give_prefix(a.id, prefix);
+                    }
+                    self.arrive(a, Some((job, serial)))?;
+                }
                 Next::Completed => {
                     let now_ns = self.kernel.now_ns();
                     let jobs = self.jobs_mut();

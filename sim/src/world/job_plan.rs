@@ -11,10 +11,12 @@ use crate::workload::agentic::TraceCall;
 #[derive(Clone, Debug)]
 pub(super) enum Op {
     Call,
-    /// A recorded call: its prompt (its context included) and output lengths.
+    /// A recorded call: its prompt (its context included) and output lengths, and its
+    /// prompt's block ids for the prefix cache (none: the cache keys nothing for it).
     Fixed {
         input: u32,
         output: u32,
+        prefix: Box<[u64]>,
     },
     Tools {
         tools: u32,
@@ -177,5 +179,6 @@ fn recorded_call(c: &TraceCall, ops: &mut Vec<Op>) {
     ops.push(Op::Fixed {
         input: c.input_tokens,
         output: c.output_tokens,
+        prefix: c.hash_ids.clone(),
     });
 }

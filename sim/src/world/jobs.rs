@@ -29,8 +29,8 @@ use crate::workload::{Arrival, TOKENS_MAX};
 /// What a job does next.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Next {
-    /// Admit this provider call (its serial within the job).
-    Call(Arrival, u32),
+    /// Admit this provider call (its serial within the job, its prompt's block ids).
+    Call(Arrival, u32, Box<[u64]>),
     /// Wait on the timer scheduled.
     Waiting,
     /// Its plan is done: it completed.
@@ -244,12 +244,16 @@ impl Jobs {
                 match &plan.ops[pc as usize] {
                     op @ (Op::Call | Op::Fixed { .. }) => {
                         j.attempts += attempts_each - 1;
-                        let fixed = match op {
-                            Op::Fixed { input, output } => Some((*input, *output)),
-                            _ => None,
+                        let (fixed, prefix) = match op {
+                            Op::Fixed {
+                                input,
+                                output,
+                                prefix,
+                            } => (Some((*input, *output)), prefix.clone()),
+                            _ => (None, Box::default()),
                         };
                         let (a, serial) = j.call((s, w, seed), (job, per_job), (now_ns, fixed))?;
-                        return Ok(Next::Call(a, serial));
+                        return Ok(Next::Call(a, serial, prefix));
                     }
                     Op::Tools {
                         tools,

@@ -476,3 +476,40 @@ fn developer_hosted_tools_are_not_drained_and_their_late_results_await_the_exter
         (2, Some(0))
     );
 }
+
+#[test]
+fn a_recorded_sessions_hash_ids_feed_the_prefix_cache() {
+    // `a` (1,024 tokens: blocks 1, 2), then `b` and `c` side by side (1,536 tokens each: blocks
+    // 1, 2 and one of their own). Each branch finds a's two blocks cached: 2 x 1,024 of the
+    // 4,096 prompt tokens looked up. Without the ids the cache keys nothing.
+    let dir = std::env::temp_dir().join(format!("cancelsim-hashids-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rows = r#"{"request_id": "a", "input_length": 1024, "output_length": 4, "timestamp": 0.0, "hash_ids": [1, 2]}
+{"request_id": "b", "input_length": 1536, "output_length": 4, "wait_for": ["a"], "hash_ids": [1, 2, 3]}
+{"request_id": "c", "input_length": 1536, "output_length": 4, "wait_for": ["a"], "hash_ids": [1, 2, 4]}
+"#;
+    let kv = |rows: &str| {
+        std::fs::write(dir.join("t.jsonl"), rows).unwrap();
+        let ron = r#"Scenario(name: "hx", seed: 1,
+            workload: (source: AgentTrace(path: "t.jsonl", job: (deadline_ms: Constant(60000.0)))),
+            cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 1000), scheduler: Continuous(window: 1)),
+            policies: [PerRequest])"#;
+        std::fs::write(dir.join("s.ron"), ron).unwrap();
+        let s = Scenario::load(&dir.join("s.ron")).unwrap();
+        run::report(&s, 1).unwrap().counterfactual.kv
+    };
+    let with = kv(rows);
+    assert_eq!(
+        (with.prefix_query_tokens, with.prefix_hit_tokens),
+        (4096, 2048)
+    );
+    let plain = rows
+        .lines()
+        .map(|l| l.split(", \"hash_ids\"").next().unwrap().to_string() + "}\n")
+        .collect::<String>();
+    assert_eq!(kv(&plain).prefix_hit_tokens, 0);
+    // Block ids that do not cover the prompt are refused, naming the row's line.
+    std::fs::write(dir.join("t.jsonl"), rows.replace("[1, 2, 4]", "[1, 2]")).unwrap();
+    let e = Scenario::load(&dir.join("s.ron")).unwrap_err().to_string();
+    assert!(e.contains("t.jsonl:3:") && e.contains("hash_ids"), "{e}");
+}
