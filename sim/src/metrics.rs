@@ -414,6 +414,15 @@ pub struct JobsSummary {
     pub effects_awaiting_external: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejected_submissions: Option<u64>,
+    /// With `prices` in the job spec only: every job's cost as it reported it (a lower bound for
+    /// the jobs whose usage is incomplete) and as the GPUs computed it, and the jobs whose cost
+    /// is complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reported_cost_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub true_cost_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_complete: Option<u64>,
     /// What the observers that left saw again, with an `observer` in the job spec.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observers: Option<ObserversSummary>,

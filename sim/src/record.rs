@@ -86,6 +86,11 @@ pub struct JobRow {
     pub true_input_tokens: u64,
     pub true_output_tokens: u64,
     pub usage_complete: bool,
+    /// With prices in the job spec: its cost as reported (a lower bound unless
+    /// `cost_complete`), and as the GPUs computed it. Empty: unavailable.
+    pub reported_cost_usd: Option<f64>,
+    pub true_cost_usd: Option<f64>,
+    pub cost_complete: Option<bool>,
     pub effects_completed: u64,
     pub effects_unknown: u64,
     /// Effects of developer-hosted tools whose results came after the decision (rejected).

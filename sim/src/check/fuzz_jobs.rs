@@ -57,6 +57,10 @@ pub(super) fn source(d: &mut Draw, requests: u64, rate: f64) -> Source {
     }
     let names: Vec<String> = agents.keys().cloned().collect();
     let mut job = JobSpec {
+        prices: d.chance(0.3).then(|| crate::scenario::Prices {
+            input_usd_per_mtok: d.real(0.0, 10.0),
+            output_usd_per_mtok: d.real(0.0, 40.0),
+        }),
         deadline_ms: lasting(d, 20_000.0),
         plan: plan(d, &names, 0),
         agents,

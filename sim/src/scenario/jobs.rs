@@ -55,6 +55,25 @@ pub struct JobSpec {
     /// legacy inline execution) is cancelled with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observer: Option<Observer>,
+    /// The provider's prices, if known: then each job reports its cost (a lower bound until
+    /// its usage is complete), beside the true cost of what the GPUs computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<Prices>,
+}
+
+/// A provider's list prices, in US dollars per million tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Prices {
+    pub input_usd_per_mtok: f64,
+    pub output_usd_per_mtok: f64,
+}
+
+impl Prices {
+    /// The cost of `input` and `output` tokens.
+    pub fn usd(&self, input: u64, output: u64) -> f64 {
+        (input as f64 * self.input_usd_per_mtok + output as f64 * self.output_usd_per_mtok) / 1e6
+    }
 }
 
 /// A job's observer, and whether the job outlives it.
@@ -274,6 +293,11 @@ impl JobSpec {
             );
             return v::err(&format!("{f}.plan"), m);
         }
+        self.validate_sides(f)
+    }
+
+    /// The cancel, the observer, the prices and the worker.
+    fn validate_sides(&self, f: &str) -> Check {
         if let Some(c) = &self.cancel {
             v::probability(&format!("{f}.cancel.fraction"), c.fraction)?;
             v::dist(&format!("{f}.cancel.delay_ms"), &c.delay_ms)?;
@@ -292,6 +316,16 @@ impl JobSpec {
             if let Some(r) = o.retention_ms {
                 v::non_negative(&format!("{f}.observer.retention_ms"), r)?;
             }
+        }
+        if let Some(p) = &self.prices {
+            v::non_negative(
+                &format!("{f}.prices.input_usd_per_mtok"),
+                p.input_usd_per_mtok,
+            )?;
+            v::non_negative(
+                &format!("{f}.prices.output_usd_per_mtok"),
+                p.output_usd_per_mtok,
+            )?;
         }
         let w = &self.worker;
         v::positive(&format!("{f}.worker.poll_ms"), w.poll_ms)?;

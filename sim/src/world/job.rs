@@ -11,7 +11,7 @@ use super::jobs::Next;
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{Purpose, Stream};
 use crate::record::JobRow;
-use crate::scenario::Workload;
+use crate::scenario::{Prices, Workload};
 use crate::workload::{self, Arrival, TOKENS_MAX};
 
 /// A provider call's request id: the job's block of `per_job` ids (the attempts it may journal),
@@ -354,10 +354,11 @@ impl Job {
 impl Job {
     /// Its status row as it leaves (`policy` left for the recorder to fill), with the effects
     /// its last waves settled.
-    pub(super) fn row(&self, job: u64, settled: Settled) -> JobRow {
+    pub(super) fn row(&self, job: u64, settled: Settled, prices: Option<&Prices>) -> JobRow {
         let ms = |ns: u64| ns as f64 / 1e6;
         let cleanup = self.cleanup.as_ref().map(Cleanup::outcome);
         let (u, state) = (&self.usage, self.state);
+        let usage_complete = u.truth == u.reported && state == JobState::Completed;
         JobRow {
             policy: String::new(),
             job,
@@ -370,7 +371,10 @@ impl Job {
             observed_output_tokens: u.reported.output,
             true_input_tokens: u.truth.input,
             true_output_tokens: u.truth.output,
-            usage_complete: u.truth == u.reported && state == JobState::Completed,
+            usage_complete,
+            reported_cost_usd: prices.map(|p| p.usd(u.reported.input, u.reported.output)),
+            true_cost_usd: prices.map(|p| p.usd(u.truth.input, u.truth.output)),
+            cost_complete: prices.map(|_| usage_complete),
             effects_completed: self.effects_done + settled.done,
             effects_unknown: settled.unknown,
             effects_awaiting_external: settled.awaiting,

@@ -5,7 +5,7 @@ use super::job_audit::{JobState, Tokens};
 use super::job_observer::ObserverBooks;
 use crate::kernel::NS_PER_S;
 use crate::metrics::JobsSummary;
-use crate::scenario::{JobSpec, Observer};
+use crate::scenario::{JobSpec, Observer, Prices};
 use crate::stats::LatencyStats;
 
 /// One job's usage: the truth (what the GPUs computed for it), what it reported, and the GPU
@@ -180,6 +180,9 @@ pub(crate) struct JobBooks {
     /// With developer-hosted tools only: effects awaiting the external system, and rejected
     /// submissions.
     hosted: Option<(u64, u64)>,
+    /// With prices only: the cost reported and true, and the jobs whose cost is complete.
+    prices: Option<Prices>,
+    cost: (f64, f64, u64),
 }
 
 impl JobBooks {
@@ -212,6 +215,8 @@ impl JobBooks {
             usage_complete: 0,
             observers: ObserverBooks::new(observer),
             hosted: spec.has_hosted_tools().then_some((0, 0)),
+            prices: spec.prices,
+            cost: (0.0, 0.0, 0),
         }
     }
 
@@ -243,8 +248,12 @@ impl JobBooks {
         if matches!(state, JobState::Cancelled | JobState::Expired) {
             self.usage_gap_tokens += u.truth.total() - u.reported.total();
         }
-        if u.truth == u.reported && state == JobState::Completed {
-            self.usage_complete += 1;
+        let complete = u.truth == u.reported && state == JobState::Completed;
+        self.usage_complete += complete as u64;
+        if let Some(p) = &self.prices {
+            self.cost.0 += p.usd(u.reported.input, u.reported.output);
+            self.cost.1 += p.usd(u.truth.input, u.truth.output);
+            self.cost.2 += complete as u64;
         }
         let Some(c) = c else {
             return;
@@ -286,6 +295,9 @@ impl JobBooks {
             usage_gap_tokens: self.usage_gap_tokens,
             usage_complete: self.usage_complete,
             observers: self.observers.summary(),
+            reported_cost_usd: self.prices.map(|_| self.cost.0),
+            true_cost_usd: self.prices.map(|_| self.cost.1),
+            cost_complete: self.prices.map(|_| self.cost.2),
             effects_awaiting_external: self.hosted.map(|h| h.0),
             rejected_submissions: self.hosted.map(|h| h.1),
         }

@@ -548,7 +548,7 @@ impl Jobs {
         if j.cancels_pending > 0 {
             self.gone.insert(job, (j.state, j.cancels_pending));
         }
-        Ok(Some(j.row(job, settled)))
+        Ok(Some(j.row(job, settled, self.spec.prices.as_ref())))
     }
 
     /// A cancel for job `job` arrives (copy `copy` of its idempotency key): whether to decide.

@@ -513,3 +513,41 @@ fn a_recorded_sessions_hash_ids_feed_the_prefix_cache() {
     let e = Scenario::load(&dir.join("s.ron")).unwrap_err().to_string();
     assert!(e.contains("t.jsonl:3:") && e.contains("hash_ids"), "{e}");
 }
+
+#[test]
+fn with_prices_a_job_reports_its_cost_a_lower_bound_until_complete() {
+    // The hand-computed job at $1 per million input tokens and $10 per million output tokens:
+    // true 320 in + 32 out = $0.00064; reported 320 in + 30 out = $0.00062. Uncancelled: 320
+    // in + 40 out = $0.00072, complete.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/library/jobs-hand-computed.ron"
+    ))
+    .unwrap();
+    let priced = text.replace(
+        "deadline_ms: Constant(60000.0),",
+        "deadline_ms: Constant(60000.0), \
+         prices: Some((input_usd_per_mtok: 1.0, output_usd_per_mtok: 10.0)),",
+    );
+    let r = report(&priced, 1);
+    let j = jobs(&r.policies[0]);
+    let close = |x: Option<f64>, want: f64| (x.unwrap() - want).abs() < 1e-12;
+    assert!(close(j.true_cost_usd, 0.00064), "{:?}", j.true_cost_usd);
+    assert!(
+        close(j.reported_cost_usd, 0.00062),
+        "{:?}",
+        j.reported_cost_usd
+    );
+    assert_eq!(j.cost_complete, Some(0));
+    let cf = jobs(&r.counterfactual);
+    assert!(close(cf.true_cost_usd, 0.00072) && close(cf.reported_cost_usd, 0.00072));
+    assert_eq!(cf.cost_complete, Some(1));
+    assert_eq!(
+        jobs(&report(&text, 1).policies[0]).true_cost_usd,
+        None,
+        "no prices, no cost"
+    );
+    let bad = priced.replace("input_usd_per_mtok: 1.0", "input_usd_per_mtok: -1.0");
+    let e = Scenario::parse(&bad, "p.ron").unwrap_err().to_string();
+    assert!(e.contains("prices.input_usd_per_mtok"), "{e}");
+}
