@@ -238,10 +238,9 @@ impl World<'_> {
         if !self.cluster.disaggregated() {
             self.cluster
                 .share_prefix(replica, tag, self.arrivals.prefix_of(a.id));
-            let stream = q_conv.and_then(|(c, _)| match self.jobs.as_mut() {
-                Some(jobs) => jobs.stream_key(c, a.id),
-                None => self.conversations.stream_key(c, a.id),
-            });
+            let stream = q_conv
+                .filter(|_| self.jobs.is_none())
+                .and_then(|(c, _)| self.conversations.stream_key(c, a.id));
             if let Some(key) = stream {
                 self.cluster.share_stream(replica, tag, key);
             }

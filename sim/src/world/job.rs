@@ -13,7 +13,6 @@ use crate::kernel::rng::{Purpose, Stream};
 use crate::record::JobRow;
 use crate::scenario::{Prices, Workload};
 use crate::workload::{self, Arrival, TOKENS_MAX};
-use cancelsim_models::prefix::StreamKey;
 
 /// A provider call's request id: the job's block of `per_job` ids (the attempts it may journal),
 /// then the call's serial within it. Dense, like an open-loop source's ids, so the
@@ -107,11 +106,6 @@ pub(crate) struct Job {
     pub(super) watch: Watch,
     /// External effects its finished tool waves committed.
     pub(super) effects_done: u64,
-    /// The history's length as each call after the first was sent (a retry adds the same
-    /// length again, so its own tokens are never taken for the failed attempt's), and the same
-    /// as the calls in flight share it: the prefix cache's key of the job's token stream.
-    bounds: Vec<u64>,
-    shared_bounds: std::sync::Arc<[u64]>,
 }
 
 /// What the world knows of a call as it leaves.
@@ -172,8 +166,6 @@ impl Job {
             cancels_pending,
             watch: Watch::Watching,
             effects_done: 0,
-            bounds: Vec::new(),
-            shared_bounds: std::sync::Arc::new([]),
         }
     }
 
@@ -231,32 +223,6 @@ impl Job {
     /// The strand waiting on call `id`.
     pub(super) fn strand_of_call(&self, id: u64) -> Option<usize> {
         self.find(|w| matches!(w, Wait::Call(c) if c.id == id))
-    }
-
-    /// A call of strand `s` ended (`completed`: its message and output join the history).
-    pub(super) fn call_done(&mut self, s: usize, c: &Call, completed: bool) {
-        if completed {
-            self.history =
-                (self.history + c.message as u64 + c.output as u64).min(TOKENS_MAX as u64);
-            self.strands[s].pc += 1;
-            self.strands[s].tries = 0;
-        } else {
-            self.interrupted = true;
-        }
-        self.bounds.push(self.history);
-    }
-
-    /// The key of the job's token stream for call `id`'s prompt blocks: the history its
-    /// earlier calls wrote, then its own message and output.
-    pub(super) fn stream_key(&mut self, job: u64) -> StreamKey {
-        if self.shared_bounds.len() != self.bounds.len() {
-            self.shared_bounds = self.bounds.as_slice().into();
-        }
-        StreamKey {
-            id: job,
-            bounds: self.shared_bounds.clone(),
-            whole: true,
-        }
     }
 
     /// The strands with a call in progress, in the order their calls were dispatched.
@@ -428,48 +394,6 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_retry_gets_a_stream_turn_of_its_own() {
-        let plan = super::super::job_plan::Plan::recorded(&[]);
-        let mut j = Job::new((0, 1), 0, &plan);
-        j.strands.push(j_strand());
-        let call = |message, output| Call {
-            id: 0,
-            tag: None,
-            message,
-            output,
-            seen_at_decision: None,
-            gpu_ns_at_decision: 0.0,
-            gpu_ns_at_close: None,
-        };
-        // Call 1 (100 + 20) completes; call 2's attempt fails; its retry completes.
-        j.call_done(0, &call(100, 20), true);
-        assert_eq!(&*j.stream_key(7).bounds, &[120]);
-        j.call_done(0, &call(50, 10), false);
-        let retry = j.stream_key(7);
-        // The retry's own tokens (past 120) fall in turn 2, not the failed attempt's turn 1.
-        assert_eq!(
-            (&*retry.bounds, retry.id, retry.whole),
-            (&[120, 120][..], 7, true)
-        );
-        j.call_done(0, &call(50, 10), true);
-        assert_eq!(&*j.stream_key(7).bounds, &[120, 120, 180]);
-    }
-
-    fn j_strand() -> Strand {
-        Strand {
-            pc: 0,
-            end: 9,
-            waits: 0,
-            finished: false,
-            tries: 0,
-            wait: Wait::Nothing,
-            wave: Vec::new(),
-            wave_open: false,
-            wave_hosted: false,
-        }
-    }
 
     #[test]
     fn call_ids_are_dense_and_one_per_attempt() {

@@ -24,8 +24,7 @@ use crate::kernel::NS_PER_S;
 use crate::record::JobRow;
 use crate::scenario::{JobSpec, Source, Workload};
 use crate::workload::agentic::AgentSessions;
-use crate::workload::Arrival;
-use cancelsim_models::prefix::StreamKey;
+use crate::workload::{Arrival, TOKENS_MAX};
 
 /// What a job does next.
 #[derive(Debug, PartialEq)]
@@ -319,9 +318,16 @@ impl Jobs {
         }
         let c = *j.call_mut(s);
         j.clear_wait(s, false);
-        j.call_done(s, &c, completed);
-        if !completed && j.strands[s].tries >= attempts_max {
-            return Some(JobState::Failed);
+        let st = &mut j.strands[s];
+        if completed {
+            j.history = (j.history + c.message as u64 + c.output as u64).min(TOKENS_MAX as u64);
+            st.pc += 1;
+            st.tries = 0;
+        } else {
+            j.interrupted = true;
+            if st.tries >= attempts_max {
+                return Some(JobState::Failed);
+            }
         }
         let serial = j.timers;
         j.timers += 1;
@@ -565,17 +571,6 @@ impl Jobs {
             self.gone.remove(&job);
         }
         false
-    }
-
-    /// The key of call `id`'s prompt in the prefix cache: the job's token stream, for a drawn
-    /// plan of one strand (branches' histories diverge; a recorded call has its block ids).
-    pub fn stream_key(&mut self, job: u64, id: u64) -> Option<StreamKey> {
-        if !self.recorded.is_empty() || self.plan.strands.len() != 1 {
-            return None;
-        }
-        let j = self.live.get_mut(&job)?;
-        j.strand_of_call(id)?;
-        Some(j.stream_key(job))
     }
 
     pub fn note_intent(&mut self, job: u64) {

@@ -57,10 +57,6 @@ fn the_hand_computed_job_matches_its_arithmetic() {
     let cf = jobs(&r.counterfactual);
     assert_eq!((cf.completed, cf.usage_complete), (1, 1));
     assert_eq!((cf.true_tokens, cf.reported_tokens), (360, 360));
-    // Call 2's prompt begins with the job's 120 tokens of history, which call 1 computed: the
-    // prefix cache finds its 7 full 16-token blocks, 112 of the 320 prompt tokens looked up.
-    let kv = &r.counterfactual.kv;
-    assert_eq!((kv.prefix_query_tokens, kv.prefix_hit_tokens), (320, 112));
 }
 
 #[test]
