@@ -7,7 +7,6 @@ use super::job_audit::{self as audit, JobState};
 use super::job_books::{Cleanup, Settled, Usage};
 use super::job_observer::Watch;
 use super::job_plan::Plan;
-use super::jobs::Next;
 use crate::dist::{ms_to_ns, Dist};
 use crate::kernel::rng::{Purpose, Stream};
 use crate::record::JobRow;
@@ -314,12 +313,12 @@ impl Job {
         open.map(Strand::wave_end_ns).max()
     }
 
-    pub(super) fn timer(&mut self, s: usize, f: &mut Follow, job: u64, at_ns: u64) -> Next {
+    /// Strand `s` waits on a timer at `at_ns` (a tool wave's end, an approval's).
+    pub(super) fn timer(&mut self, s: usize, f: &mut Follow, job: u64, at_ns: u64) {
         let serial = self.timers;
         self.timers += 1;
         self.set_wait(s, Wait::Timer(serial));
         f.at(at_ns, Event::JobTimer { job, serial });
-        Next::Waiting
     }
 
     /// The waves in flight at the decision, once the cleanup settled. A sandboxed tool's
@@ -358,7 +357,7 @@ impl Job {
         let ms = |ns: u64| ns as f64 / 1e6;
         let cleanup = self.cleanup.as_ref().map(Cleanup::outcome);
         let (u, state) = (&self.usage, self.state);
-        let usage_complete = u.truth == u.reported && state == JobState::Completed;
+        let usage_complete = u.complete(state);
         JobRow {
             policy: String::new(),
             job,

@@ -5,7 +5,23 @@ use super::job_audit::{JobState, Tokens};
 use super::job_observer::ObserverBooks;
 use crate::kernel::NS_PER_S;
 use crate::metrics::JobsSummary;
-use crate::scenario::{JobSpec, Observer, Prices};
+use crate::record::JobRow;
+use crate::scenario::{JobSpec, Observer};
+
+/// A job's cost, with prices: reported, true (USD), and whether complete.
+pub(crate) type Cost = Option<(f64, f64, bool)>;
+
+impl JobRow {
+    /// Its cost, with prices.
+    pub(crate) fn cost(&self) -> Cost {
+        let (r, t, c) = (
+            self.reported_cost_usd,
+            self.true_cost_usd,
+            self.cost_complete,
+        );
+        Some((r?, t?, c?))
+    }
+}
 use crate::stats::LatencyStats;
 
 /// One job's usage: the truth (what the GPUs computed for it), what it reported, and the GPU
@@ -25,6 +41,13 @@ pub(crate) struct Settled {
     pub unknown: u64,
     pub awaiting: u64,
     pub rejected: u64,
+}
+
+impl Usage {
+    /// Whether the job's reported usage is complete: it completed, and reported the truth.
+    pub fn complete(&self, state: JobState) -> bool {
+        self.truth == self.reported && state == JobState::Completed
+    }
 }
 
 /// One job's cleanup, from the worker's observation of the decision. Each wait (the provider
@@ -180,9 +203,9 @@ pub(crate) struct JobBooks {
     /// With developer-hosted tools only: effects awaiting the external system, and rejected
     /// submissions.
     hosted: Option<(u64, u64)>,
-    /// With prices only: the cost reported and true, and the jobs whose cost is complete.
-    prices: Option<Prices>,
-    cost: (f64, f64, u64),
+    /// With prices only: the cost reported and true (summed from the jobs' rows), and the jobs
+    /// whose cost is complete.
+    cost: Option<(f64, f64, u64)>,
 }
 
 impl JobBooks {
@@ -215,8 +238,7 @@ impl JobBooks {
             usage_complete: 0,
             observers: ObserverBooks::new(observer),
             hosted: spec.has_hosted_tools().then_some((0, 0)),
-            prices: spec.prices,
-            cost: (0.0, 0.0, 0),
+            cost: spec.prices.map(|_| (0.0, 0.0, 0)),
         }
     }
 
@@ -231,8 +253,9 @@ impl JobBooks {
         }
     }
 
-    /// A job leaves in `state`, with its usage and its cleanup, if it had one.
-    pub fn left(&mut self, state: JobState, u: &Usage, c: Option<&Cleanup>) {
+    /// A job leaves in `state`, with its usage, its cleanup if it had one, and (with prices) its
+    /// cost as its row gives it: reported, true, and whether complete.
+    pub fn left(&mut self, state: JobState, u: &Usage, c: Option<&Cleanup>, cost: Cost) {
         match state {
             JobState::Running => unreachable!("a running job left"),
             JobState::Completed => self.completed += 1,
@@ -248,12 +271,11 @@ impl JobBooks {
         if matches!(state, JobState::Cancelled | JobState::Expired) {
             self.usage_gap_tokens += u.truth.total() - u.reported.total();
         }
-        let complete = u.truth == u.reported && state == JobState::Completed;
-        self.usage_complete += complete as u64;
-        if let Some(p) = &self.prices {
-            self.cost.0 += p.usd(u.reported.input, u.reported.output);
-            self.cost.1 += p.usd(u.truth.input, u.truth.output);
-            self.cost.2 += complete as u64;
+        self.usage_complete += u.complete(state) as u64;
+        if let (Some(sum), Some((reported, truth, complete))) = (self.cost.as_mut(), cost) {
+            sum.0 += reported;
+            sum.1 += truth;
+            sum.2 += complete as u64;
         }
         let Some(c) = c else {
             return;
@@ -295,9 +317,9 @@ impl JobBooks {
             usage_gap_tokens: self.usage_gap_tokens,
             usage_complete: self.usage_complete,
             observers: self.observers.summary(),
-            reported_cost_usd: self.prices.map(|_| self.cost.0),
-            true_cost_usd: self.prices.map(|_| self.cost.1),
-            cost_complete: self.prices.map(|_| self.cost.2),
+            reported_cost_usd: self.cost.map(|c| c.0),
+            true_cost_usd: self.cost.map(|c| c.1),
+            cost_complete: self.cost.map(|c| c.2),
             effects_awaiting_external: self.hosted.map(|h| h.0),
             rejected_submissions: self.hosted.map(|h| h.1),
         }
@@ -373,13 +395,13 @@ mod tests {
             reported,
             leaked_ns: 0.0,
         };
-        b.left(JobState::Failed, &u, None);
-        b.left(JobState::Cancelled, &u, None);
+        b.left(JobState::Failed, &u, None, None);
+        b.left(JobState::Cancelled, &u, None, None);
         let same = Usage {
             reported: truth,
             ..u
         };
-        b.left(JobState::Completed, &same, None);
+        b.left(JobState::Completed, &same, None, None);
         assert_eq!((b.failed, b.cancelled, b.completed), (1, 1, 1));
         assert_eq!(
             b.usage_gap_tokens, 20,

@@ -40,14 +40,11 @@ impl ObserverBooks {
         }
     }
 
-    /// Job `job`'s observer leaves now: where it is, and when it comes back, if it does.
-    pub fn left(&self, seed: u64, job: u64, now_ns: u64) -> Watch {
-        let back = self.spec.as_ref().and_then(|o| o.reconnect_ms.as_ref());
-        let back_ns = back.map(|d| {
-            let mut s = Stream::keyed(seed, Purpose::Job, job, key::JOB_RECONNECT);
-            now_ns.saturating_add(ms_to_ns(d.sample(&mut s)))
-        });
-        Watch::Away(back_ns)
+    /// Job `job`'s observer leaves now: when it comes back, if it does.
+    pub fn back_ns(&self, seed: u64, job: u64, now_ns: u64) -> Option<u64> {
+        let back = self.spec.as_ref().and_then(|o| o.reconnect_ms.as_ref())?;
+        let mut s = Stream::keyed(seed, Purpose::Job, job, key::JOB_RECONNECT);
+        Some(now_ns.saturating_add(ms_to_ns(back.sample(&mut s))))
     }
 
     /// The observer is back now, its job still in the world in `state` (decided at
@@ -108,11 +105,8 @@ impl super::jobs::Jobs {
         if !durable {
             self.books.observer_cancels += 1;
         }
-        j.watch = self.books.observers.left(seed, job, now_ns);
-        let back_ns = match j.watch {
-            Watch::Away(back) => back,
-            _ => None,
-        };
+        let back_ns = self.books.observers.back_ns(seed, job, now_ns);
+        j.watch = Watch::Away(back_ns);
         (!durable, back_ns)
     }
 
@@ -146,7 +140,8 @@ mod tests {
     #[test]
     fn a_reconnect_follows_a_live_job_or_replays_its_result_while_retained() {
         let mut b = books(Some(100.0), 1000.0);
-        assert_eq!(b.left(1, 0, 50 * MS), Watch::Away(Some(150 * MS)));
+        assert_eq!(b.back_ns(1, 0, 50 * MS), Some(150 * MS));
+        assert_eq!(books(None, 1000.0).back_ns(1, 0, 50 * MS), None);
         assert_eq!(b.back(JobState::Running, 0, 150 * MS), Watch::Back);
         // Cancelled at 200 ms: back at 1,100 ms it is replayed the interruption; at 1,300 ms,
         // past the 1,000 ms of retention, it finds nothing.

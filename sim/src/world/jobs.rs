@@ -543,12 +543,13 @@ impl Jobs {
         self.books.provider_attempts += j.attempts as u64;
         let settled = j.settle_waves();
         self.books.settled(settled);
-        self.books.left(j.state, &j.usage, j.cleanup.as_ref());
+        let row = j.row(job, settled, self.spec.prices.as_ref());
+        (self.books).left(j.state, &j.usage, j.cleanup.as_ref(), row.cost());
         (self.books.observers).job_left(j.watch, j.state, j.decided_ns);
         if j.cancels_pending > 0 {
             self.gone.insert(job, (j.state, j.cancels_pending));
         }
-        Ok(Some(j.row(job, settled, self.spec.prices.as_ref())))
+        Ok(Some(row))
     }
 
     /// A cancel for job `job` arrives (copy `copy` of its idempotency key): whether to decide.

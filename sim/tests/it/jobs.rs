@@ -14,6 +14,13 @@ fn report(text: &str, seed: u64) -> Report {
     run::report(&s, seed).unwrap_or_else(|e| panic!("{e}"))
 }
 
+const LIBRARY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/library/");
+
+/// A library scenario's text.
+fn library(name: &str) -> String {
+    std::fs::read_to_string(format!("{LIBRARY}{name}")).unwrap()
+}
+
 fn jobs(s: &Summary) -> &JobsSummary {
     s.jobs.as_ref().expect("a jobs section")
 }
@@ -35,11 +42,7 @@ fn jobs_text(n: u64, plan: &str, extra: &str) -> String {
 #[test]
 fn the_hand_computed_job_matches_its_arithmetic() {
     // scenarios/library/jobs-hand-computed.ron gives the arithmetic, step by step.
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../scenarios/library/jobs-hand-computed.ron"
-    ))
-    .unwrap();
+    let text = library("jobs-hand-computed.ron");
     let r = report(&text, 1);
     let j = jobs(&r.policies[0]);
     assert_eq!((j.accepted, j.cancelled, j.completed), (1, 1, 0));
@@ -229,15 +232,14 @@ fn each_rule_broken_on_purpose_stops_the_run_naming_it() {
 
 #[test]
 fn a_recorded_session_is_a_job_and_a_broken_trace_names_its_line() {
-    let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/library/");
-    let text = std::fs::read_to_string(format!("{lib}jobs-agent-trace.ron")).unwrap();
+    let text = library("jobs-agent-trace.ron");
     // Cancel the session with the subagent at 300 ms, during its 200 ms of tool work (250-450).
     let cancelled = text.replace(
         "deadline_ms: Constant(60000.0),",
         "deadline_ms: Constant(60000.0), cancel: Some((jobs: [0], delay_ms: Constant(300.0))),",
     );
     let mut s = Scenario::parse(&cancelled, "t.ron").unwrap();
-    s.base_dir = std::path::PathBuf::from(lib);
+    s.base_dir = std::path::PathBuf::from(LIBRARY);
     let r = run::report(&s, 1).unwrap();
     let p = &r.policies[0];
     let j = jobs(p);
@@ -254,8 +256,7 @@ fn a_recorded_session_is_a_job_and_a_broken_trace_names_its_line() {
         "the tool's result came after the decision"
     );
     // A row that waits for a row nobody wrote is refused at load, with its line.
-    let dir = std::env::temp_dir().join(format!("cancelsim-agentic-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::scratch::Scratch::new("jobs", "bad-trace", true);
     let bad = "{\"request_id\": \"a\", \"input_length\": 9, \"output_length\": 1, \"timestamp\": 0}\n\
                {\"request_id\": \"b\", \"input_length\": 9, \"output_length\": 1, \"wait_for\": [\"z\"]}\n";
     std::fs::write(dir.join("bad.jsonl"), bad).unwrap();
@@ -267,11 +268,7 @@ fn a_recorded_session_is_a_job_and_a_broken_trace_names_its_line() {
 
 #[test]
 fn a_durable_job_outlives_its_observer_and_an_inline_one_does_not() {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../scenarios/library/jobs-hand-computed.ron"
-    ))
-    .unwrap();
+    let text = library("jobs-hand-computed.ron");
     // The hand-computed job, its observer leaving when its cancel came (1,305 ms), no cancel.
     let with = |durable: bool| {
         let t = text.replace(
@@ -315,11 +312,7 @@ fn a_durable_job_outlives_its_observer_and_an_inline_one_does_not() {
 
 #[test]
 fn a_reconnect_is_replayed_the_retained_result_and_never_restarts_generation() {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../scenarios/library/jobs-hand-computed.ron"
-    ))
-    .unwrap();
+    let text = library("jobs-hand-computed.ron");
     // The hand-computed job's observer leaves at 1,305 ms (no cancel of its own) and comes back.
     let with = |durable: bool, back_ms: f64, retention_ms: f64| {
         let t = text.replace(
@@ -364,10 +357,9 @@ fn a_reconnect_is_replayed_the_retained_result_and_never_restarts_generation() {
 #[test]
 fn parallel_branches_run_side_by_side_and_one_cancel_closes_them_all() {
     // scenarios/library/jobs-parallel-branches.ron gives the arithmetic.
-    let lib = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/library/");
-    let text = std::fs::read_to_string(format!("{lib}jobs-parallel-branches.ron")).unwrap();
+    let text = library("jobs-parallel-branches.ron");
     let mut s = Scenario::parse(&text, "t.ron").unwrap();
-    s.base_dir = std::path::PathBuf::from(lib);
+    s.base_dir = std::path::PathBuf::from(LIBRARY);
     let r = run::report(&s, 1).unwrap();
     // Uncancelled, both branches start at 100 ms: the job ends at 500 ms, not 700 ms.
     let cf = &r.counterfactual;
@@ -482,8 +474,7 @@ fn a_recorded_sessions_hash_ids_feed_the_prefix_cache() {
     // `a` (1,024 tokens: blocks 1, 2), then `b` and `c` side by side (1,536 tokens each: blocks
     // 1, 2 and one of their own). Each branch finds a's two blocks cached: 2 x 1,024 of the
     // 4,096 prompt tokens looked up. Without the ids the cache keys nothing.
-    let dir = std::env::temp_dir().join(format!("cancelsim-hashids-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::scratch::Scratch::new("jobs", "hash-ids", true);
     let rows = r#"{"request_id": "a", "input_length": 1024, "output_length": 4, "timestamp": 0.0, "hash_ids": [1, 2]}
 {"request_id": "b", "input_length": 1536, "output_length": 4, "wait_for": ["a"], "hash_ids": [1, 2, 3]}
 {"request_id": "c", "input_length": 1536, "output_length": 4, "wait_for": ["a"], "hash_ids": [1, 2, 4]}
@@ -519,11 +510,7 @@ fn with_prices_a_job_reports_its_cost_a_lower_bound_until_complete() {
     // The hand-computed job at $1 per million input tokens and $10 per million output tokens:
     // true 320 in + 32 out = $0.00064; reported 320 in + 30 out = $0.00062. Uncancelled: 320
     // in + 40 out = $0.00072, complete.
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../scenarios/library/jobs-hand-computed.ron"
-    ))
-    .unwrap();
+    let text = library("jobs-hand-computed.ron");
     let priced = text.replace(
         "deadline_ms: Constant(60000.0),",
         "deadline_ms: Constant(60000.0), \
