@@ -150,6 +150,10 @@ pub struct PrefixCache {
     /// an earlier lookup must look at again (the engine's waiting front, `engine::run`).
     changes: Vec<u64>,
     watched: bool,
+    /// While published, every block stored (`true`) or evicted (`false`), in order: the events a
+    /// KV-aware router builds its view from, as a worker publishes them.
+    published: Vec<(u64, bool)>,
+    publishing: bool,
 }
 
 /// Changes kept for a watcher, at most: past them it looks everything up again.
@@ -176,6 +180,17 @@ impl PrefixCache {
         let overflow = self.changes.len() > CHANGES_MAX;
         std::mem::swap(into, &mut self.changes);
         (!overflow).then_some(())
+    }
+
+    /// Publish the blocks stored and evicted from now on (`take_published`).
+    pub fn publish(&mut self, on: bool) {
+        self.publishing = on;
+        self.published.clear();
+    }
+
+    /// The blocks stored (`true`) and evicted (`false`) since the last call, oldest first.
+    pub fn take_published(&mut self, into: &mut Vec<(u64, bool)>) {
+        into.append(&mut self.published);
     }
 
     fn changed(&mut self, key: u64) {
@@ -205,6 +220,9 @@ impl PrefixCache {
             self.blocks.remove(&key);
             self.stats.evictions += 1;
             self.changed(key);
+            if self.publishing {
+                self.published.push((key, false));
+            }
         }
         let ok = kv.try_alloc(n);
         debug_assert!(ok);
@@ -233,6 +251,9 @@ impl PrefixCache {
         }
         self.blocks.insert(key, Cached { refs: 1, stamp: 0 });
         self.changed(key);
+        if self.publishing {
+            self.published.push((key, true));
+        }
         true
     }
 

@@ -354,6 +354,23 @@ pub trait Scheduler {
     /// Request `tag`, just enqueued, continues a conversation's token stream. Only a scheduler
     /// with a prefix cache reads it.
     fn share_stream(&mut self, _tag: u32, _key: crate::prefix::StreamKey) {}
+    /// Publish the prefix cache's stored and evicted blocks from now on (a KV-aware router
+    /// reads them); false if this scheduler has no prefix cache.
+    fn publish_cache(&mut self) -> bool {
+        false
+    }
+    /// The blocks stored (`true`) and evicted (`false`) since the last call, appended to
+    /// `into`, oldest first.
+    fn take_published(&mut self, _into: &mut Vec<(u64, bool)>) {}
+    /// The prefix cache's block size in tokens, if it has one.
+    fn cache_block_tokens(&self) -> Option<u64> {
+        None
+    }
+    /// Whether the prefix cache holds a block of content `key` now (the truth a router's
+    /// published view lags).
+    fn cache_contains(&self, _key: u64) -> bool {
+        false
+    }
 }
 
 /// Whether a request can ever fit a pool of `kv`: its prompt plus output in blocks. Returns the

@@ -357,6 +357,9 @@ pub struct Summary {
     /// Time to recover from a storm in time, when the scenario has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery: Option<Recovery>,
+    /// The KV-aware router's books, with a `KvAware` router only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router: Option<crate::world::KvRouterStats>,
     pub events: u64,
     pub virtual_time_s: f64,
     /// BLAKE3 of every arrival `(id, time, prompt, output)` in order: equal across runs that

@@ -457,6 +457,32 @@ impl Scheduler for Engine {
         }
     }
 
+    fn publish_cache(&mut self) -> bool {
+        match self.pool.cache() {
+            Some(c) => {
+                c.publish(true);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn take_published(&mut self, into: &mut Vec<(u64, bool)>) {
+        if let Some(c) = self.pool.cache() {
+            c.take_published(into);
+        }
+    }
+
+    fn cache_block_tokens(&self) -> Option<u64> {
+        self.pool
+            .has_cache()
+            .then_some(self.cfg.block_tokens as u64)
+    }
+
+    fn cache_contains(&self, key: u64) -> bool {
+        self.pool.cache_contains(key)
+    }
+
     fn totals(&self) -> ReplicaStats {
         let s = self.stats();
         ReplicaStats {

@@ -44,6 +44,14 @@ impl Pool {
         self.kv.blocks_for(tokens)
     }
 
+    pub fn has_cache(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    pub fn cache_contains(&self, key: u64) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.contains(key))
+    }
+
     pub fn cache(&mut self) -> Option<&mut PrefixCache> {
         self.cache.as_mut()
     }

@@ -223,6 +223,18 @@ pub enum Router {
     /// `max_outstanding` requests, and goes to the least loaded of those. With
     /// `max_outstanding: 1` and `max_num_seqs: 1`, c replicas are the M/D/c queue.
     SharedQueue { max_outstanding: u32 },
+    /// KV-aware (NVIDIA Dynamo's KV router, llm-d's prefix-cache scorer): each replica costs
+    /// `overlap_weight` per prompt block it would compute (the blocks not already in its prefix
+    /// cache, from a trace's block hashes or a conversation's history) plus `load_weight` per
+    /// request it holds; the request goes to the cheapest, ties to the lowest index. The router
+    /// sees a cache through the blocks the replica publishes as it stores and evicts them,
+    /// `lag_us` microseconds late. Colocated replicas with `prefix_caching` only.
+    KvAware {
+        overlap_weight: u32,
+        load_weight: u32,
+        #[serde(default)]
+        lag_us: u32,
+    },
 }
 
 impl Cluster {
@@ -459,4 +471,67 @@ fn one_f64() -> f64 {
 
 fn sixteen() -> u32 {
     16
+}
+
+/// Longest lag a KV-aware router's view may have: past it, the published blocks waiting out the
+/// lag would be a second cache.
+pub const KV_ROUTER_LAG_US_MAX: u32 = 10_000_000;
+
+impl super::Scenario {
+    /// A KV-aware router needs caches to look into, blocks that requests share, and a reason
+    /// to choose: refused otherwise, naming the field.
+    pub(super) fn validate_kv_router(&self) -> Result<(), super::validate::Invalid> {
+        let Router::KvAware {
+            overlap_weight,
+            load_weight,
+            lag_us,
+        } = self.cluster.router
+        else {
+            return Ok(());
+        };
+        let f = "cluster.router.KvAware";
+        let bad = |field: &str, message: &str| {
+            Err(super::validate::Invalid {
+                field: format!("{f}{field}"),
+                message: message.to_string(),
+            })
+        };
+        if overlap_weight == 0 && load_weight == 0 {
+            return bad(
+                "",
+                "overlap_weight and load_weight are both 0: nothing to choose by",
+            );
+        }
+        if lag_us > KV_ROUTER_LAG_US_MAX {
+            return bad(".lag_us", "must be at most 10,000,000 (10 s)");
+        }
+        if !matches!(
+            self.cluster.scheduler,
+            Scheduler::Continuous {
+                prefix_caching: true,
+                ..
+            }
+        ) {
+            return bad(
+                "",
+                "needs a Continuous scheduler with prefix_caching: true (no cache to look into)",
+            );
+        }
+        if self.cluster.topology.is_some() {
+            return bad(
+                "",
+                "routes colocated replicas only: prefill replicas share no prefix blocks yet",
+            );
+        }
+        let shares = match &self.workload.source {
+            Source::Trace { format, .. } => *format == TraceFormat::MooncakeJsonl,
+            Source::AgentTrace { .. } => true,
+            Source::Conversations { history, .. } => *history,
+            _ => false,
+        };
+        if !shares {
+            return bad("", "the workload shares no prompt blocks (no trace block hashes, no conversation history): nothing to score");
+        }
+        Ok(())
+    }
 }

@@ -156,6 +156,7 @@ impl Scenario {
                 return err("cluster.router.SharedQueue.max_outstanding", m);
             }
         }
+        self.validate_kv_router()?;
         validate_profile(&c.profile)?;
         validate_step_model(&c.profile, c.step_model)?;
         validate_shares(c)?;

@@ -15,11 +15,13 @@ use cancelsim_models::replica::{self, Replica};
 
 use super::event::Event;
 use super::follow::Follow;
+use super::kv_router::{KvRouter, KvRouterStats};
 use crate::dist::ms_to_ns;
 use crate::kernel::LimitError;
 use crate::scenario::{
     AfterCompletion, CheckpointConfig, IdentityMode, Radius, Release, Router, Scenario, Scheduler,
 };
+use cancelsim_models::prefix::Content;
 
 pub(crate) fn radius(r: Radius) -> BlastRadius {
     match r {
@@ -129,14 +131,31 @@ pub(crate) struct Cluster {
     /// many.
     held: VecDeque<u32>,
     held_max: u64,
+    /// With a `KvAware` router: its view of the replicas' caches.
+    kv: Option<KvRouter>,
 }
 
 impl Cluster {
     /// `table`: the measured step times of a `Table` profile, loaded with the run.
     pub fn new(s: &Scenario, table: Option<&Arc<StepTable>>) -> Cluster {
         let n = s.cluster.replicas as usize;
+        let mut replicas: Vec<Replica> = (0..n).map(|_| configured(s, table)).collect();
+        let kv = match s.cluster.router {
+            Router::KvAware {
+                overlap_weight,
+                load_weight,
+                lag_us,
+            } => {
+                let weights = (overlap_weight, load_weight);
+                let lag_ns = lag_us as u64 * 1_000;
+                let kv = KvRouter::new(weights, lag_ns, &mut replicas);
+                Some(kv.expect("validation: a KV-aware router's replicas cache prefixes"))
+            }
+            _ => None,
+        };
         Cluster {
-            replicas: (0..n).map(|_| configured(s, table)).collect(),
+            replicas,
+            kv,
             router: s.cluster.router,
             rr_next: 0,
             prefill_n: s.prefill_decode().map_or(0, |pd| pd.prefill_replicas),
@@ -339,6 +358,7 @@ impl Cluster {
         self.pass_pending[r] = false;
         let mut out = self.lend();
         let report = self.replicas[r].checkpoint(now_ns, &mut out);
+        self.publish(replica, now_ns);
         (report, out)
     }
 
@@ -346,7 +366,33 @@ impl Cluster {
     pub fn step_done(&mut self, replica: u32, step: u64, now_ns: u64) -> (StepReport, Outbox) {
         let mut out = self.lend();
         let report = self.replicas[replica as usize].step_done(now_ns, step, &mut out);
+        self.publish(replica, now_ns);
         (report, out)
+    }
+
+    /// What `replica`'s cache stored and evicted just now goes out to a KV-aware router.
+    #[inline]
+    fn publish(&mut self, replica: u32, now_ns: u64) {
+        if let Some(kv) = &mut self.kv {
+            kv.collect(replica, &mut self.replicas[replica as usize], now_ns);
+        }
+    }
+
+    /// Whether the router is KV-aware: it routes by `route_kv`.
+    pub fn kv_aware(&self) -> bool {
+        self.kv.is_some()
+    }
+
+    /// The replica a KV-aware router sends a request of `content` to now.
+    pub fn route_kv(&mut self, now_ns: u64, content: &Content) -> u32 {
+        let kv = self.kv.as_mut().expect("a KV-aware router");
+        let n = self.replicas.len() as u32;
+        kv.route(now_ns, content, &self.replicas, 0..n)
+    }
+
+    /// The KV-aware router's books, with one.
+    pub fn kv_stats(&self) -> Option<KvRouterStats> {
+        self.kv.as_ref().map(|kv| kv.stats)
     }
 
     fn lend(&mut self) -> Outbox {
@@ -363,7 +409,9 @@ impl Cluster {
         if self.wedged_since[replica as usize].is_some() {
             return None;
         }
-        self.replicas[replica as usize].dispatch(now_ns, out)
+        let d = self.replicas[replica as usize].dispatch(now_ns, out);
+        self.publish(replica, now_ns);
+        d
     }
 
     /// `replica` wedges now, unless it already is. True if it just wedged.
@@ -464,7 +512,10 @@ fn pick(router: Router, replicas: &[Replica], range: std::ops::Range<u32>, rr: &
         }
         // A request without a session key goes where the load is least; a shared queue's
         // request goes where it may (see `route_or_hold`).
-        Router::LeastLoaded | Router::Session | Router::SharedQueue { .. } => range
+        Router::LeastLoaded
+        | Router::Session
+        | Router::SharedQueue { .. }
+        | Router::KvAware { .. } => range
             .min_by_key(|&r| (replicas[r as usize].load(), r))
             .expect("at least one replica"),
     }

@@ -5,6 +5,7 @@
 
 use cancelsim_models::ownership::State;
 use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
+use cancelsim_models::prefix::{Content, Sharing};
 use cancelsim_models::protocol::{Abort, NewRequest, Outcome, Released, Retired, Scope};
 
 use super::accounts::Shares;
@@ -148,7 +149,13 @@ impl World<'_> {
             None => self.arrivals.prefix_of(a.id).get(1).copied(),
         };
         // A shared queue routes once the request is past its arrival (it may wait there).
-        let early = (!self.cluster.shares_queue()).then(|| self.cluster.route(session));
+        let early = (!self.cluster.shares_queue()).then(|| match self.cluster.kv_aware() {
+            true => {
+                let content = self.route_content(&a, conv);
+                self.cluster.route_kv(now_ns, &content)
+            }
+            false => self.cluster.route(session),
+        });
         let plan = self.cancel.plan(a.id, now_ns);
         let arriving = Arriving {
             replica: early.unwrap_or(0),
@@ -181,6 +188,24 @@ impl World<'_> {
             }
         }
         self.enqueue(tag, a)
+    }
+
+    /// What a KV-aware router knows of a request's prompt: the blocks it may share (a trace's
+    /// block hashes, a conversation's history), as its replica's engine will key them.
+    fn route_content(&self, a: &Arrival, conv: Option<TurnRef>) -> Content {
+        let stream = conv
+            .filter(|_| self.jobs.is_none())
+            .and_then(|(c, _)| self.conversations.stream_key(c, a.id));
+        let sharing = Sharing {
+            shared: self.arrivals.prefix_of(a.id).into(),
+            shared_tokens: crate::workload::trace::MOONCAKE_BLOCK_TOKENS,
+            stream,
+        };
+        Content {
+            own: 0,
+            prompt_tokens: a.prompt_tokens as u64,
+            sharing: Some(Box::new(sharing)),
+        }
     }
 
     /// Replicas fell below a shared queue's bound: the requests waiting there go, in order.

@@ -36,6 +36,7 @@ mod job_flow;
 mod job_observer;
 mod job_plan;
 mod jobs;
+mod kv_router;
 mod leave;
 mod life;
 mod playback;
@@ -51,6 +52,7 @@ pub use error::RunError;
 pub use event::{Cause, Event};
 #[cfg(feature = "broken-variants")]
 pub use jobs::JobBug;
+pub use kv_router::KvRouterStats;
 
 use cancelsim_models::gpu::StepTable;
 #[cfg(feature = "broken-variants")]
@@ -477,6 +479,7 @@ impl<'s> World<'s> {
             end_ns,
             handoff,
             recovery: self.recover.summary(),
+            router: self.cluster.kv_stats(),
             occupancy_area_ns: self.occupancy.area_ns,
             workload_hash: self.arrivals.workload_hash(),
             run_hash,

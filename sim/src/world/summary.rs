@@ -31,6 +31,7 @@ pub(crate) struct Books<'a> {
     pub end_ns: u64,
     pub handoff: Option<HandoffStats>,
     pub recovery: Option<Recovery>,
+    pub router: Option<super::kv_router::KvRouterStats>,
     /// The slab's occupancy integrated over the run (request-ns).
     pub occupancy_area_ns: u128,
     pub workload_hash: String,
@@ -227,6 +228,7 @@ pub(crate) fn summary(b: Books, extras: &mut Extras) -> Summary {
         jobs: b.jobs,
         handoff: b.handoff,
         recovery: b.recovery,
+        router: b.router,
         stop_strings: b
             .scenario
             .workload

@@ -9,6 +9,7 @@ mod defects;
 mod diff;
 mod hardening;
 mod jobs;
+mod kv_routing;
 mod model;
 mod outputs;
 mod overload;

@@ -1,0 +1,163 @@
+//! The KV-aware router (NVIDIA Dynamo's KV router, llm-d's prefix-cache scorer, SGLang's
+//! cache-aware router): it scores each replica by the prompt's leading blocks that replica
+//! already caches against its load, and sends the request to the cheapest.
+//!
+//! Its view of the caches is built from the blocks each replica publishes as it stores and
+//! evicts them, `lag_ns` late, as a worker's KV events reach a router over the network. A block
+//! evicted after a cancel freed it stays in the view until its event arrives. Each decision is
+//! also scored against the caches as they are, so the lag's cost is counted: the decisions it
+//! changed (misroutes) and the cached tokens the router expected against those it would have
+//! found.
+//!
+//! Architecture Invariant: the router reads the replicas' caches only through what they
+//! publish, except for the counting, which never decides.
+
+use std::collections::VecDeque;
+
+use cancelsim_models::prefix::Content;
+use cancelsim_models::replica::Replica;
+use rustc_hash::FxHashSet;
+use serde::Serialize;
+
+/// Published blocks waiting out the lag, at most; past it the oldest is seen early, and counted.
+pub const PENDING_MAX: usize = 1 << 22;
+
+/// The `router` section of `summary.json`, with a `KvAware` router only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KvRouterStats {
+    /// Requests the router placed by score.
+    pub decisions: u64,
+    /// Their prompt tokens, and those the router's view said the chosen replica caches.
+    pub prompt_tokens: u64,
+    pub expected_hit_tokens: u64,
+    /// The chosen replica's cached prompt tokens as its cache was when the router chose.
+    pub present_hit_tokens: u64,
+    /// Decisions that the caches as they were would have sent elsewhere.
+    pub misroutes: u64,
+    /// Published blocks seen before their lag ran out, because more than `PENDING_MAX` waited.
+    pub early_views: u64,
+}
+
+pub(crate) struct KvRouter {
+    overlap_weight: u64,
+    load_weight: u64,
+    lag_ns: u64,
+    block_tokens: u64,
+    /// Per replica: the blocks it published as stored and not yet as evicted.
+    views: Vec<FxHashSet<u64>>,
+    /// `(visible at, replica, block, stored)`, in publication order (so in time order: one lag).
+    pending: VecDeque<(u64, u32, u64, bool)>,
+    scratch: Vec<(u64, bool)>,
+    keys: Vec<u64>,
+    pub stats: KvRouterStats,
+}
+
+impl KvRouter {
+    /// A router over `replicas`, which start publishing their caches; `None` if one has no
+    /// prefix cache (the scenario's validation refuses that).
+    pub fn new(weights: (u32, u32), lag_ns: u64, replicas: &mut [Replica]) -> Option<KvRouter> {
+        let block_tokens = replicas.first()?.cache_block_tokens()?;
+        for r in replicas.iter_mut() {
+            if !r.publish_cache() || r.cache_block_tokens() != Some(block_tokens) {
+                return None;
+            }
+        }
+        Some(KvRouter {
+            overlap_weight: weights.0 as u64,
+            load_weight: weights.1 as u64,
+            lag_ns,
+            block_tokens,
+            views: vec![FxHashSet::default(); replicas.len()],
+            pending: VecDeque::new(),
+            scratch: Vec::new(),
+            keys: Vec::new(),
+            stats: KvRouterStats::default(),
+        })
+    }
+
+    /// What `replica` published since the last call, all of it at `now_ns`: it becomes visible
+    /// `lag_ns` later.
+    pub fn collect(&mut self, replica: u32, r: &mut Replica, now_ns: u64) {
+        r.take_published(&mut self.scratch);
+        let due = now_ns.saturating_add(self.lag_ns);
+        for (key, stored) in self.scratch.drain(..) {
+            self.pending.push_back((due, replica, key, stored));
+        }
+        while self.pending.len() > PENDING_MAX {
+            self.stats.early_views += 1;
+            self.apply_oldest();
+        }
+    }
+
+    fn apply_oldest(&mut self) {
+        let Some((_, replica, key, stored)) = self.pending.pop_front() else {
+            return;
+        };
+        let view = &mut self.views[replica as usize];
+        if stored {
+            view.insert(key);
+        } else {
+            view.remove(&key);
+        }
+    }
+
+    /// The replica in `range` with the least cost for a request of `content`: the weighted
+    /// prompt blocks it would compute, plus the weighted requests it holds. Ties go to the
+    /// lowest index.
+    pub fn route(
+        &mut self,
+        now_ns: u64,
+        content: &Content,
+        replicas: &[Replica],
+        range: std::ops::Range<u32>,
+    ) -> u32 {
+        while self.pending.front().is_some_and(|p| p.0 <= now_ns) {
+            self.apply_oldest();
+        }
+        self.leading_keys(content);
+        let bt = self.block_tokens;
+        let blocks = content.prompt_tokens.div_ceil(bt);
+        let keys = &self.keys;
+        let cost = |r: u32, hit: u64| {
+            let load = replicas[r as usize].load();
+            self.overlap_weight * (blocks - hit) + self.load_weight * load
+        };
+        let view_hit = |r: u32| run(keys, |k| self.views[r as usize].contains(&k));
+        let true_hit = |r: u32| run(keys, |k| replicas[r as usize].cache_contains(k));
+        let best = |hit: &dyn Fn(u32) -> u64| {
+            range
+                .clone()
+                .map(|r| (cost(r, hit(r)), r))
+                .min()
+                .expect("at least one replica")
+                .1
+        };
+        let chosen = best(&view_hit);
+        let ideal = best(&true_hit);
+        let s = &mut self.stats;
+        s.decisions += 1;
+        s.prompt_tokens += content.prompt_tokens;
+        s.expected_hit_tokens += view_hit(chosen) * bt;
+        s.present_hit_tokens += true_hit(chosen) * bt;
+        s.misroutes += u64::from(cost(ideal, true_hit(ideal)) < cost(chosen, true_hit(chosen)));
+        chosen
+    }
+
+    /// The keys of the prompt's leading shared blocks, as the engine's admission looks them up:
+    /// at most all but the prompt's last token, and only blocks other requests may have made.
+    fn leading_keys(&mut self, content: &Content) {
+        let bt = self.block_tokens;
+        let max = content.prompt_tokens.saturating_sub(1) / bt;
+        self.keys.clear();
+        self.keys.extend(
+            (0..max)
+                .take_while(|&i| content.is_shared(bt, i))
+                .map(|i| content.key(bt, i)),
+        );
+    }
+}
+
+/// How many of `keys`, from the first, `cached` holds without a gap.
+fn run(keys: &[u64], cached: impl Fn(u64) -> bool) -> u64 {
+    keys.iter().take_while(|&&k| cached(k)).count() as u64
+}
