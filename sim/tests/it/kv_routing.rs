@@ -10,7 +10,7 @@ use crate::scratch::Scratch;
 
 /// A Mooncake trace of `rows` `(timestamp_ms, output_tokens)`: each prompt is 2,048 tokens, its
 /// first 1,024 the shared blocks 7 and 8, its second half its own.
-fn trace(dir: &Path, rows: &[(u64, u32)]) {
+pub(crate) fn trace(dir: &Path, rows: &[(u64, u32)]) {
     let lines: Vec<String> = rows
         .iter()
         .enumerate()
@@ -26,7 +26,7 @@ fn trace(dir: &Path, rows: &[(u64, u32)]) {
     std::fs::write(dir.join("t.jsonl"), lines.join("\n") + "\n").unwrap();
 }
 
-fn scenario(dir: &Path, router: &str) -> cancelsim::metrics::Summary {
+pub(crate) fn scenario(dir: &Path, router: &str) -> cancelsim::metrics::Summary {
     let ron = format!(
         "Scenario(name: \"kv\", seed: 1, workload: (source: Trace(path: \"t.jsonl\", \
          format: MooncakeJsonl)), cluster: (replicas: 2, router: {router}, \

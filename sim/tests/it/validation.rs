@@ -290,6 +290,77 @@ fn prefix() -> String {
         session.kv.prefix_hit_rate,
         session.gpu.preemptions
     );
+    t += &kv_closed_form();
+    t += "\nThe same 3,000 rows behind a KV-aware router (`KvAware`: one per prompt block to \
+          compute, `load_weight` per request held):\n\n\
+          | router | hit rate | preemptions | expected hit tokens | found at routing | misroutes |\n\
+          |---|---:|---:|---:|---:|---:|\n";
+    let kv_aware = [
+        (
+            "KV-aware, load weight 4",
+            "KvAware(overlap_weight: 1, load_weight: 4)",
+        ),
+        (
+            "KV-aware, load weight 64",
+            "KvAware(overlap_weight: 1, load_weight: 64)",
+        ),
+        (
+            "KV-aware, load weight 64, 50 ms late",
+            "KvAware(overlap_weight: 1, load_weight: 64, lag_us: 50000)",
+        ),
+    ]
+    .map(|(name, router)| (name, run_trace(3000, 1.0, 2, "", true, router)));
+    let plain = [("round robin", busy), ("session affinity", session)];
+    for (name, s) in plain.into_iter().chain(kv_aware) {
+        let books = s
+            .router
+            .map_or(["–".to_string(), "–".into(), "–".into()], |r| {
+                [r.expected_hit_tokens, r.present_hit_tokens, r.misroutes].map(|x| x.to_string())
+            });
+        t += &format!(
+            "| {name} | {:.3} | {} | {} |\n",
+            s.kv.prefix_hit_rate,
+            s.gpu.preemptions,
+            books.join(" | ")
+        );
+    }
+    t
+}
+
+/// Two workers and one shared prefix of 1,024 tokens (`kv_routing.rs`): six requests a second
+/// apart, and two where the second comes while the first decodes.
+fn kv_closed_form() -> String {
+    use super::kv_routing::{scenario, trace};
+    let dir = crate::scratch::Scratch::new("validation", "kv", true);
+    trace(&dir, &(0..6).map(|i| (i * 1000, 4)).collect::<Vec<_>>());
+    let kv = scenario(&dir, "KvAware(overlap_weight: 1, load_weight: 1)");
+    let rr = scenario(&dir, "RoundRobin");
+    trace(&dir, &[(0, 2000), (500, 4)]);
+    let late = scenario(
+        &dir,
+        "KvAware(overlap_weight: 1, load_weight: 1, lag_us: 2000000)",
+    );
+    let mut t = String::from(
+        "\nTwo workers, requests whose 2,048-token prompts share their first 1,024 tokens: six \
+         a second apart, where the prefix is computed once with a KV-aware router and once per \
+         worker with round robin; then two, the second 0.5 s after the first while it decodes, \
+         which a router 2 s late sends to the idle worker.\n\n",
+    );
+    t += HEAD;
+    t += &row(
+        "KV-aware: prompt tokens found cached",
+        5.0 * 1024.0,
+        kv.kv.prefix_hit_tokens as f64,
+        "",
+    );
+    t += &row(
+        "round robin: prompt tokens found cached",
+        4.0 * 1024.0,
+        rr.kv.prefix_hit_tokens as f64,
+        "",
+    );
+    let m = late.router.unwrap().misroutes as f64;
+    t += &row("KV-aware 2 s late: misroutes", 1.0, m, "");
     t
 }
 
