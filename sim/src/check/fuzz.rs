@@ -84,7 +84,7 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
         let rate = d.scale(0.1, 200.0);
         s.workload.source = super::fuzz_jobs::source(&mut d, requests, rate);
     }
-    kv_router(&mut s, tier);
+    super::fuzz_router::kv_router(&mut s, tier);
     s.expect.clear();
     s.coverage.clear();
     s.properties = Properties::default();
@@ -306,34 +306,6 @@ fn router(d: &mut Draw) -> Router {
         _ => Router::RoundRobin,
     }
 }
-
-/// Half the worlds whose caches a router can look into get a KV-aware router. Its draws come
-/// from a stream of their own, so every world drawn before it existed stays what it was.
-fn kv_router(s: &mut Scenario, tier: Tier) {
-    if matches!(s.cluster.router, Router::SharedQueue { .. }) {
-        return;
-    }
-    let mut d = Draw {
-        s: Stream::new(s.seed, Purpose::Fuzz, KV_ROUTER_SUBKEY + tier as u64),
-    };
-    if !d.chance(0.5) {
-        return;
-    }
-    let was = s.cluster.router;
-    let (overlap_weight, load_weight) = (d.int(0, 8) as u32, d.int(0, 400) as u32);
-    let some_lag = d.int(1, 1_000_000) as u32;
-    s.cluster.router = Router::KvAware {
-        overlap_weight,
-        load_weight,
-        lag_us: d.pick(&[0, some_lag]),
-    };
-    if s.validate().is_err() {
-        s.cluster.router = was;
-    }
-}
-
-/// The KV router's draw stream: `Purpose::Fuzz` with this plus the tier.
-const KV_ROUTER_SUBKEY: u64 = 0x4b56_0000;
 
 /// The handoff's mechanisms, every one drawn, for a KV link of this `loss`.
 fn handoff(d: &mut Draw, loss: f64) -> HandoffSpec {

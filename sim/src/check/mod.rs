@@ -10,6 +10,7 @@
 mod draw;
 pub mod fuzz;
 mod fuzz_jobs;
+mod fuzz_router;
 mod sense;
 mod shrink;
 mod swarm;
