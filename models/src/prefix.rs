@@ -183,9 +183,8 @@ impl PrefixCache {
     }
 
     /// Publish the blocks stored and evicted from now on (`take_published`).
-    pub fn publish(&mut self, on: bool) {
-        self.publishing = on;
-        self.published.clear();
+    pub fn publish(&mut self) {
+        self.publishing = true;
     }
 
     /// The blocks stored (`true`) and evicted (`false`) since the last call, oldest first.

@@ -460,7 +460,7 @@ impl Scheduler for Engine {
     fn publish_cache(&mut self) -> bool {
         match self.pool.cache() {
             Some(c) => {
-                c.publish(true);
+                c.publish();
                 true
             }
             None => false,

@@ -117,30 +117,29 @@ impl KvRouter {
         self.leading_keys(content);
         let bt = self.block_tokens;
         let blocks = content.prompt_tokens.div_ceil(bt);
-        let keys = &self.keys;
-        let cost = |r: u32, hit: u64| {
-            let load = replicas[r as usize].load();
-            self.overlap_weight * (blocks - hit) + self.load_weight * load
-        };
-        let view_hit = |r: u32| run(keys, |k| self.views[r as usize].contains(&k));
-        let true_hit = |r: u32| run(keys, |k| replicas[r as usize].cache_contains(k));
-        let best = |hit: &dyn Fn(u32) -> u64| {
-            range
-                .clone()
-                .map(|r| (cost(r, hit(r)), r))
-                .min()
-                .expect("at least one replica")
-                .1
-        };
-        let chosen = best(&view_hit);
-        let ideal = best(&true_hit);
+        // Per replica, once: the leading blocks its view holds and those its cache holds. The
+        // decision is the least cost by the view; the ideal, by the caches.
+        // (view cost, replica, blocks in its view, blocks in its cache, true cost)
+        let mut chosen = (u64::MAX, 0u32, 0u64, 0u64, 0u64);
+        let mut ideal = u64::MAX;
+        for r in range {
+            let view = run(&self.keys, |k| self.views[r as usize].contains(&k));
+            let held = run(&self.keys, |k| replicas[r as usize].cache_contains(k));
+            let load = self.load_weight * replicas[r as usize].load();
+            let cost = |hit: u64| self.overlap_weight * (blocks - hit) + load;
+            ideal = ideal.min(cost(held));
+            if cost(view) < chosen.0 {
+                chosen = (cost(view), r, view, held, cost(held));
+            }
+        }
+        let (_, replica, view, held, true_cost) = chosen;
         let s = &mut self.stats;
         s.decisions += 1;
         s.prompt_tokens += content.prompt_tokens;
-        s.expected_hit_tokens += view_hit(chosen) * bt;
-        s.present_hit_tokens += true_hit(chosen) * bt;
-        s.misroutes += u64::from(cost(ideal, true_hit(ideal)) < cost(chosen, true_hit(chosen)));
-        chosen
+        s.expected_hit_tokens += view * bt;
+        s.present_hit_tokens += held * bt;
+        s.misroutes += u64::from(ideal < true_cost);
+        replica
     }
 
     /// The keys of the prompt's leading shared blocks, as the engine's admission looks them up:
