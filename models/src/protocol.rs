@@ -347,6 +347,18 @@ pub trait Scheduler {
     fn unpin(&mut self, blocks: u64) {
         assert_eq!(blocks, 0, "this scheduler lends no blocks");
     }
+    /// `pin` for a prompt whose leading blocks may be cached: the longest leading run of `keys`
+    /// the prefix cache holds is referenced (a block someone else holds costs no free block),
+    /// and the rest of `blocks` taken new. The run's length, or `None` and nothing taken if the
+    /// blocks are not free. Without a prefix cache, `pin`.
+    fn pin_cached(&mut self, _keys: &[u64], blocks: u64) -> Option<u64> {
+        self.pin(blocks).then_some(0)
+    }
+    /// Give back `blocks` taken by `pin_cached`, of which `held` were its cached run.
+    fn unpin_cached(&mut self, held: &[u64], blocks: u64) {
+        assert!(held.is_empty(), "this scheduler has no prefix cache");
+        self.unpin(blocks);
+    }
     /// Request `tag`, just enqueued, shares a prompt prefix with others: `ids` are its chained
     /// block ids, one per `tokens_per_id` tokens (a trace's block hashes). Only a scheduler with
     /// a prefix cache reads them.

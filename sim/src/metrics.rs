@@ -256,6 +256,8 @@ pub struct HandoffStats {
     /// transfer could start: the decode side computed the prompt again, with no transfer.
     pub kv_released_before_transfer: u64,
     pub transfer_bytes: u64,
+    /// Prompt tokens whose KV the decode side had cached already: not sent.
+    pub transfer_tokens_cached: u64,
     pub transfer_wait_s: f64,
     /// Cancelled in the final prefill step, and aborted at its boundary.
     pub aborted_at_boundary: u64,

@@ -117,11 +117,9 @@ impl Engine {
         // A prompt whose KV arrived from a prefill stage starts with a decode token.
         let kv_ready = seq.kv_ready && seq.incarnation == 0;
         let bt = self.cfg.block_tokens as u64;
-        // The longest cached run of leading blocks (`run.rs`).
-        let (hit_blocks, taking) = match kv_ready {
-            true => (0, 0),
-            false => self.cached_run(slot),
-        };
+        // The longest cached run of leading blocks (`run.rs`). A prompt whose KV arrived reuses
+        // it too: only the rest was sent (`pin_cached` held it while the KV was written).
+        let (hit_blocks, taking) = self.cached_run(slot);
         let seq = &self.seqs[slot as usize];
         let held = if kv_ready {
             seq.need

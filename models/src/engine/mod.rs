@@ -435,6 +435,14 @@ impl Scheduler for Engine {
         Engine::unpin(self, blocks)
     }
 
+    fn pin_cached(&mut self, keys: &[u64], blocks: u64) -> Option<u64> {
+        Engine::pin_cached(self, keys, blocks)
+    }
+
+    fn unpin_cached(&mut self, held: &[u64], blocks: u64) {
+        Engine::unpin_cached(self, held, blocks)
+    }
+
     fn share_prefix(&mut self, tag: u32, ids: &[u64], tokens_per_id: u64) {
         let Some(slot) = self.slot_of(tag) else {
             return;

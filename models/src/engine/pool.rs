@@ -71,6 +71,16 @@ impl Pool {
         }
     }
 
+    /// A cached block with content `key` is held once less; with no holder left it is free,
+    /// content kept.
+    pub fn release(&mut self, key: u64) {
+        let cache = self
+            .cache
+            .as_mut()
+            .expect("a release needs the prefix cache");
+        cache.release(&mut self.kv, key);
+    }
+
     /// A cached block with content `key` is held once more (a prefix hit).
     pub fn hit(&mut self, key: u64) {
         let cache = self.cache.as_mut().expect("a hit needs the prefix cache");
@@ -183,6 +193,49 @@ impl Engine {
         );
         self.pinned_blocks -= blocks;
         self.pool.give_back(blocks);
+    }
+
+    /// `pin` for a prompt kept or received with its leading blocks maybe cached: the longest
+    /// leading run of `keys` the cache holds is referenced, so no eviction takes it while the
+    /// KV is read or written, and the rest of `blocks` is taken new. Validate, then mutate: the
+    /// run's length, or `None` and nothing taken.
+    pub fn pin_cached(&mut self, keys: &[u64], blocks: u64) -> Option<u64> {
+        let Some(cache) = self.pool.cache() else {
+            return self.pin(blocks).then_some(0);
+        };
+        let run = keys.iter().take_while(|&&k| cache.contains(k)).count() as u64;
+        assert!(run <= blocks, "a cached run longer than the blocks kept");
+        let free_taken = keys[..run as usize]
+            .iter()
+            .filter(|&&k| cache.is_free(k))
+            .count() as u64;
+        if self.pool.free_blocks() < free_taken + (blocks - run) {
+            return None;
+        }
+        // The run first: taking new blocks may evict cached ones no one holds.
+        for &k in &keys[..run as usize] {
+            self.pool.hit(k);
+        }
+        let taken = self.pool.take(blocks - run);
+        assert!(taken, "the free blocks were counted");
+        self.pinned_blocks += blocks;
+        Some(run)
+    }
+
+    /// Give back `blocks` taken by `pin_cached`: `held`, its cached run, through the cache,
+    /// which keeps their content; the rest to the pool.
+    pub fn unpin_cached(&mut self, held: &[u64], blocks: u64) {
+        assert!(held.len() as u64 <= blocks, "more blocks held than pinned");
+        assert!(
+            blocks <= self.pinned_blocks,
+            "unpinning blocks never pinned"
+        );
+        // Tail first, as a request frees its blocks: the prefix is evicted last.
+        for &k in held.iter().rev() {
+            self.pool.release(k);
+        }
+        self.pinned_blocks -= blocks;
+        self.pool.give_back(blocks - held.len() as u64);
     }
 
     /// Blocks held now by requests with a cancel intent (retained).

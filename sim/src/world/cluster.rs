@@ -287,13 +287,19 @@ impl Cluster {
         self.replicas[self.prefill_n as usize].accepts(r).is_ok()
     }
 
-    /// Take blocks of `replica`'s pool for a handoff; false if they are not free.
-    pub fn pin(&mut self, replica: u32, blocks: u64) -> bool {
-        self.replicas[replica as usize].pin(blocks)
+    /// Take blocks of `replica`'s pool for a handoff, holding the leading run of `keys` that its
+    /// prefix cache has: the run's length, or `None` if the blocks are not free.
+    pub fn pin_cached(&mut self, replica: u32, keys: &[u64], blocks: u64) -> Option<u64> {
+        self.replicas[replica as usize].pin_cached(keys, blocks)
     }
 
-    pub fn unpin(&mut self, replica: u32, blocks: u64) {
-        self.replicas[replica as usize].unpin(blocks);
+    pub fn unpin_cached(&mut self, replica: u32, held: &[u64], blocks: u64) {
+        self.replicas[replica as usize].unpin_cached(held, blocks);
+    }
+
+    /// The block size of `replica`'s prefix cache, if it has one.
+    pub fn cache_block_tokens(&self, replica: u32) -> Option<u64> {
+        self.replicas[replica as usize].cache_block_tokens()
     }
 
     /// The totals of the prefill replicas (`prefill`) or of the others.

@@ -70,7 +70,7 @@ impl World<'_> {
             return Err(Stop::broken(vec![id], what));
         }
         let blocks = self.cluster.blocks_for(prefill, prompt);
-        if !self.cluster.pin(prefill, blocks) {
+        if self.pin_prompt(prefill, tag, blocks).is_none() {
             let what = "a prefilled request's blocks were not free to keep for its transfer";
             return Err(Stop::broken(vec![id], what));
         }
@@ -156,12 +156,19 @@ impl World<'_> {
                 continue;
             }
             // A full wire (a million transfers queued on one sender) waits like a full pool.
-            if h.wire(f.prefill).is_full() || !self.cluster.pin(decode, f.blocks_decode) {
+            let cached = match h.wire(f.prefill).is_full() {
+                true => None,
+                false => self.pin_prompt(decode, f.tag, f.blocks_decode),
+            };
+            let h = self.handoff.as_mut().expect("a prefill/decode world");
+            let Some(cached) = cached else {
                 h.count(Count::ReceiveWait);
                 self.accounts.hit(Mark::HandoffReceiveWait);
                 return Ok(());
-            }
+            };
             h.pop_receiving(decode, true);
+            // What the decode side has cached does not cross the wire.
+            let bytes = h.cached_at_decode(id, cached);
             // Its blocks are read from now: no lease frees them under the transfer.
             h.owner(f.prefill).reading(id);
             let p = h.cfg().transfer_failure;
@@ -169,7 +176,7 @@ impl World<'_> {
             let fails = p > 0.0 && draw().uniform_open01() < p;
             let lands_ns = h
                 .wire(f.prefill)
-                .start(now_ns, id, f.bytes, f.blocks_prefill, fails);
+                .start(now_ns, id, bytes, f.blocks_prefill, fails);
             let ev = Event::KvLanded {
                 request: id,
                 prefill: f.prefill,
@@ -227,7 +234,7 @@ impl World<'_> {
             }
             return Ok(());
         }
-        self.cluster.unpin(f.decode, f.blocks_decode);
+        self.unpin_prompt(f.decode, id, f.blocks_decode);
         self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false)?;
         if failed {
             self.accounts.hit(Mark::TransferFailed);
@@ -256,6 +263,7 @@ impl World<'_> {
             let what = "a decode replica refused a request its prefill replica took";
             return Err(Stop::broken(vec![new.id], what));
         }
+        self.share_content(f.decode, f.tag);
         self.cluster.request_pass(&mut self.follow, f.decode);
         self.try_receive(f.decode)
     }
@@ -314,7 +322,7 @@ impl World<'_> {
     fn give_back(&mut self, replica: u32, r: Returned) -> Step {
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         h.returned(replica, &r);
-        self.cluster.unpin(replica, r.blocks);
+        self.unpin_prompt(replica, r.id, r.blocks);
         self.cluster.request_pass(&mut self.follow, replica);
         if self.cluster.is_prefill(replica) {
             return Ok(());
@@ -417,11 +425,12 @@ impl World<'_> {
                 let stopped = h.wire(f.prefill).stop(now_ns, request);
                 debug_assert!(stopped.is_some(), "a flight on the wire has its transfer");
                 self.accounts.hit(Mark::TransferCancelled);
-                self.cluster.unpin(f.decode, f.blocks_decode);
+                self.unpin_prompt(f.decode, request, f.blocks_decode);
                 self.cluster.request_pass(&mut self.follow, f.decode);
             }
         }
         if f.phase != Phase::Gap {
+            let h = self.handoff.as_mut().expect("a prefill/decode world");
             h.count(Count::AbortedAwaitingKv);
         }
         self.observed_between(request, f.tag)?;
@@ -529,10 +538,10 @@ impl World<'_> {
     /// go back to their pools so the pools' conservation can be checked. The handoff's books,
     /// with each stage's stalls.
     pub(super) fn handoff_finish(&mut self, now_ns: u64) -> Option<HandoffStats> {
-        let h = self.handoff.as_mut()?;
-        for (replica, blocks) in h.finish(now_ns) {
-            self.cluster.unpin(replica, blocks);
+        for (replica, r) in self.handoff.as_mut()?.finish(now_ns) {
+            self.unpin_prompt(replica, r.id, r.blocks);
         }
+        let h = self.handoff.as_mut().expect("a prefill/decode world");
         self.accounts.cleanups_pending(h.abandoned());
         let (by_lease, given_up) = h.settled();
         self.accounts.hit_n(Mark::HandoffLeaseExpired, by_lease);

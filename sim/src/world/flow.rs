@@ -151,7 +151,7 @@ impl World<'_> {
         // A shared queue routes once the request is past its arrival (it may wait there).
         let early = (!self.cluster.shares_queue()).then(|| match self.cluster.kv_aware() {
             true => {
-                let content = self.route_content(&a, conv);
+                let content = self.content_of(a.id, a.prompt_tokens as u64, conv);
                 self.cluster.route_kv(now_ns, &content)
             }
             false => self.cluster.route(session),
@@ -192,18 +192,24 @@ impl World<'_> {
 
     /// What a KV-aware router knows of a request's prompt: the blocks it may share (a trace's
     /// block hashes, a conversation's history), as its replica's engine will key them.
-    fn route_content(&self, a: &Arrival, conv: Option<TurnRef>) -> Content {
+    /// What request `id`'s prompt shares, as its replica's engine keys it (its own tokens
+    /// aside): the trace's block hashes and its conversation's stream.
+    pub(super) fn content_of(&self, id: u64, prompt_tokens: u64, conv: Option<TurnRef>) -> Content {
         let stream = conv
             .filter(|_| self.jobs.is_none())
-            .and_then(|(c, _)| self.conversations.stream_key(c, a.id));
+            .and_then(|(c, _)| self.conversations.stream_key(c, id));
+        let mut shared = self.arrivals.prefix_of(id);
+        if let (true, Some(h)) = (shared.is_empty(), self.handoff.as_ref()) {
+            shared = h.prefix(id); // past its arrival
+        }
         let sharing = Sharing {
-            shared: self.arrivals.prefix_of(a.id).into(),
+            shared: shared.into(),
             shared_tokens: crate::workload::trace::MOONCAKE_BLOCK_TOKENS,
             stream,
         };
         Content {
             own: 0,
-            prompt_tokens: a.prompt_tokens as u64,
+            prompt_tokens,
             sharing: Some(Box::new(sharing)),
         }
     }
@@ -229,7 +235,7 @@ impl World<'_> {
         let now_ns = self.kernel.now_ns();
         let handle = self.handle(tag);
         let q = &self.requests[tag];
-        let (replica, plan, q_conv) = (q.replica, q.cancel().plan(), q.conv());
+        let (replica, plan) = (q.replica, q.cancel().plan());
         let new = NewRequest {
             id: a.id,
             tag,
@@ -257,18 +263,13 @@ impl World<'_> {
         if !fits || self.cluster.enqueue(replica, now_ns, new).is_err() {
             return self.reject(tag);
         }
-        // Prefixes are shared on colocated replicas only: a prefill replica releases a request's
-        // blocks and pins as many again for its transfer, which blocks still shared with other
-        // requests would not give back.
-        if !self.cluster.disaggregated() {
-            self.cluster
-                .share_prefix(replica, tag, self.arrivals.prefix_of(a.id));
-            let stream = q_conv
-                .filter(|_| self.jobs.is_none())
-                .and_then(|(c, _)| self.conversations.stream_key(c, a.id));
-            if let Some(key) = stream {
-                self.cluster.share_stream(replica, tag, key);
-            }
+        // On a prefill replica too: its transfer keeps the cached prefix through the cache.
+        self.share_content(replica, tag);
+        if let (Some(h), Some(_)) = (
+            self.handoff.as_mut(),
+            self.cluster.cache_block_tokens(replica),
+        ) {
+            h.remember_prefix(a.id, self.arrivals.prefix_of(a.id));
         }
         let epoch = self.cluster.intent_epoch(replica);
         self.requests[tag].life.enqueue(epoch);

@@ -78,6 +78,12 @@ pub(crate) struct Handoff {
     settled: (u64, u64),
     /// Requests with blocks given up at the end of the run: cleanup pending.
     abandoned: BTreeSet<u64>,
+    /// Per (replica, request): the cached blocks its kept or receive blocks hold through the
+    /// prefix cache (`pin_cached`), to give back the same way.
+    kept: BTreeMap<(u32, u64), Box<[u64]>>,
+    /// Per request in the system: its trace's block hashes, read past its arrival (to keep and
+    /// to receive its prompt's blocks by their keys).
+    prefixes: BTreeMap<u64, Box<[u64]>>,
 }
 
 impl Handoff {
@@ -116,6 +122,8 @@ impl Handoff {
             stats: HandoffStats::default(),
             settled: (0, 0),
             abandoned: BTreeSet::new(),
+            kept: BTreeMap::new(),
+            prefixes: BTreeMap::new(),
             cfg,
         }
     }
@@ -225,6 +233,48 @@ impl Handoff {
         }
     }
 
+    /// Request `id`'s trace block hashes, for as long as it is in the system.
+    pub fn remember_prefix(&mut self, id: u64, ids: &[u64]) {
+        if !ids.is_empty() {
+            self.prefixes.insert(id, ids.into());
+        }
+    }
+
+    pub fn prefix(&self, id: u64) -> &[u64] {
+        self.prefixes.get(&id).map_or(&[], |ids| ids)
+    }
+
+    /// Request `id` left the system.
+    pub fn forget_prefix(&mut self, id: u64) {
+        self.prefixes.remove(&id);
+    }
+
+    /// Request `id`'s blocks on `replica` hold `keys` through the prefix cache.
+    pub fn keep(&mut self, replica: u32, id: u64, keys: &[u64]) {
+        if !keys.is_empty() {
+            let before = self.kept.insert((replica, id), keys.into());
+            assert!(
+                before.is_none(),
+                "a request's blocks kept twice on a replica"
+            );
+        }
+    }
+
+    /// The cached blocks request `id`'s blocks on `replica` held, forgotten from now.
+    pub fn take_kept(&mut self, replica: u32, id: u64) -> Box<[u64]> {
+        self.kept.remove(&(replica, id)).unwrap_or_default()
+    }
+
+    /// The decode side of request `id` holds the first `tokens` of its prompt cached: only the
+    /// rest crosses the wire. The bytes that do.
+    pub fn cached_at_decode(&mut self, id: u64, tokens: u64) -> u64 {
+        let f = self.flights.get_mut(&id).expect("a flight to receive");
+        let skipped = tokens.saturating_mul(self.kv_bytes_per_token).min(f.bytes);
+        f.bytes -= skipped;
+        self.stats.transfer_tokens_cached += tokens;
+        f.bytes
+    }
+
     /// Request `id`, waiting at `decode`, waits no more.
     pub fn drop_receiving(&mut self, decode: u32, id: u64) {
         self.queue(decode).retain(|&x| x != id);
@@ -331,8 +381,8 @@ impl Handoff {
     }
 
     /// The run is over: what every owner still holds is never returned. Returns, per replica,
-    /// the blocks to give back to its pool.
-    pub fn finish(&mut self, now_ns: u64) -> Vec<(u32, u64)> {
+    /// per replica and request, the blocks to give back to its pool.
+    pub fn finish(&mut self, now_ns: u64) -> Vec<(u32, Returned)> {
         let mut back = Vec::new();
         for r in 0..self.owners.len() as u32 {
             let left = self.owners[r as usize].release_all(now_ns);
@@ -346,7 +396,6 @@ impl Handoff {
                     }
                 }
             }
-            let blocks: u64 = left.iter().map(|x| x.blocks).sum();
             let (block_s, peak) = {
                 let o = &mut self.owners[r as usize];
                 (o.block_s(now_ns), o.blocks_peak())
@@ -354,7 +403,7 @@ impl Handoff {
             let side = self.side(r);
             side.retained_block_s += block_s;
             side.retained_blocks_peak = side.retained_blocks_peak.max(peak);
-            back.push((r, blocks));
+            back.extend(left.into_iter().map(|x| (r, x)));
         }
         let mut t = TransferStats::default();
         self.wires.iter().for_each(|w| t.add(&w.stats()));

@@ -82,6 +82,9 @@ impl World<'_> {
             // Its job's books read it before it goes.
             self.job_call_left(tag, job)?;
         }
+        if let Some(h) = self.handoff.as_mut() {
+            h.forget_prefix(self.requests[tag].id);
+        }
         self.requests.remove(tag);
         Ok(())
     }

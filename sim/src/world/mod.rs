@@ -39,6 +39,7 @@ mod jobs;
 mod kv_router;
 mod leave;
 mod life;
+mod pd_prefix;
 mod playback;
 mod recorder;
 mod recovery;

@@ -13,6 +13,7 @@ mod kv_routing;
 mod model;
 mod outputs;
 mod overload;
+mod pd_prefix;
 mod prefix;
 mod queueing;
 mod replay;

@@ -6,7 +6,7 @@ use std::path::Path;
 use cancelsim::run;
 use cancelsim::scenario::Scenario;
 
-const TRACE: &str = "traces/mooncake_conversation_trace.jsonl";
+pub(crate) const TRACE: &str = "traces/mooncake_conversation_trace.jsonl";
 
 /// Prompt tokens and cached prompt tokens over the first `rows` rows of the Mooncake trace with
 /// an unbounded cache and one request at a time: a request reuses its longest run of leading
