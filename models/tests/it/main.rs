@@ -1,6 +1,7 @@
 //! The models' integration tests, in one binary (one link instead of three).
 
 mod engine;
+mod engine_pin;
 mod engine_queue;
 mod properties;
 mod reference;

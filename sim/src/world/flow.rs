@@ -5,7 +5,7 @@
 
 use cancelsim_models::ownership::State;
 use cancelsim_models::ownership::{ClockDomain, Disposition, EvidenceLevel};
-use cancelsim_models::prefix::{Content, Sharing};
+
 use cancelsim_models::protocol::{Abort, NewRequest, Outcome, Released, Retired, Scope};
 
 use super::accounts::Shares;
@@ -190,30 +190,6 @@ impl World<'_> {
         self.enqueue(tag, a)
     }
 
-    /// What a KV-aware router knows of a request's prompt: the blocks it may share (a trace's
-    /// block hashes, a conversation's history), as its replica's engine will key them.
-    /// What request `id`'s prompt shares, as its replica's engine keys it (its own tokens
-    /// aside): the trace's block hashes and its conversation's stream.
-    pub(super) fn content_of(&self, id: u64, prompt_tokens: u64, conv: Option<TurnRef>) -> Content {
-        let stream = conv
-            .filter(|_| self.jobs.is_none())
-            .and_then(|(c, _)| self.conversations.stream_key(c, id));
-        let mut shared = self.arrivals.prefix_of(id);
-        if let (true, Some(h)) = (shared.is_empty(), self.handoff.as_ref()) {
-            shared = h.prefix(id); // past its arrival
-        }
-        let sharing = Sharing {
-            shared: shared.into(),
-            shared_tokens: crate::workload::trace::MOONCAKE_BLOCK_TOKENS,
-            stream,
-        };
-        Content {
-            own: 0,
-            prompt_tokens,
-            sharing: Some(Box::new(sharing)),
-        }
-    }
-
     /// Replicas fell below a shared queue's bound: the requests waiting there go, in order.
     fn dispatch_held(&mut self) -> Step {
         while let Some((tag, r)) = self.cluster.next_held() {
@@ -265,12 +241,6 @@ impl World<'_> {
         }
         // On a prefill replica too: its transfer keeps the cached prefix through the cache.
         self.share_content(replica, tag);
-        if let (Some(h), Some(_)) = (
-            self.handoff.as_mut(),
-            self.cluster.cache_block_tokens(replica),
-        ) {
-            h.remember_prefix(a.id, self.arrivals.prefix_of(a.id));
-        }
         let epoch = self.cluster.intent_epoch(replica);
         self.requests[tag].life.enqueue(epoch);
         self.accounts.admitted();

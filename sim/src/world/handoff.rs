@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use cancelsim_models::cleanup::{CleanupOwner, Returned, Why};
+use cancelsim_models::prefix::Sharing;
 use cancelsim_models::topology::{Link, PrefillDecode};
 use cancelsim_models::transfer::{CancelMode, TransferStats, Transfers};
 
@@ -81,9 +82,9 @@ pub(crate) struct Handoff {
     /// Per (replica, request): the cached blocks its kept or receive blocks hold through the
     /// prefix cache (`pin_cached`), to give back the same way.
     kept: BTreeMap<(u32, u64), Box<[u64]>>,
-    /// Per request in the system: its trace's block hashes, read past its arrival (to keep and
-    /// to receive its prompt's blocks by their keys).
-    prefixes: BTreeMap<u64, Box<[u64]>>,
+    /// Per request in the system on a replica with a prefix cache: what its prompt shares,
+    /// as its prefill engine keyed it (`remember_sharing`).
+    sharing: BTreeMap<u64, Sharing>,
 }
 
 impl Handoff {
@@ -123,7 +124,7 @@ impl Handoff {
             settled: (0, 0),
             abandoned: BTreeSet::new(),
             kept: BTreeMap::new(),
-            prefixes: BTreeMap::new(),
+            sharing: BTreeMap::new(),
             cfg,
         }
     }
@@ -233,20 +234,20 @@ impl Handoff {
         }
     }
 
-    /// Request `id`'s trace block hashes, for as long as it is in the system.
-    pub fn remember_prefix(&mut self, id: u64, ids: &[u64]) {
-        if !ids.is_empty() {
-            self.prefixes.insert(id, ids.into());
-        }
+    /// What request `id`'s prompt shares, as its prefill engine was told, for as long as it is
+    /// in the system: the keys of its blocks on both sides follow from it.
+    pub fn remember_sharing(&mut self, id: u64, sharing: Sharing) {
+        let before = self.sharing.insert(id, sharing);
+        assert!(before.is_none(), "a request's sharing remembered twice");
     }
 
-    pub fn prefix(&self, id: u64) -> &[u64] {
-        self.prefixes.get(&id).map_or(&[], |ids| ids)
+    pub fn sharing(&self, id: u64) -> Option<&Sharing> {
+        self.sharing.get(&id)
     }
 
     /// Request `id` left the system.
-    pub fn forget_prefix(&mut self, id: u64) {
-        self.prefixes.remove(&id);
+    pub fn forget_sharing(&mut self, id: u64) {
+        self.sharing.remove(&id);
     }
 
     /// Request `id`'s blocks on `replica` hold `keys` through the prefix cache.

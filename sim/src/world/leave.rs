@@ -83,7 +83,7 @@ impl World<'_> {
             self.job_call_left(tag, job)?;
         }
         if let Some(h) = self.handoff.as_mut() {
-            h.forget_prefix(self.requests[tag].id);
+            h.forget_sharing(self.requests[tag].id);
         }
         self.requests.remove(tag);
         Ok(())

@@ -39,12 +39,12 @@ mod jobs;
 mod kv_router;
 mod leave;
 mod life;
-mod pd_prefix;
 mod playback;
 mod recorder;
 mod recovery;
 mod registry;
 mod requests;
+mod sharing;
 mod summary;
 mod turns;
 
