@@ -67,7 +67,7 @@ fn two_prefill_replicas_each_compute_the_prefix_once() {
 
 /// The first `rows` rows of the Mooncake trace, `speedup` times as fast, on `prefill` +
 /// `decode` replicas of the 8B/H100, with `rest` at the scenario's level.
-fn mooncake_pd(
+pub(crate) fn mooncake_pd(
     rows: u64,
     speedup: f64,
     prefill: u32,

@@ -324,7 +324,7 @@ fn prefix() -> String {
             books.join(" | ")
         );
     }
-    t
+    t + &pd_prefix()
 }
 
 /// Two workers and one shared prefix of 1,024 tokens (`kv_routing.rs`): six requests a second
@@ -361,6 +361,41 @@ fn kv_closed_form() -> String {
     );
     let m = late.router.unwrap().misroutes as f64;
     t += &row("KV-aware 2 s late: misroutes", 1.0, m, "");
+    t
+}
+
+/// The same 300 rows on one prefill and one decode replica (`pd_prefix.rs`): each side finds
+/// what one unbounded cache would, and the decode side is sent none of it again.
+fn pd_prefix() -> String {
+    let s = super::pd_prefix::mooncake_pd(300, 0.001, 1, 1, "kv_blocks: Some(3000000)", "");
+    let s = cancelsim::run::counterfactual(&s, 1).unwrap();
+    let (query, hit) = ideal_hits(300);
+    let h = s.handoff.unwrap();
+    let mut t = String::from(
+        "\nThe first 300 rows, a thousand times slower, on one prefill and one decode replica \
+         with caches that never evict: the prefill replica finds the trace's own reuse, and the \
+         decode replica, which caches the prompts it receives, is sent only the rest.\n\n",
+    );
+    t += HEAD;
+    t += &row(
+        "prefill: prompt tokens found cached",
+        hit as f64,
+        s.kv.prefix_hit_tokens as f64,
+        "",
+    );
+    t += &row(
+        "decode: prompt tokens not sent (cached)",
+        hit as f64,
+        h.transfer_tokens_cached as f64,
+        "",
+    );
+    let gb = |tokens: u64| (tokens * 131_072) as f64 / 1e9;
+    t += &row(
+        "KV sent",
+        gb(query - hit),
+        h.transfer_bytes as f64 / 1e9,
+        "GB",
+    );
     t
 }
 
