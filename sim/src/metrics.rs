@@ -258,6 +258,8 @@ pub struct HandoffStats {
     pub transfer_bytes: u64,
     /// Prompt tokens whose KV the decode side had cached already: not sent.
     pub transfer_tokens_cached: u64,
+    /// Requests prefilled on their decode replica (`handoff.conditional`): no transfer.
+    pub local_prefills: u64,
     pub transfer_wait_s: f64,
     /// Cancelled in the final prefill step, and aborted at its boundary.
     pub aborted_at_boundary: u64,

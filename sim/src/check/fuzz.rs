@@ -85,6 +85,7 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
         s.workload.source = super::fuzz_jobs::source(&mut d, requests, rate);
     }
     super::fuzz_router::shared_prefixes(&mut s, tier);
+    super::fuzz_router::conditional(&mut s, tier);
     super::fuzz_router::kv_router(&mut s, tier);
     s.expect.clear();
     s.coverage.clear();
@@ -344,6 +345,8 @@ fn handoff(d: &mut Draw, loss: f64) -> HandoffSpec {
         },
         transfer_failure: d.pick(&[0.0, 0.0, 0.1, 1.0]),
         hang_detector_ms: Some(d.scale(1.0, 300_000.0)),
+        // Drawn from its own stream (`fuzz_router.rs`), after the world.
+        conditional: None,
     }
 }
 

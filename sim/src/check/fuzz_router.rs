@@ -4,7 +4,7 @@
 use super::draw::Draw;
 use super::fuzz::Tier;
 use crate::kernel::rng::{Purpose, Stream};
-use crate::scenario::{Router, Scenario, Scheduler, Source, TraceFormat};
+use crate::scenario::{ConditionalSpec, Router, Scenario, Scheduler, Source, TraceFormat};
 
 /// A fifth of the worlds with prefix caching replay the Mooncake trace instead, whose block
 /// hashes share prefixes between requests (on colocated and prefill/decode graphs alike). Its
@@ -73,7 +73,34 @@ pub(super) fn kv_router(s: &mut Scenario, tier: Tier) {
     }
 }
 
+/// Half the prefill/decode graphs disaggregate conditionally: a threshold from none to every
+/// prompt, and maybe a prefill queue bound. Its own stream, as above.
+pub(super) fn conditional(s: &mut Scenario, tier: Tier) {
+    let Some(t) = s.cluster.topology.as_mut() else {
+        return;
+    };
+    let mut d = Draw {
+        s: Stream::new(s.seed, Purpose::Fuzz, CONDITIONAL_SUBKEY + tier as u64),
+    };
+    if !d.chance(0.5) {
+        return;
+    }
+    let some = d.int(1, 20_000) as u32;
+    let queue = d.int(1, 16) as u32;
+    t.handoff.conditional = Some(ConditionalSpec {
+        max_local_prefill_tokens: d.pick(&[0, some, u32::MAX]),
+        max_prefill_queue: d.chance(0.5).then_some(queue),
+    });
+    if s.validate().is_err() {
+        if let Some(t) = s.cluster.topology.as_mut() {
+            t.handoff.conditional = None;
+        }
+    }
+}
+
 /// The KV router's draw stream: `Purpose::Fuzz` with this plus the tier.
 const KV_ROUTER_SUBKEY: u64 = 0x4b56_0000;
 /// The shared prefixes' draw stream.
 const PREFIX_SUBKEY: u64 = 0x5046_0000;
+/// Conditional disaggregation's draw stream.
+const CONDITIONAL_SUBKEY: u64 = 0x4344_0000;

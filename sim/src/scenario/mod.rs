@@ -30,8 +30,8 @@ pub use load::{outside_data_root, set_data_root, LoadError};
 pub use schema::scenario_schema;
 pub use serving::*;
 pub use topology::{
-    AbortOrder, CompletionsSpec, HandoffSpec, LinkRon, ReclaimSpec, RoleSpec, StageSpec,
-    TopologySpec, TransferCancel,
+    AbortOrder, CompletionsSpec, ConditionalSpec, HandoffSpec, LinkRon, ReclaimSpec, RoleSpec,
+    StageSpec, TopologySpec, TransferCancel,
 };
 pub use validate::Invalid;
 

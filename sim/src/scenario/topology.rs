@@ -55,6 +55,25 @@ pub struct HandoffSpec {
     /// A hang detector kills a wedged engine after this long (every request on it fails) and
     /// it starts again; unset, a wedged engine stays wedged (TensorRT-LLM's detector: 300 s).
     pub hang_detector_ms: Option<f64>,
+    /// Conditional disaggregation, Dynamo's rule: a request is prefilled on the decode replica
+    /// the router picks for it unless the part of its prompt that replica has not cached is
+    /// longer than `max_local_prefill_tokens` (and the prefill stage is not too busy); unset,
+    /// every request is prefilled on the prefill stage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditional: Option<ConditionalSpec>,
+}
+
+/// When a request skips the prefill stage (`handoff.conditional`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConditionalSpec {
+    /// A prompt whose uncached part is at most this many tokens is prefilled locally, on its
+    /// decode replica (Dynamo's `max_local_prefill_length`).
+    pub max_local_prefill_tokens: u32,
+    /// When every prefill replica holds at least this many requests, a request is prefilled
+    /// locally whatever its length (Dynamo's `max_prefill_queue_size`); unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_prefill_queue: Option<u32>,
 }
 
 impl Default for HandoffSpec {
@@ -73,6 +92,7 @@ impl Default for HandoffSpec {
             transfer_failure: 0.0,
             wedge_probability: 0.0,
             hang_detector_ms: None,
+            conditional: None,
         }
     }
 }
@@ -242,10 +262,27 @@ impl Scenario {
         let t = spec.build()?;
         spec.check_runnable(&t, self.cluster.replicas)?;
         if t.prefill_decode().is_none() {
+            if spec.handoff.conditional.is_some() {
+                return Err(Invalid {
+                    field: "cluster.topology.handoff.conditional".into(),
+                    message: "decides between a prefill stage and a decode stage, and this \
+                              graph has neither"
+                        .into(),
+                });
+            }
             return match handoff_stage {
                 true => Err(not_disaggregated()),
                 false => Ok(()),
             };
+        }
+        let conditional = spec.handoff.conditional.is_some();
+        if conditional && matches!(self.cluster.router, super::Router::SharedQueue { .. }) {
+            return Err(Invalid {
+                field: "cluster.topology.handoff.conditional".into(),
+                message: "needs a router that places a request when it arrives: a shared \
+                          queue places it later, after the decision is due"
+                    .into(),
+            });
         }
         if !matches!(self.cluster.scheduler, super::Scheduler::Continuous { .. }) {
             return Err(Invalid {
@@ -347,6 +384,17 @@ impl HandoffSpec {
                     message: format!("must be 0 to {LATENCY_MS_MAX} ms (got {ms})"),
                 });
             }
+        }
+        if self
+            .conditional
+            .is_some_and(|c| c.max_prefill_queue == Some(0))
+        {
+            return Err(Invalid {
+                field: field("conditional.max_prefill_queue"),
+                message: "must be at least 1 (0 would prefill every request locally: leave \
+                          out the prefill stage instead)"
+                    .into(),
+            });
         }
         for (name, r) in [
             ("prefill_reclaim", self.prefill_reclaim),

@@ -297,6 +297,18 @@ impl Cluster {
         self.replicas[replica as usize].unpin_cached(held, blocks);
     }
 
+    /// Whether `replica`'s prefix cache holds a block of content `key` now.
+    pub fn cache_contains(&self, replica: u32, key: u64) -> bool {
+        self.replicas[replica as usize].cache_contains(key)
+    }
+
+    /// The requests on the least loaded prefill replica: how long the prefill stage's queue is.
+    pub fn prefill_queue(&self) -> u64 {
+        let p = self.prefill_n as usize;
+        let least = self.replicas[..p].iter().map(|r| r.load()).min();
+        least.expect("a prefill stage")
+    }
+
     /// The block size of `replica`'s prefix cache, if it has one.
     pub fn cache_block_tokens(&self, replica: u32) -> Option<u64> {
         self.replicas[replica as usize].cache_block_tokens()

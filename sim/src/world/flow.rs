@@ -11,6 +11,7 @@ use cancelsim_models::protocol::{Abort, NewRequest, Outcome, Released, Retired, 
 use super::accounts::Shares;
 use super::error::{Step, Stop};
 use super::event::{Cause, Event};
+use super::handoff::Count;
 use super::requests::{Arriving, Req, Tag, TurnRef};
 use super::{arrivals, World};
 use crate::kernel::LimitError;
@@ -154,7 +155,10 @@ impl World<'_> {
                 let content = self.content_of(a.id, a.prompt_tokens as u64, conv);
                 self.cluster.route_kv(now_ns, &content)
             }
-            false => self.cluster.route(session),
+            false => match self.prefill_locally(&a, conv) {
+                Some(decode) => decode,
+                None => self.cluster.route(session),
+            },
         });
         let plan = self.cancel.plan(a.id, now_ns);
         let arriving = Arriving {
@@ -212,19 +216,22 @@ impl World<'_> {
         let handle = self.handle(tag);
         let q = &self.requests[tag];
         let (replica, plan) = (q.replica, q.cancel().plan());
+        // On a prefill replica, or prefilled where it decodes (a colocated replica, or a decode
+        // replica under conditional disaggregation).
+        let prefill = self.cluster.disaggregated() && self.cluster.is_prefill(replica);
         let new = NewRequest {
             id: a.id,
             tag,
             handle,
             prompt_tokens: a.prompt_tokens,
             // A prefill replica computes the prompt and samples one token, which it keeps.
-            output_tokens: match self.cluster.disaggregated() {
+            output_tokens: match prefill {
                 true => 1,
                 false => q.engine_output(),
             },
             kv_ready: false,
             // A prefill replica's request is capped at one token (`max_tokens: 1`).
-            length_capped: self.cluster.disaggregated()
+            length_capped: prefill
                 || (q.stop_detect_ns().is_none()
                     && workload::length_capped(&self.scenario.workload, self.seed, a.id)),
         };
@@ -235,9 +242,12 @@ impl World<'_> {
             length_capped: false,
             ..new
         };
-        let fits = !self.cluster.disaggregated() || self.cluster.decode_accepts(&whole);
+        let fits = !prefill || self.cluster.decode_accepts(&whole);
         if !fits || self.cluster.enqueue(replica, now_ns, new).is_err() {
             return self.reject(tag);
+        }
+        if let Some(h) = self.handoff.as_mut().filter(|_| !prefill) {
+            h.count(Count::LocalPrefill); // conditional disaggregation kept it where it decodes
         }
         // On a prefill replica too: its transfer keeps the cached prefix through the cache.
         self.share_content(replica, tag);

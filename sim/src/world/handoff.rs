@@ -55,6 +55,7 @@ pub(crate) enum Count {
     SecondCompletionFault,
     AbortedAwaitingKv,
     Wedge,
+    LocalPrefill,
 }
 
 pub(crate) struct Handoff {
@@ -156,6 +157,7 @@ impl Handoff {
             Count::SecondCompletionFault => s.second_completion_faults += 1,
             Count::AbortedAwaitingKv => s.aborted_awaiting_kv += 1,
             Count::Wedge => s.wedges += 1,
+            Count::LocalPrefill => s.local_prefills += 1,
         }
     }
 

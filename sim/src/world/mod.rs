@@ -20,6 +20,7 @@ mod baseline;
 mod cancel;
 mod cancel_state;
 mod cluster;
+mod conditional;
 mod conversations;
 mod delivery;
 mod disagg;

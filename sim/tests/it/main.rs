@@ -5,6 +5,7 @@ mod cancel;
 mod capacity;
 mod check;
 mod cli;
+mod conditional;
 mod defects;
 mod diff;
 mod hardening;

@@ -75,6 +75,18 @@ pub(crate) fn mooncake_pd(
     kv: &str,
     rest: &str,
 ) -> Scenario {
+    mooncake_pd_with(rows, speedup, (prefill, decode), kv, "", rest)
+}
+
+/// The same, with `handoff` added to the handoff's section.
+pub(crate) fn mooncake_pd_with(
+    rows: u64,
+    speedup: f64,
+    (prefill, decode): (u32, u32),
+    kv: &str,
+    handoff: &str,
+    rest: &str,
+) -> Scenario {
     let trace = super::prefix::TRACE;
     let ron = format!(
         "Scenario(name: \"pd-mooncake\", seed: 1, workload: (source: Trace(path: \"{trace}\", \
@@ -87,7 +99,7 @@ pub(crate) fn mooncake_pd(
          (from: \"prefill\", to: \"decode\", latency_ms: 1.0, bandwidth_gbps: 100.0, loss: 0.05), \
          (from: \"decode\", to: \"playback\")], \
          handoff: (prefill_reclaim: Lease(lease_ms: 2000.0, grace_ms: 500.0), \
-         decode_reclaim: Lease(lease_ms: 1000.0, grace_ms: 0.0))))){rest})",
+         decode_reclaim: Lease(lease_ms: 1000.0, grace_ms: 0.0), {handoff})))){rest})",
         n = prefill + decode,
     );
     let mut s = Scenario::parse(&ron, "<inline>").unwrap();

@@ -1,0 +1,40 @@
+//! Conditional disaggregation (Dynamo's rule, `handoff.conditional`): when a request arrives,
+//! the router picks the decode replica it would go to, and that replica prefills it itself
+//! unless the part of its prompt it has not cached is longer than a threshold, or prefills it
+//! anyway when every prefill replica is busy. A request prefilled locally runs there as on a
+//! colocated replica: no handoff, no transfer, and its cancel reaches one engine. The others
+//! take the prefill stage and the handoff; the router picks their decode replica again when
+//! their KV is ready (it may have changed its mind meanwhile).
+
+use super::requests::TurnRef;
+use super::World;
+use crate::workload::Arrival;
+
+impl World<'_> {
+    /// The decode replica that prefills request `a` itself, if the rule says so.
+    pub(super) fn prefill_locally(&mut self, a: &Arrival, conv: Option<TurnRef>) -> Option<u32> {
+        let c = self.handoff.as_ref()?.cfg().conditional?;
+        let decode = self.cluster.route_decode();
+        let prompt = a.prompt_tokens as u64;
+        let uncached = prompt - self.cached_on(decode, a, conv);
+        let busy = c
+            .max_prefill_queue
+            .is_some_and(|m| self.cluster.prefill_queue() >= m as u64);
+        (uncached <= c.max_local_prefill_tokens as u64 || busy).then_some(decode)
+    }
+
+    /// The tokens of `a`'s prompt in the leading run of blocks `replica` has cached, short of
+    /// its last token (an engine always computes that one).
+    fn cached_on(&self, replica: u32, a: &Arrival, conv: Option<TurnRef>) -> u64 {
+        let Some(bt) = self.cluster.cache_block_tokens(replica) else {
+            return 0;
+        };
+        let prompt = a.prompt_tokens as u64;
+        let content = self.content_of(a.id, prompt, conv);
+        let run = (0..prompt.saturating_sub(1) / bt)
+            .take_while(|&i| content.is_shared(bt, i))
+            .take_while(|&i| self.cluster.cache_contains(replica, content.key(bt, i)))
+            .count() as u64;
+        run * bt
+    }
+}
