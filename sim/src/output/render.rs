@@ -145,6 +145,9 @@ const HANDOFF_ROWS: &[(&str, Cell)] = &[
     ("handoff.transfers", |s| {
         hand(s, |h| int(h.transfers_started))
     }),
+    ("handoff.local_prefills", |s| {
+        hand(s, |h| int(h.local_prefills))
+    }),
     ("handoff.transfer_tokens_cached", |s| {
         hand(s, |h| int(h.transfer_tokens_cached))
     }),
