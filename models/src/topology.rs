@@ -107,12 +107,57 @@ pub const REPLICAS_MAX: u32 = 1024;
 /// Stages of one graph, at most.
 pub const STAGES_MAX: usize = 64;
 
-/// The prefill/decode pair of a disaggregated graph, and the link that carries KV between them.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One serving stage of a prefill/decode graph: its name, its side, and its replicas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    pub name: String,
+    pub prefill: bool,
+    pub replicas: u32,
+    /// Its first replica's index: the prefill pools' replicas come first, each pool's in a run.
+    pub first: u32,
+}
+
+/// The prefill and decode pools of a disaggregated graph, and the links that carry KV from a
+/// prefill pool to a decode pool.
+#[derive(Clone, Debug, PartialEq)]
 pub struct PrefillDecode {
+    /// Replicas of every prefill pool, then of every decode pool.
     pub prefill_replicas: u32,
     pub decode_replicas: u32,
-    pub link: Link,
+    /// The prefill pools in the order written, then the decode pools.
+    pub pools: Vec<Pool>,
+    /// `(prefill pool, decode pool, link)`, indices into `pools`, in the order written.
+    pub links: Vec<(usize, usize, Link)>,
+}
+
+impl PrefillDecode {
+    /// The pool of `replica`.
+    pub fn pool_of(&self, replica: u32) -> usize {
+        let p = self
+            .pools
+            .partition_point(|p| p.first + p.replicas <= replica);
+        assert!(p < self.pools.len(), "replica {replica} is in no pool");
+        p
+    }
+
+    /// The link from prefill pool `p` to decode pool `d`, if there is one.
+    pub fn link(&self, p: usize, d: usize) -> Option<Link> {
+        self.links
+            .iter()
+            .find(|&&(a, b, _)| (a, b) == (p, d))
+            .map(|&(_, _, l)| l)
+    }
+
+    /// The decode pools prefill pool `p` sends KV to, in the order written.
+    pub fn decodes_of(&self, p: usize) -> impl Iterator<Item = usize> + '_ {
+        self.links.iter().filter(move |l| l.0 == p).map(|l| l.1)
+    }
+
+    /// The replicas of pool `i`.
+    pub fn replicas_of(&self, i: usize) -> std::ops::Range<u32> {
+        let p = &self.pools[i];
+        p.first..p.first + p.replicas
+    }
 }
 
 /// A validated stage graph.
@@ -232,22 +277,51 @@ impl Topology {
         serving == [Role::Colocated]
     }
 
-    /// The one disaggregated shape the world simulates: exactly one Prefill stage feeding
-    /// exactly one Decode stage, no Colocated stage. `None` for any other graph.
+    /// The disaggregated shape the world simulates: one or more Prefill stages feeding one or
+    /// more Decode stages, no Colocated stage. `None` for any other graph.
     pub fn prefill_decode(&self) -> Option<PrefillDecode> {
         let g = &self.graph;
         let of = |role: Role| -> Vec<NodeIndex> {
             g.node_indices().filter(|&n| g[n].role == role).collect()
         };
         let (p, d, c) = (of(Role::Prefill), of(Role::Decode), of(Role::Colocated));
-        if p.len() != 1 || d.len() != 1 || !c.is_empty() {
+        if p.is_empty() || d.is_empty() || !c.is_empty() {
             return None;
         }
-        let edge = g.find_edge(p[0], d[0])?;
+        let mut pools = Vec::with_capacity(p.len() + d.len());
+        let mut first = 0;
+        for (&n, prefill) in p
+            .iter()
+            .map(|n| (n, true))
+            .chain(d.iter().map(|n| (n, false)))
+        {
+            pools.push(Pool {
+                name: g[n].name.clone(),
+                prefill,
+                replicas: g[n].replicas,
+                first,
+            });
+            first += g[n].replicas;
+        }
+        let index = |n: NodeIndex| p.iter().chain(&d).position(|&m| m == n);
+        let mut links: Vec<(usize, usize, Link)> = g
+            .edge_references()
+            .filter(|e| g[e.source()].role == Role::Prefill && g[e.target()].role == Role::Decode)
+            .map(|e| {
+                (
+                    index(e.source()).unwrap(),
+                    index(e.target()).unwrap(),
+                    *e.weight(),
+                )
+            })
+            .collect();
+        links.sort_by_key(|l| (l.0, l.1));
+        let sum = |v: &[NodeIndex]| v.iter().map(|&n| g[n].replicas).sum();
         Some(PrefillDecode {
-            prefill_replicas: g[p[0]].replicas,
-            decode_replicas: g[d[0]].replicas,
-            link: g[edge],
+            prefill_replicas: sum(&p),
+            decode_replicas: sum(&d),
+            pools,
+            links,
         })
     }
 

@@ -12,6 +12,7 @@ use cancelsim_models::protocol::{
     Rejection, ReleaseMode, ReplicaStats, StepReport, UnknownAbort,
 };
 use cancelsim_models::replica::{self, Replica};
+use cancelsim_models::topology::PrefillDecode;
 
 use super::event::Event;
 use super::follow::Follow;
@@ -116,6 +117,8 @@ pub(crate) struct Cluster {
     /// In a prefill/decode graph, replicas `0..prefill_n` prefill and the rest decode; 0 when
     /// colocated.
     prefill_n: u32,
+    /// The pools of a prefill/decode graph, and the links between them.
+    pools: Option<PrefillDecode>,
     rr_decode: u32,
     /// Since when each replica is wedged: alive, but dispatching nothing.
     wedged_since: Vec<Option<u64>>,
@@ -159,6 +162,7 @@ impl Cluster {
             router: s.cluster.router,
             rr_next: 0,
             prefill_n: s.prefill_decode().map_or(0, |pd| pd.prefill_replicas),
+            pools: s.prefill_decode(),
             rr_decode: 0,
             wedged_since: vec![None; n],
             pass_pending: vec![false; n],
@@ -257,11 +261,36 @@ impl Cluster {
         pick(self.router, &self.replicas, 0..n, rr)
     }
 
-    /// The decode replica a prefilled request goes to, chosen when it reaches the decode stage.
-    pub fn route_decode(&mut self) -> u32 {
-        debug_assert!(self.prefill_n > 0, "a prefill/decode graph");
-        let range = self.prefill_n..self.replicas.len() as u32;
-        pick(self.router, &self.replicas, range, &mut self.rr_decode)
+    /// The decode replica a prefilled request goes to, chosen when it reaches the decode stage:
+    /// among the pools that `from`'s pool links to (every decode pool without `from`) and, with
+    /// `r`, that would take it; `None` if none would.
+    pub fn route_decode(&mut self, from: Option<u32>, r: Option<&NewRequest>) -> Option<u32> {
+        let candidates = self.decode_candidates(from, r);
+        if candidates.is_empty() {
+            return None;
+        }
+        Some(pick(
+            self.router,
+            &self.replicas,
+            candidates,
+            &mut self.rr_decode,
+        ))
+    }
+
+    fn decode_candidates(&self, from: Option<u32>, r: Option<&NewRequest>) -> Vec<u32> {
+        let pd = self.pools.as_ref().expect("a prefill/decode graph");
+        let linked = |d: usize| match from {
+            Some(p) => pd.link(pd.pool_of(p), d).is_some(),
+            None => true,
+        };
+        let takes = |d: usize| match r {
+            Some(r) => self.replicas[pd.pools[d].first as usize].accepts(r).is_ok(),
+            None => true,
+        };
+        (0..pd.pools.len())
+            .filter(|&d| !pd.pools[d].prefill && linked(d) && takes(d))
+            .flat_map(|d| pd.replicas_of(d))
+            .collect()
     }
 
     /// Whether `replica` is a prefill replica of a prefill/decode graph.
@@ -282,9 +311,10 @@ impl Cluster {
         self.replicas[replica as usize].kv().blocks_for(tokens)
     }
 
-    /// Whether a decode replica would ever take `r` (all decode replicas are alike).
-    pub fn decode_accepts(&self, r: &NewRequest) -> bool {
-        self.replicas[self.prefill_n as usize].accepts(r).is_ok()
+    /// Whether a decode pool that prefill replica `from` links to would ever take `r` (a
+    /// pool's replicas are alike).
+    pub fn decode_accepts(&self, from: u32, r: &NewRequest) -> bool {
+        !self.decode_candidates(Some(from), Some(r)).is_empty()
     }
 
     /// Take blocks of `replica`'s pool for a handoff, holding the leading run of `keys` that its
@@ -520,12 +550,21 @@ impl Cluster {
     }
 }
 
-/// The router's choice among `range`.
-fn pick(router: Router, replicas: &[Replica], range: std::ops::Range<u32>, rr: &mut u32) -> u32 {
+/// The router's choice among `candidates`: a range of replicas, or a list (the decode pools a
+/// request may go to).
+fn pick<C>(router: Router, replicas: &[Replica], candidates: C, rr: &mut u32) -> u32
+where
+    C: IntoIterator<Item = u32>,
+    C::IntoIter: ExactSizeIterator + Clone,
+{
+    let mut candidates = candidates.into_iter();
+    let n = candidates.len() as u32;
+    assert!(n > 0, "at least one replica");
     match router {
         Router::RoundRobin => {
-            let r = range.start + *rr;
-            *rr = (*rr + 1) % range.len() as u32;
+            // Modulo the candidates now: a request that fits fewer pools has fewer.
+            let r = candidates.nth((*rr % n) as usize).expect("in range");
+            *rr = (*rr + 1) % n;
             r
         }
         // A request without a session key goes where the load is least; a shared queue's
@@ -533,7 +572,7 @@ fn pick(router: Router, replicas: &[Replica], range: std::ops::Range<u32>, rr: &
         Router::LeastLoaded
         | Router::Session
         | Router::SharedQueue { .. }
-        | Router::KvAware { .. } => range
+        | Router::KvAware { .. } => candidates
             .min_by_key(|&r| (replicas[r as usize].load(), r))
             .expect("at least one replica"),
     }

@@ -14,7 +14,7 @@ impl World<'_> {
     /// The decode replica that prefills request `a` itself, if the rule says so.
     pub(super) fn prefill_locally(&mut self, a: &Arrival, conv: Option<TurnRef>) -> Option<u32> {
         let c = self.handoff.as_ref()?.cfg().conditional?;
-        let decode = self.cluster.route_decode();
+        let decode = self.cluster.route_decode(None, None)?;
         let prompt = a.prompt_tokens as u64;
         let uncached = prompt - self.cached_on(decode, a, conv);
         let busy = c

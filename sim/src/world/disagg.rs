@@ -87,7 +87,7 @@ impl World<'_> {
             aborted: false,
         };
         h.fly(id, flight);
-        let latency_ns = h.latency_ns();
+        let latency_ns = h.link(prefill, None).latency_ns;
         self.lease_timer(prefill, id)?;
         let ev = Event::Handoff { request: id, tag };
         self.follow.after(latency_ns, ev);
@@ -111,12 +111,16 @@ impl World<'_> {
             h.count(Count::Stranded);
             self.accounts.hit(Mark::HandoffStranded);
             if h.cfg().notify_prefill {
-                self.notice(request, f.prefill, key::NOTICE_CANCEL, true)?;
+                self.notice(request, f.prefill, key::NOTICE_CANCEL, true, &f)?;
             }
             self.requests[tag].life.leave_handoff();
             return self.try_finalize(tag);
         }
-        let decode = self.cluster.route_decode();
+        let prefill = self.handoff.as_ref().and_then(|h| h.flight(request));
+        let prefill = prefill.expect("a flight in its gap").prefill;
+        let whole = self.decode_request(tag, true);
+        let decode = self.cluster.route_decode(Some(prefill), Some(&whole));
+        let decode = decode.expect("enqueued only where a linked decode pool takes it");
         let prompt = self.requests[tag].prompt as u64;
         let blocks = self.cluster.blocks_for(decode, prompt);
         let h = self.handoff.as_mut().expect("a prefill/decode world");
@@ -156,7 +160,7 @@ impl World<'_> {
                 continue;
             }
             // A full wire (a million transfers queued on one sender) waits like a full pool.
-            let cached = match h.wire(f.prefill).is_full() {
+            let cached = match h.wire(f.prefill, decode).is_full() {
                 true => None,
                 false => self.pin_prompt(decode, f.tag, f.blocks_decode),
             };
@@ -174,9 +178,9 @@ impl World<'_> {
             let p = h.cfg().transfer_failure;
             let draw = || Stream::keyed(h.seed(), Purpose::Handoff, id, key::TRANSFER_FAILS);
             let fails = p > 0.0 && draw().uniform_open01() < p;
-            let lands_ns = h
-                .wire(f.prefill)
-                .start(now_ns, id, bytes, f.blocks_prefill, fails);
+            let lands_ns =
+                h.wire(f.prefill, decode)
+                    .start(now_ns, id, bytes, f.blocks_prefill, fails);
             let ev = Event::KvLanded {
                 request: id,
                 prefill: f.prefill,
@@ -189,8 +193,14 @@ impl World<'_> {
     pub(super) fn on_kv_landed(&mut self, prefill: u32) -> Step {
         let now_ns = self.kernel.now_ns();
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        let was_full = h.wire(prefill).is_full();
-        for ended in h.wire(prefill).land(now_ns) {
+        // Each of its wires (one per decode pool): an event's transfer may have been stopped.
+        let mut was_full = false;
+        let mut ended = Vec::new();
+        for wire in h.wires_of(prefill) {
+            was_full |= wire.is_full();
+            ended.extend(wire.land(now_ns));
+        }
+        for ended in ended {
             self.transfer_ended(ended.id, ended.end == End::Failed)?;
         }
         if was_full {
@@ -221,21 +231,21 @@ impl World<'_> {
             }
         }
         if f.aborted {
-            self.notice(id, f.decode, key::NOTICE_RECEIVED, false)?;
+            self.notice(id, f.decode, key::NOTICE_RECEIVED, false, &f)?;
             let h = self.handoff.as_mut().expect("a prefill/decode world");
             if h.second_completion() {
-                self.notice(id, f.decode, key::NOTICE_SENT, false)?;
+                self.notice(id, f.decode, key::NOTICE_SENT, false, &f)?;
             }
             // The read completed: its completion notice reaches the prefill side too, unless
             // the connector has none for an aborted request.
             let h = self.handoff.as_mut().expect("a prefill/decode world");
             if h.notifies_aborted_transfer() && !h.stops_on_the_wire() {
-                self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false)?;
+                self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false, &f)?;
             }
             return Ok(());
         }
         self.unpin_prompt(f.decode, id, f.blocks_decode);
-        self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false)?;
+        self.notice(id, f.prefill, key::NOTICE_TO_PREFILL, false, &f)?;
         if failed {
             self.accounts.hit(Mark::TransferFailed);
         }
@@ -246,19 +256,9 @@ impl World<'_> {
     /// (vLLM's `kv_load_failure_policy: recompute`).
     fn decode_admit(&mut self, f: Flight, kv_ready: bool) -> Step {
         let now_ns = self.kernel.now_ns();
-        let handle = self.handle(f.tag);
-        let q = &mut self.requests[f.tag];
-        q.life.decode_enqueue(self.cluster.intent_epoch(f.decode));
-        let new = NewRequest {
-            id: q.id,
-            tag: f.tag,
-            handle,
-            prompt_tokens: q.prompt,
-            output_tokens: q.engine_output(),
-            kv_ready,
-            length_capped: q.stop_detect_ns().is_none()
-                && workload::length_capped(&self.scenario.workload, self.seed, q.id),
-        };
+        let epoch = self.cluster.intent_epoch(f.decode);
+        self.requests[f.tag].life.decode_enqueue(epoch);
+        let new = self.decode_request(f.tag, kv_ready);
         if self.cluster.enqueue(f.decode, now_ns, new).is_err() {
             let what = "a decode replica refused a request its prefill replica took";
             return Err(Stop::broken(vec![new.id], what));
@@ -268,17 +268,35 @@ impl World<'_> {
         self.try_receive(f.decode)
     }
 
+    /// Request `tag` as its decode replica takes it: its whole output, its prompt's KV ready
+    /// (or to compute again).
+    fn decode_request(&self, tag: Tag, kv_ready: bool) -> NewRequest {
+        let q = &self.requests[tag];
+        NewRequest {
+            id: q.id,
+            tag,
+            handle: self.handle(tag),
+            prompt_tokens: q.prompt,
+            output_tokens: q.engine_output(),
+            kv_ready,
+            length_capped: q.stop_detect_ns().is_none()
+                && workload::length_capped(&self.scenario.workload, self.seed, q.id),
+        }
+    }
+
     /// A handoff message leaves for `replica`'s cleanup owner, and may be lost on the link.
-    fn notice(&mut self, id: u64, replica: u32, sub: u64, cancel: bool) -> Step {
+    fn notice(&mut self, id: u64, replica: u32, sub: u64, cancel: bool, f: &Flight) -> Step {
         let h = self.handoff.as_mut().expect("a prefill/decode world");
-        if h.lost(id, sub) {
+        // Between the request's two replicas, or, before it had a decode one, from the router.
+        let link = h.link(f.prefill, (f.phase != Phase::Gap).then_some(f.decode));
+        if h.lost(id, sub, link) {
             self.accounts.hit(Mark::HandoffNoticeLost);
             return Ok(());
         }
         // The receive completion is the decode node's own; every other message crosses the link.
         let delay_ns = match sub {
             key::NOTICE_RECEIVED => 0,
-            _ => h.latency_ns(),
+            _ => link.latency_ns,
         };
         let ev = Event::Notice {
             request: id,
@@ -422,7 +440,7 @@ impl World<'_> {
             Phase::Gap => {}
             Phase::Receiving => h.drop_receiving(f.decode, request),
             Phase::OnWire => {
-                let stopped = h.wire(f.prefill).stop(now_ns, request);
+                let stopped = h.wire(f.prefill, f.decode).stop(now_ns, request);
                 debug_assert!(stopped.is_some(), "a flight on the wire has its transfer");
                 self.accounts.hit(Mark::TransferCancelled);
                 self.unpin_prompt(f.decode, request, f.blocks_decode);
@@ -469,7 +487,10 @@ impl World<'_> {
                     .hold(now_ns, request, f.blocks_decode, pending);
                 h.abort_on_wire(request);
                 // The decode side no longer holds them as the request's own: its owner does.
-                let ended = h.wire(f.prefill).cancel(now_ns, request).is_some();
+                let ended = h
+                    .wire(f.prefill, f.decode)
+                    .cancel(now_ns, request)
+                    .is_some();
                 if !ended {
                     // A late write can still land in them: no lease frees them until it ends.
                     h.owner(f.decode).reading(request);
@@ -488,7 +509,7 @@ impl World<'_> {
             .as_ref()
             .is_some_and(|h| h.cfg().notify_prefill)
         {
-            self.notice(request, f.prefill, key::NOTICE_CANCEL, true)?;
+            self.notice(request, f.prefill, key::NOTICE_CANCEL, true, &f)?;
         }
         self.observed_between(request, f.tag)?;
         self.try_finalize(f.tag)

@@ -242,7 +242,7 @@ impl World<'_> {
             length_capped: false,
             ..new
         };
-        let fits = !prefill || self.cluster.decode_accepts(&whole);
+        let fits = !prefill || self.cluster.decode_accepts(replica, &whole);
         if !fits || self.cluster.enqueue(replica, now_ns, new).is_err() {
             return self.reject(tag);
         }

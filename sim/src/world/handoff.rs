@@ -60,11 +60,15 @@ pub(crate) enum Count {
 
 pub(crate) struct Handoff {
     cfg: HandoffSpec,
-    link: Link,
+    /// The pools and the links between them.
+    pd: PrefillDecode,
+    /// Decode pools: each prefill replica has a wire to each.
+    decode_pools: usize,
     kv_bytes_per_token: u64,
     seed: u64,
     prefill_n: u32,
-    /// One wire per prefill replica (its NIC): transfers leave it first come, first served.
+    /// One wire per prefill replica and decode pool (`wire_index`): transfers leave it first
+    /// come, first served. With one decode pool, one per prefill replica (its NIC).
     wires: Vec<Transfers>,
     /// Indexed by replica: the prefill replicas' owners first, then the decode replicas'.
     owners: Vec<CleanupOwner>,
@@ -103,6 +107,17 @@ impl Handoff {
             }
         };
         let (p, d) = (pd.prefill_replicas, pd.decode_replicas);
+        let decode_pools = pd.pools.iter().filter(|x| !x.prefill).count();
+        let first_decode = pd.pools.len() - decode_pools;
+        let wire = |r: u32, j: usize| {
+            // A pair with no link carries nothing: the router sends no request there.
+            let link = pd.link(pd.pool_of(r), first_decode + j);
+            Transfers::new(link.unwrap_or(Link::LOCAL), mode)
+        };
+        let wires = (0..p)
+            .flat_map(|r| (0..decode_pools).map(move |j| (r, j)))
+            .map(|(r, j)| wire(r, j))
+            .collect();
         let owners = (0..p + d)
             .map(|r| CleanupOwner::new(cfg.cleanup(r >= p)))
             .collect();
@@ -111,11 +126,12 @@ impl Handoff {
             profile.map_or(KV_BYTES_PER_TOKEN_CUSTOM, |p| p.kv_bytes_per_token)
         });
         Handoff {
-            link: pd.link,
+            decode_pools,
             kv_bytes_per_token,
             seed,
             prefill_n: p,
-            wires: (0..p).map(|_| Transfers::new(pd.link, mode)).collect(),
+            wires,
+            pd,
             owners,
             flights: BTreeMap::new(),
             receiving: vec![VecDeque::new(); d as usize],
@@ -138,9 +154,18 @@ impl Handoff {
         &self.cfg
     }
 
-    /// The link's one-way latency.
-    pub fn latency_ns(&self) -> u64 {
-        self.link.latency_ns
+    /// The link between `prefill` and `decode`, or, before the decode replica is chosen,
+    /// the prefill pool's nearest one (the lowest latency; the first written at a tie): the
+    /// P-to-D gap crosses it, and so does a message the router sends the prefill side.
+    pub fn link(&self, prefill: u32, decode: Option<u32>) -> Link {
+        let p = self.pd.pool_of(prefill);
+        if let Some(d) = decode {
+            let link = self.pd.link(p, self.pd.pool_of(d));
+            return link.expect("a request goes only where its prefill pool has a link");
+        }
+        let nearest = self.pd.decodes_of(p).filter_map(|d| self.pd.link(p, d));
+        let link = nearest.min_by_key(|l| l.latency_ns);
+        link.expect("validation: every prefill pool has a decode pool")
     }
 
     pub fn kv_bytes_per_token(&self) -> u64 {
@@ -327,9 +352,9 @@ impl Handoff {
         self.cfg.abort_order == AbortOrder::BeforeOutput
     }
 
-    /// Whether the handoff message `sub` of request `id` is lost on the link.
-    pub fn lost(&mut self, id: u64, sub: u64) -> bool {
-        let loss = self.link.loss;
+    /// Whether the handoff message `sub` of request `id` is lost on `link`.
+    pub fn lost(&mut self, id: u64, sub: u64, link: Link) -> bool {
+        let loss = link.loss;
         let lost = loss > 0.0
             && Stream::keyed(self.seed, Purpose::Handoff, id, sub).uniform_open01() < loss;
         self.stats.notices_lost += lost as u64;
@@ -358,8 +383,23 @@ impl Handoff {
         }
     }
 
-    pub fn wire(&mut self, prefill: u32) -> &mut Transfers {
-        &mut self.wires[prefill as usize]
+    /// The wire from `prefill` to `decode`'s pool.
+    pub fn wire(&mut self, prefill: u32, decode: u32) -> &mut Transfers {
+        let i = self.wire_index(prefill, decode);
+        &mut self.wires[i]
+    }
+
+    /// The wires of `prefill`, one per decode pool.
+    pub fn wires_of(&mut self, prefill: u32) -> &mut [Transfers] {
+        let n = self.decode_pools;
+        &mut self.wires[prefill as usize * n..(prefill as usize + 1) * n]
+    }
+
+    fn wire_index(&self, prefill: u32, decode: u32) -> usize {
+        assert!(prefill < self.prefill_n && decode >= self.prefill_n);
+        let first_decode = self.pd.pools.len() - self.decode_pools;
+        let j = self.pd.pool_of(decode) - first_decode;
+        prefill as usize * self.decode_pools + j
     }
 
     fn queue(&mut self, decode: u32) -> &mut VecDeque<u64> {
