@@ -9,12 +9,11 @@
 //! Validation finds, each as one error naming its field: duplicate or unknown stage names, a
 //! serving role without replicas, a bad link value, not exactly one router and one playback, a
 //! cycle, a stage off every router-to-playback path, a path to playback that skips decoding
-//! (through the router's dominator tree), and a decode stage without a prefill stage feeding
+//! (the router cannot reach playback around the decoding stages), and a decode stage without a prefill stage feeding
 //! it KV.
 
 use std::fmt;
 
-use petgraph::algo::dominators;
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::{Dfs, EdgeRef, Reversed};
 use petgraph::Direction;
@@ -241,10 +240,10 @@ impl Topology {
                 );
             }
         }
-        let doms = dominators::simple_fast(g, self.router);
-        let decodes = doms
-            .dominators(self.playback)
-            .is_some_and(|mut d| d.any(|n| g[n].role.decodes()));
+        // Every path from the router to playback decodes: with the decoding stages taken out,
+        // playback is out of the router's reach (parallel decode pools each decode).
+        let skipping = petgraph::visit::NodeFiltered::from_fn(g, |n| !g[n].role.decodes());
+        let decodes = !reachable(&skipping, self.router).contains(&self.playback);
         if !decodes {
             return invalid(
                 "topology.links",

@@ -244,6 +244,25 @@ pub struct SideStats {
     pub admission_stalls: u64,
 }
 
+/// One pool (a Prefill or Decode stage) of a prefill/decode graph, in `summary.json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PoolSummary {
+    pub name: String,
+    /// `prefill` or `decode`.
+    pub role: &'static str,
+    pub replicas: u32,
+    pub gpu_busy_s: f64,
+    pub steps: u64,
+    pub preemptions: u64,
+    pub tokens_delivered: u64,
+    pub prefix_query_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    /// Admissions refused for want of blocks while blocks were pinned for the handoff.
+    pub admission_stalls: u64,
+    /// KV bytes its transfers carried: sent by a prefill pool, received by a decode pool.
+    pub transfer_bytes: u64,
+}
+
 /// The handoff's books in `summary.json`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct HandoffStats {
@@ -355,6 +374,9 @@ pub struct Summary {
     /// The prefill-to-decode handoff, in a disaggregated graph only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handoff: Option<HandoffStats>,
+    /// Each pool of a prefill/decode graph: its stage's replicas' books.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolSummary>,
     /// Outputs that end at a stop string, when the workload has them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_strings: Option<StopStats>,

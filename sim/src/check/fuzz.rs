@@ -366,6 +366,8 @@ fn disaggregate(d: &mut Draw, s: &mut Scenario) {
         name: name.into(),
         role,
         replicas,
+        profile: None,
+        scheduler: None,
     };
     let local = |from: &str, to: &str| LinkRon {
         from: from.into(),

@@ -144,6 +144,14 @@ pub struct StageSpec {
     /// Replicas of a serving stage (Colocated, Prefill, Decode); ignored for the others.
     #[serde(default = "one")]
     pub replicas: u32,
+    /// A prefill or decode stage's own GPU profile (`Named` or `Custom`); unset:
+    /// `cluster.profile`. Both sides must serve one model (one KV size per token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<super::ProfileRef>,
+    /// A prefill or decode stage's own scheduler (its pool: `kv_blocks`, `max_num_seqs`, ...);
+    /// unset: `cluster.scheduler`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<super::Scheduler>,
 }
 
 fn one() -> u32 {
@@ -261,6 +269,7 @@ impl Scenario {
         };
         let t = spec.build()?;
         spec.check_runnable(&t, self.cluster.replicas)?;
+        self.validate_stages(spec)?;
         if t.prefill_decode().is_none() {
             if spec.handoff.conditional.is_some() {
                 return Err(Invalid {
@@ -295,6 +304,71 @@ impl Scenario {
         Ok(())
     }
 
+    /// The serving side of pool `name` (a stage of the topology): the cluster's, with the
+    /// stage's own profile and scheduler where it has them.
+    pub fn stage_cluster(&self, name: &str) -> super::Cluster {
+        let mut c = self.cluster.clone();
+        let stage = (c.topology.as_ref()).and_then(|t| t.stages.iter().find(|s| s.name == name));
+        let (profile, scheduler) = match stage {
+            Some(s) => (s.profile.clone(), s.scheduler.clone()),
+            None => (None, None),
+        };
+        if let Some(p) = profile {
+            c.profile = p;
+            // The fitted roofline's overrides and step form are the cluster profile's.
+            c.roofline = None;
+        }
+        if let Some(sch) = scheduler {
+            c.scheduler = sch;
+        }
+        c
+    }
+
+    /// Each stage's own profile and scheduler, checked as `cluster`'s are; both sides of the
+    /// handoff serve one model.
+    fn validate_stages(&self, spec: &TopologySpec) -> Result<(), Invalid> {
+        let kv_size = |p: &super::ProfileRef| p.named().map(|n| n.kv_bytes_per_token);
+        let model = kv_size(&self.cluster.profile);
+        for (i, st) in spec.stages.iter().enumerate() {
+            let at = format!("cluster.topology.stages[{i}]");
+            if st.profile.is_none() && st.scheduler.is_none() {
+                continue;
+            }
+            if !matches!(st.role, RoleSpec::Prefill | RoleSpec::Decode) {
+                let m = "only a Prefill or Decode stage has a profile or scheduler of its own";
+                return Err(Invalid {
+                    field: at,
+                    message: m.into(),
+                });
+            }
+            if let Some(p) = &st.profile {
+                if matches!(p, super::ProfileRef::Table { .. }) {
+                    return Err(Invalid {
+                        field: format!("{at}.profile"),
+                        message: "a stage's profile is Named or Custom: a Table is the \
+                                  cluster's only"
+                            .into(),
+                    });
+                }
+                let same = spec.handoff.kv_bytes_per_token.is_some() || kv_size(p) == model;
+                if !same {
+                    return Err(Invalid {
+                        field: format!("{at}.profile"),
+                        message: "serves another model than `cluster.profile` (its KV per \
+                                  token differs): both sides of a handoff serve one model"
+                            .into(),
+                    });
+                }
+            }
+            let c = self.stage_cluster(&st.name);
+            super::validate::validate_serving(&c).map_err(|e| Invalid {
+                field: e.field.replacen("cluster.", &format!("{at}."), 1),
+                message: e.message,
+            })?;
+        }
+        Ok(())
+    }
+
     /// The prefill/decode pair this scenario runs, if its graph is disaggregated.
     pub fn prefill_decode(&self) -> Option<PrefillDecode> {
         self.cluster.topology.as_ref()?;
@@ -318,9 +392,13 @@ impl TopologySpec {
             return Err(Invalid {
                 field: "cluster.topology".into(),
                 message: "this graph is validated and drawn, but not simulated: the world runs \
-                          one Colocated stage, or one Prefill stage linked to one Decode stage"
+                          one Colocated stage, or Prefill stages linked to Decode stages (none \
+                          Colocated beside them)"
                     .into(),
             });
+        }
+        if kv_link.is_some() {
+            self.check_pd_links()?;
         }
         let costly = self.links.iter().position(|l| {
             let free = l.latency_ms == 0.0 && l.bandwidth_gbps.is_none() && l.loss == 0.0;
@@ -349,6 +427,35 @@ impl TopologySpec {
             });
         }
         self.handoff.check()
+    }
+}
+
+impl TopologySpec {
+    /// A prefill/decode graph the world runs: the router feeds prefill stages, prefill stages
+    /// feed decode stages (any of them, each link its own), decode stages feed playback.
+    fn check_pd_links(&self) -> Result<(), Invalid> {
+        use RoleSpec::{Decode, Playback, Prefill, Router};
+        let role = |name: &str| self.stages.iter().find(|s| s.name == name).map(|s| s.role);
+        for (i, l) in self.links.iter().enumerate() {
+            let ok = matches!(
+                (role(&l.from), role(&l.to)),
+                (Some(Router), Some(Prefill))
+                    | (Some(Prefill), Some(Decode))
+                    | (Some(Decode), Some(Playback))
+            );
+            if !ok {
+                return Err(Invalid {
+                    field: format!("cluster.topology.links[{i}]"),
+                    message: format!(
+                        "`{}` to `{}` is not simulated: a prefill/decode graph links the router \
+                         to prefill stages, prefill stages to decode stages, and decode stages \
+                         to playback",
+                        l.from, l.to
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

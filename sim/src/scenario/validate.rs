@@ -157,49 +157,55 @@ impl Scenario {
             }
         }
         self.validate_kv_router()?;
-        validate_profile(&c.profile)?;
-        validate_step_model(&c.profile, c.step_model)?;
-        validate_shares(c)?;
-        validate_scheduler(&c.scheduler)?;
-        self.validate_memory()?;
+        validate_serving(c)?;
         self.validate_topology()
     }
+}
 
-    /// The share of device memory is a fraction, and on a named profile leaves room for a KV
-    /// cache once the weights and the activations are in.
-    fn validate_memory(&self) -> Check {
-        let c = &self.cluster;
-        let f = "cluster.gpu_memory_utilization";
-        let u = c.gpu_memory_utilization;
-        if !(u.is_finite() && u > 0.0 && u <= 1.0) {
-            return err(f, format!("must be in (0, 1] (got {u})"));
-        }
-        let Some(p) = c.profile.named() else {
-            return Ok(());
-        };
-        let batched = match &c.scheduler {
-            Scheduler::Continuous {
-                max_num_batched_tokens: Some(n),
-                ..
-            } => *n,
-            _ => p.max_num_batched_tokens,
-        };
-        let plan = p.plan((u * 1e6).round() as u64, batched as u64);
-        if plan.kv_tokens < 16 {
-            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-            let m = format!(
-                "leaves no memory for the KV cache on {}: {:.2} GiB usable per GPU, {:.2} GiB of \
-                 weights, {:.2} GiB of activations and runtime",
-                p.name,
-                gib(plan.usable_bytes),
-                gib(plan.weight_bytes),
-                gib(plan.non_torch_bytes + plan.activation_bytes)
-            );
-            return err(f, m);
-        }
-        Ok(())
+/// A cluster's (or a stage's) profile, step model, scheduler and memory.
+pub(super) fn validate_serving(c: &super::Cluster) -> Check {
+    validate_profile(&c.profile)?;
+    validate_step_model(&c.profile, c.step_model)?;
+    validate_shares(c)?;
+    validate_scheduler(&c.scheduler)?;
+    validate_memory(c)
+}
+
+/// The share of device memory is a fraction, and on a named profile leaves room for a KV
+/// cache once the weights and the activations are in.
+fn validate_memory(c: &super::Cluster) -> Check {
+    let f = "cluster.gpu_memory_utilization";
+    let u = c.gpu_memory_utilization;
+    if !(u.is_finite() && u > 0.0 && u <= 1.0) {
+        return err(f, format!("must be in (0, 1] (got {u})"));
     }
+    let Some(p) = c.profile.named() else {
+        return Ok(());
+    };
+    let batched = match &c.scheduler {
+        Scheduler::Continuous {
+            max_num_batched_tokens: Some(n),
+            ..
+        } => *n,
+        _ => p.max_num_batched_tokens,
+    };
+    let plan = p.plan((u * 1e6).round() as u64, batched as u64);
+    if plan.kv_tokens < 16 {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let m = format!(
+            "leaves no memory for the KV cache on {}: {:.2} GiB usable per GPU, {:.2} GiB of \
+                 weights, {:.2} GiB of activations and runtime",
+            p.name,
+            gib(plan.usable_bytes),
+            gib(plan.weight_bytes),
+            gib(plan.non_torch_bytes + plan.activation_bytes)
+        );
+        return err(f, m);
+    }
+    Ok(())
+}
 
+impl Scenario {
     fn validate_cancellation(&self) -> Check {
         if let Some(c) = &self.cancellation {
             c.validate_aiperf()?;

@@ -4,15 +4,17 @@
 //! and the books of the handoff. `disagg.rs` says what follows each event.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Range;
 
 use cancelsim_models::cleanup::{CleanupOwner, Returned, Why};
 use cancelsim_models::prefix::Sharing;
+use cancelsim_models::protocol::ReplicaStats;
 use cancelsim_models::topology::{Link, PrefillDecode};
 use cancelsim_models::transfer::{CancelMode, TransferStats, Transfers};
 
 use super::event::Tag;
 use crate::kernel::rng::{Purpose, Stream};
-use crate::metrics::{HandoffStats, SideStats};
+use crate::metrics::{HandoffStats, PoolSummary, SideStats};
 use crate::scenario::{AbortOrder, CompletionsSpec, HandoffSpec, Scenario, TransferCancel};
 
 /// KV bytes per token of a `Custom` profile's model, unless the handoff says: Llama-3.1-8B's
@@ -381,6 +383,37 @@ impl Handoff {
             true => &mut self.stats.prefill,
             false => &mut self.stats.decode,
         }
+    }
+
+    /// Each pool's books, from its replicas' totals (`totals`) and its wires.
+    pub fn pool_summaries(&self, totals: impl Fn(Range<u32>) -> ReplicaStats) -> Vec<PoolSummary> {
+        let first_decode = self.pd.pools.len() - self.decode_pools;
+        let mut bytes = vec![0u128; self.pd.pools.len()];
+        for (i, w) in self.wires.iter().enumerate() {
+            let b = w.stats().bytes;
+            let prefill = (i / self.decode_pools) as u32;
+            bytes[self.pd.pool_of(prefill)] += b;
+            bytes[first_decode + i % self.decode_pools] += b;
+        }
+        let pools = self.pd.pools.iter().enumerate();
+        pools
+            .map(|(i, p)| {
+                let t = totals(self.pd.replicas_of(i));
+                PoolSummary {
+                    name: p.name.clone(),
+                    role: if p.prefill { "prefill" } else { "decode" },
+                    replicas: p.replicas,
+                    gpu_busy_s: t.busy_ns as f64 / 1e9,
+                    steps: t.steps,
+                    preemptions: t.preemptions,
+                    tokens_delivered: t.tokens_delivered,
+                    prefix_query_tokens: t.prefix_query_tokens,
+                    prefix_hit_tokens: t.prefix_hit_tokens,
+                    admission_stalls: t.stalls_pinned,
+                    transfer_bytes: bytes[i].min(u64::MAX as u128) as u64,
+                }
+            })
+            .collect()
     }
 
     /// The wire from `prefill` to `decode`'s pool.

@@ -446,6 +446,9 @@ impl<'s> World<'s> {
         self.occupancy.advance(end_ns, self.requests.live_count());
         self.conserved()?;
         let handoff = self.handoff_finish(end_ns);
+        let pools = (self.handoff.as_ref())
+            .map(|h| h.pool_summaries(|r| self.cluster.totals_of(r)))
+            .unwrap_or_default();
         let drained = self
             .cluster
             .drained()
@@ -480,6 +483,7 @@ impl<'s> World<'s> {
             events: self.kernel.events_dispatched(),
             end_ns,
             handoff,
+            pools,
             recovery: self.recover.summary(),
             router: self.cluster.kv_stats(),
             occupancy_area_ns: self.occupancy.area_ns,

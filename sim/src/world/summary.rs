@@ -30,6 +30,7 @@ pub(crate) struct Books<'a> {
     pub events: u64,
     pub end_ns: u64,
     pub handoff: Option<HandoffStats>,
+    pub pools: Vec<crate::metrics::PoolSummary>,
     pub recovery: Option<Recovery>,
     pub router: Option<super::kv_router::KvRouterStats>,
     /// The slab's occupancy integrated over the run (request-ns).
@@ -227,6 +228,7 @@ pub(crate) fn summary(b: Books, extras: &mut Extras) -> Summary {
         littles_law: littles_law(a, b.end_ns, b.occupancy_area_ns),
         jobs: b.jobs,
         handoff: b.handoff,
+        pools: b.pools,
         recovery: b.recovery,
         router: b.router,
         stop_strings: b

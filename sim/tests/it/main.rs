@@ -15,6 +15,7 @@ mod model;
 mod outputs;
 mod overload;
 mod pd_prefix;
+mod pools;
 mod prefix;
 mod queueing;
 mod replay;

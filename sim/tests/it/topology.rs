@@ -189,23 +189,20 @@ fn a_prefill_decode_graph_runs_and_is_drawn() {
 
 #[test]
 fn graphs_the_world_cannot_run_are_refused_with_a_clear_line() {
-    let two_prefill = ONE_P_ONE_D
+    let beside = ONE_P_ONE_D
         .replace(
             "(name: \"decode\", role: Decode),",
-            "(name: \"decode\", role: Decode), (name: \"p2\", role: Prefill),",
+            "(name: \"decode\", role: Decode), (name: \"c\", role: Colocated),",
         )
         .replace(
             "(from: \"decode\", to: \"playback\"),",
-            "(from: \"decode\", to: \"playback\"), (from: \"router\", to: \"p2\"), \
-             (from: \"p2\", to: \"decode\"),",
+            "(from: \"decode\", to: \"playback\"), (from: \"router\", to: \"c\"), \
+             (from: \"c\", to: \"playback\"),",
         );
     refused(
-        "two-prefill",
-        &scenario(4, &two_prefill),
-        &[
-            "cluster.topology",
-            "one Prefill stage linked to one Decode stage",
-        ],
+        "colocated-beside",
+        &scenario(4, &beside),
+        &["cluster.topology", "Prefill stages linked to Decode stages"],
     );
     let dynamic = scenario(3, ONE_P_ONE_D).replace(
         "scheduler: Continuous(),",

@@ -1,6 +1,8 @@
 //! The serving side: replicas behind a router, each with its scheduler pass and batcher timer.
 //! It holds the scratch buffers a replica fills, so a pass allocates nothing.
 
+mod routing;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -18,9 +20,9 @@ use super::event::Event;
 use super::follow::Follow;
 use super::kv_router::{KvRouter, KvRouterStats};
 use crate::dist::ms_to_ns;
-use crate::kernel::LimitError;
 use crate::scenario::{
-    AfterCompletion, CheckpointConfig, IdentityMode, Radius, Release, Router, Scenario, Scheduler,
+    AfterCompletion, CheckpointConfig, Cluster as ClusterSpec, IdentityMode, Radius, Release,
+    Router, Scenario, Scheduler,
 };
 use cancelsim_models::prefix::Content;
 
@@ -33,21 +35,20 @@ pub(crate) fn radius(r: Radius) -> BlastRadius {
 }
 
 /// One replica as the scenario configures it.
-fn configured(s: &Scenario, table: Option<&Arc<StepTable>>) -> Replica {
-    let batched = match &s.cluster.scheduler {
+fn configured(s: &Scenario, c: &ClusterSpec, table: Option<&Arc<StepTable>>) -> Replica {
+    let batched = match &c.scheduler {
         Scheduler::Continuous {
             max_num_batched_tokens,
             ..
         } => *max_num_batched_tokens,
         Scheduler::Dynamic { .. } => None,
     };
-    let c = &s.cluster;
     let (cost, kv_tokens, profile) = c.step_costs(batched, table);
     let blocks = |block_tokens: u32, explicit: Option<u64>| {
         explicit.unwrap_or_else(|| (kv_tokens / block_tokens as u64).max(1))
     };
     let b = &s.backend;
-    match &s.cluster.scheduler {
+    match &c.scheduler {
         Scheduler::Continuous {
             max_num_seqs,
             max_num_batched_tokens,
@@ -142,7 +143,23 @@ impl Cluster {
     /// `table`: the measured step times of a `Table` profile, loaded with the run.
     pub fn new(s: &Scenario, table: Option<&Arc<StepTable>>) -> Cluster {
         let n = s.cluster.replicas as usize;
-        let mut replicas: Vec<Replica> = (0..n).map(|_| configured(s, table)).collect();
+        // Pool by pool on a prefill/decode graph, each with its stage's profile and scheduler.
+        let mut replicas: Vec<Replica> = match s.prefill_decode() {
+            Some(pd) => (pd.pools.iter())
+                .flat_map(|p| {
+                    let c = s.stage_cluster(&p.name);
+                    (0..p.replicas)
+                        .map(|_| configured(s, &c, table))
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
+            None => (0..n).map(|_| configured(s, &s.cluster, table)).collect(),
+        };
+        assert_eq!(
+            replicas.len(),
+            n,
+            "validation: the pools add up to `cluster.replicas`"
+        );
         let kv = match s.cluster.router {
             Router::KvAware {
                 overlap_weight,
@@ -172,125 +189,6 @@ impl Cluster {
             held: VecDeque::new(),
             held_max: s.limits.max_queue_len,
         }
-    }
-
-    /// Whether the router holds requests in a shared queue.
-    pub fn shares_queue(&self) -> bool {
-        matches!(self.router, Router::SharedQueue { .. })
-    }
-
-    /// The replicas a new request may go to: the colocated ones, or the prefill ones.
-    fn entry(&self) -> std::ops::Range<u32> {
-        match self.prefill_n {
-            0 => 0..self.replicas.len() as u32,
-            p => 0..p,
-        }
-    }
-
-    /// The least loaded entry replica below a shared queue's bound, if any (always the least
-    /// loaded for other routers).
-    fn below_bound(&self) -> Option<u32> {
-        let r = self
-            .entry()
-            .min_by_key(|&r| (self.replicas[r as usize].load(), r))?;
-        match self.router {
-            Router::SharedQueue { max_outstanding } => {
-                (self.replicas[r as usize].load() < max_outstanding as u64).then_some(r)
-            }
-            _ => Some(r),
-        }
-    }
-
-    /// Where a new request goes now: a replica, or `None` to wait in the router's shared queue
-    /// (behind the others there).
-    pub fn route_or_hold(
-        &mut self,
-        tag: u32,
-        session: Option<u64>,
-        now_ns: u64,
-    ) -> Result<Option<u32>, LimitError> {
-        if !matches!(self.router, Router::SharedQueue { .. }) {
-            return Ok(Some(self.route(session)));
-        }
-        if self.held.is_empty() {
-            if let Some(r) = self.below_bound() {
-                return Ok(Some(r));
-            }
-        }
-        if self.held.len() as u64 >= self.held_max {
-            let limit = self.held_max;
-            return Err(LimitError::RouterQueue {
-                limit,
-                time_ns: now_ns,
-            });
-        }
-        self.held.push_back(tag);
-        Ok(None)
-    }
-
-    /// The request at the head of the router's shared queue and the replica it may go to now,
-    /// if a replica is below the bound.
-    pub fn next_held(&mut self) -> Option<(u32, u32)> {
-        if self.held.is_empty() {
-            return None;
-        }
-        let r = self.below_bound()?;
-        self.held.pop_front().map(|tag| (tag, r))
-    }
-
-    /// Take `tag` out of the router's shared queue (cancelled while waiting); false if it is
-    /// not there.
-    pub fn unhold(&mut self, tag: u32) -> bool {
-        match self.held.iter().position(|&t| t == tag) {
-            Some(i) => self.held.remove(i).is_some(),
-            None => false,
-        }
-    }
-
-    /// The replica a new request goes to: a colocated one, or a prefill one. `session`: the
-    /// request's affinity key (its conversation, or its trace prefix), if it has one.
-    pub fn route(&mut self, session: Option<u64>) -> u32 {
-        let n = match self.prefill_n {
-            0 => self.replicas.len() as u32,
-            p => p,
-        };
-        if let (Router::Session, Some(key)) = (self.router, session) {
-            return rendezvous(key, 0..n);
-        }
-        let rr = &mut self.rr_next;
-        pick(self.router, &self.replicas, 0..n, rr)
-    }
-
-    /// The decode replica a prefilled request goes to, chosen when it reaches the decode stage:
-    /// among the pools that `from`'s pool links to (every decode pool without `from`) and, with
-    /// `r`, that would take it; `None` if none would.
-    pub fn route_decode(&mut self, from: Option<u32>, r: Option<&NewRequest>) -> Option<u32> {
-        let candidates = self.decode_candidates(from, r);
-        if candidates.is_empty() {
-            return None;
-        }
-        Some(pick(
-            self.router,
-            &self.replicas,
-            candidates,
-            &mut self.rr_decode,
-        ))
-    }
-
-    fn decode_candidates(&self, from: Option<u32>, r: Option<&NewRequest>) -> Vec<u32> {
-        let pd = self.pools.as_ref().expect("a prefill/decode graph");
-        let linked = |d: usize| match from {
-            Some(p) => pd.link(pd.pool_of(p), d).is_some(),
-            None => true,
-        };
-        let takes = |d: usize| match r {
-            Some(r) => self.replicas[pd.pools[d].first as usize].accepts(r).is_ok(),
-            None => true,
-        };
-        (0..pd.pools.len())
-            .filter(|&d| !pd.pools[d].prefill && linked(d) && takes(d))
-            .flat_map(|d| pd.replicas_of(d))
-            .collect()
     }
 
     /// Whether `replica` is a prefill replica of a prefill/decode graph.
@@ -346,14 +244,17 @@ impl Cluster {
 
     /// The totals of the prefill replicas (`prefill`) or of the others.
     pub fn stage_totals(&self, prefill: bool) -> ReplicaStats {
+        let n = self.prefill_n;
+        match prefill {
+            true => self.totals_of(0..n),
+            false => self.totals_of(n..self.replicas.len() as u32),
+        }
+    }
+
+    /// The totals of replicas `range` (a pool).
+    pub fn totals_of(&self, range: std::ops::Range<u32>) -> ReplicaStats {
         let mut t = ReplicaStats::default();
-        let n = self.prefill_n as usize;
-        let range = if prefill {
-            0..n
-        } else {
-            n..self.replicas.len()
-        };
-        for r in &self.replicas[range] {
+        for r in &self.replicas[range.start as usize..range.end as usize] {
             t.add(&r.totals());
         }
         t
@@ -548,48 +449,6 @@ impl Cluster {
     pub fn len(&self) -> usize {
         self.replicas.len()
     }
-}
-
-/// The router's choice among `candidates`: a range of replicas, or a list (the decode pools a
-/// request may go to).
-fn pick<C>(router: Router, replicas: &[Replica], candidates: C, rr: &mut u32) -> u32
-where
-    C: IntoIterator<Item = u32>,
-    C::IntoIter: ExactSizeIterator + Clone,
-{
-    let mut candidates = candidates.into_iter();
-    let n = candidates.len() as u32;
-    assert!(n > 0, "at least one replica");
-    match router {
-        Router::RoundRobin => {
-            // Modulo the candidates now: a request that fits fewer pools has fewer.
-            let r = candidates.nth((*rr % n) as usize).expect("in range");
-            *rr = (*rr + 1) % n;
-            r
-        }
-        // A request without a session key goes where the load is least; a shared queue's
-        // request goes where it may (see `route_or_hold`).
-        Router::LeastLoaded
-        | Router::Session
-        | Router::SharedQueue { .. }
-        | Router::KvAware { .. } => candidates
-            .min_by_key(|&r| (replicas[r as usize].load(), r))
-            .expect("at least one replica"),
-    }
-}
-
-/// Rendezvous (highest random weight) hashing: the replica whose hash with `key` is highest. A
-/// key keeps its replica when replicas are added elsewhere, and keys spread evenly.
-fn rendezvous(key: u64, range: std::ops::Range<u32>) -> u32 {
-    let weight = |r: u32| {
-        let mut z = key ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    range
-        .max_by_key(|&r| (weight(r), r))
-        .expect("at least one replica")
 }
 
 #[cfg(test)]

@@ -1,0 +1,173 @@
+//! Prefill/decode graphs of several pools against closed forms: each pool runs its own profile,
+//! each prefill-to-decode pair its own link, and the books follow pool by pool.
+
+use std::path::Path;
+
+use cancelsim::metrics::Summary;
+use cancelsim::run;
+use cancelsim::scenario::Scenario;
+
+use crate::scratch::Scratch;
+
+/// A Mooncake trace of `rows` `(timestamp_ms, output_tokens)`, 2,000-token prompts that share
+/// nothing.
+fn trace(dir: &Path, rows: &[(u64, u32)]) {
+    let lines: Vec<String> = (rows.iter().enumerate())
+        .map(|(i, (t, out))| {
+            let ids: Vec<String> = (0..4).map(|k| (1000 * i + k).to_string()).collect();
+            format!(
+                "{{\"timestamp\": {t}, \"input_length\": 2000, \"output_length\": {out}, \
+                 \"hash_ids\": [{}]}}",
+                ids.join(", ")
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("t.jsonl"), lines.join("\n") + "\n").unwrap();
+}
+
+fn custom(prefill_tokens_per_s: f64) -> String {
+    format!("Custom(c0_ms: 10.0, prefill_tokens_per_s: {prefill_tokens_per_s}, kv_blocks_16: 5000)")
+}
+
+fn scenario(stages: &str, links: &str, replicas: u32, extra: &str) -> String {
+    format!(
+        "Scenario(name: \"pools\", seed: 1, workload: (source: Trace(path: \"t.jsonl\", \
+         format: MooncakeJsonl)), cluster: (replicas: {replicas}, router: RoundRobin, \
+         profile: {}, scheduler: Continuous(window: 1, prefix_caching: false), \
+         topology: Some((stages: [(name: \"router\", role: Router), {stages}, \
+         (name: \"playback\", role: Playback)], links: [{links}]{extra}))))",
+        custom(20000.0)
+    )
+}
+
+fn run_in(dir: &Path, text: &str) -> Summary {
+    let mut s = Scenario::parse(text, "<inline>").unwrap();
+    s.base_dir = dir.to_path_buf();
+    run::counterfactual(&s, 1).unwrap()
+}
+
+#[test]
+fn two_prefill_pools_each_compute_at_their_own_rate() {
+    let dir = Scratch::new("pools", "profiles", true);
+    // Four requests a second apart, round robin over the two prefill pools: each prefills two,
+    // one step of 2,000 tokens each: 10 ms + 2,000 / rate.
+    trace(&dir, &[(0, 4), (1000, 4), (2000, 4), (3000, 4)]);
+    let stages = format!(
+        "(name: \"fast\", role: Prefill, profile: Some({})), \
+         (name: \"slow\", role: Prefill, profile: Some({})), (name: \"decode\", role: Decode)",
+        custom(40000.0),
+        custom(10000.0)
+    );
+    let links = "(from: \"router\", to: \"fast\"), (from: \"router\", to: \"slow\"), \
+                 (from: \"fast\", to: \"decode\", latency_ms: 1.0), \
+                 (from: \"slow\", to: \"decode\", latency_ms: 1.0), \
+                 (from: \"decode\", to: \"playback\")";
+    let s = run_in(&dir, &scenario(&stages, links, 3, ""));
+    assert_eq!(s.requests.completed, 4);
+    let names: Vec<(&str, &str, u32)> = (s.pools.iter())
+        .map(|p| (p.name.as_str(), p.role, p.replicas))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("fast", "prefill", 1),
+            ("slow", "prefill", 1),
+            ("decode", "decode", 1)
+        ]
+    );
+    let busy = |i: usize| s.pools[i].gpu_busy_s;
+    assert!((busy(0) - 2.0 * 0.060).abs() < 1e-6, "{}", busy(0));
+    assert!((busy(1) - 2.0 * 0.210).abs() < 1e-6, "{}", busy(1));
+    assert_eq!((s.pools[0].steps, s.pools[1].steps), (2, 2));
+    // The decode pool received every prompt's KV, as the two prefill pools sent it.
+    let kv = 2000 * 131_072;
+    assert_eq!(
+        s.pools[0].transfer_bytes + s.pools[1].transfer_bytes,
+        4 * kv
+    );
+    assert_eq!(s.pools[2].transfer_bytes, 4 * kv);
+}
+
+#[test]
+fn each_prefill_to_decode_pair_has_its_own_link() {
+    let dir = Scratch::new("pools", "links", true);
+    let stages = "(name: \"prefill\", role: Prefill), (name: \"near\", role: Decode), \
+                  (name: \"far\", role: Decode)";
+    // To `far`: a thousandth of the bandwidth (1 MB/s: 262.144 s for a prompt's KV), and every
+    // notice lost, so the prefill side's blocks come back by their 1 s lease instead.
+    let links = "(from: \"router\", to: \"prefill\"), \
+                 (from: \"prefill\", to: \"near\", latency_ms: 1.0, bandwidth_gbps: 8.0), \
+                 (from: \"prefill\", to: \"far\", latency_ms: 1.0, bandwidth_gbps: 0.008, \
+                  loss: 1.0), \
+                 (from: \"near\", to: \"playback\"), (from: \"far\", to: \"playback\")";
+    let lease = ", handoff: (prefill_reclaim: Lease(lease_ms: 1000.0, grace_ms: 0.0))";
+    // Two at once: round robin sends the first to `near`, the second to `far`.
+    trace(&dir, &[(0, 4), (0, 4)]);
+    let s = run_in(&dir, &scenario(stages, links, 3, lease));
+    assert_eq!(s.requests.completed, 2);
+    let kv = 2000 * 131_072;
+    assert_eq!(
+        (s.pools[1].transfer_bytes, s.pools[2].transfer_bytes),
+        (kv, kv)
+    );
+    let h = s.handoff.unwrap();
+    assert_eq!(
+        (h.prefill.returned_completed, h.prefill.returned_lease),
+        (1, 1)
+    );
+    // The far request's KV is on the slow wire for 262.144 s; nothing else takes a second.
+    let wire_s = kv as f64 / 1e6;
+    assert!(
+        s.makespan_s > wire_s && s.makespan_s < wire_s + 1.0,
+        "{}",
+        s.makespan_s
+    );
+}
+
+#[test]
+fn pools_the_world_cannot_run_are_refused_naming_the_field() {
+    let fine =
+        "(from: \"router\", to: \"p\"), (from: \"p\", to: \"d\"), (from: \"d\", to: \"playback\")";
+    let cases = [
+        (
+            "(name: \"p\", role: Prefill), (name: \"q\", role: Prefill), (name: \"d\", role: Decode)"
+                .to_string(),
+            "(from: \"router\", to: \"p\"), (from: \"p\", to: \"q\"), (from: \"q\", to: \"d\"), \
+             (from: \"d\", to: \"playback\")"
+                .to_string(),
+            3,
+            "cluster.topology.links[1]",
+        ),
+        (
+            "(name: \"p\", role: Prefill, profile: Some(Named(\"llama-3.1-70b-tp4-h100\"))), \
+             (name: \"d\", role: Decode)"
+                .to_string(),
+            fine.to_string(),
+            2,
+            "cluster.topology.stages[1].profile",
+        ),
+        (
+            "(name: \"p\", role: Prefill, profile: Some(Table(path: \"x.csv\", kv_blocks_16: 9))), \
+             (name: \"d\", role: Decode)"
+                .to_string(),
+            fine.to_string(),
+            2,
+            "cluster.topology.stages[1].profile",
+        ),
+        (
+            "(name: \"p\", role: Prefill), (name: \"d\", role: Decode, \
+             scheduler: Some(Continuous(window: 0)))"
+                .to_string(),
+            fine.to_string(),
+            2,
+            "cluster.topology.stages[2].scheduler",
+        ),
+    ];
+    for (stages, links, n, field) in cases {
+        let e = Scenario::parse(&scenario(&stages, &links, n, ""), "<inline>")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{field}: {e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+}
