@@ -84,6 +84,7 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
         let rate = d.scale(0.1, 200.0);
         s.workload.source = super::fuzz_jobs::source(&mut d, requests, rate);
     }
+    super::fuzz_router::pools(&mut s, tier);
     super::fuzz_router::shared_prefixes(&mut s, tier);
     super::fuzz_router::conditional(&mut s, tier);
     super::fuzz_router::kv_router(&mut s, tier);

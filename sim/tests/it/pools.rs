@@ -171,3 +171,34 @@ fn pools_the_world_cannot_run_are_refused_naming_the_field() {
         assert_eq!(e.lines().count(), 1, "{e}");
     }
 }
+
+#[test]
+fn the_heterogeneous_library_graph_keeps_its_books_pool_by_pool() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scenarios/library/pd-heterogeneous-storm.ron");
+    let s = Scenario::load(&path).unwrap();
+    let (report, _) = run::run(&s, 1, run::RunOptions::default()).unwrap();
+    for p in report.policies.iter().chain([&report.counterfactual]) {
+        let [h100, a100, decode] = &p.pools[..] else {
+            panic!("{}: three pools, got {:?}", p.policy, p.pools);
+        };
+        // What the two prefill pools sent is what the decode pool received.
+        assert_eq!(
+            h100.transfer_bytes + a100.transfer_bytes,
+            decode.transfer_bytes,
+            "{}",
+            p.policy
+        );
+        // Every prompt prefilled once, on one pool or the other (no preemption here).
+        let prompts = h100.prefix_query_tokens + a100.prefix_query_tokens;
+        assert!(
+            prompts > 0 && decode.prefix_query_tokens == 0,
+            "{}",
+            p.policy
+        );
+        // The A100 takes longer per prompt token than the H100.
+        let per_token =
+            |q: &cancelsim::metrics::PoolSummary| q.gpu_busy_s / q.prefix_query_tokens as f64;
+        assert!(per_token(a100) > 2.0 * per_token(h100), "{}", p.policy);
+    }
+}
