@@ -1,5 +1,5 @@
 //! The differential corpus: what the build before the speed work (issue #30) answered, held
-//! against what this build answers. Every library scenario, the four benchmarks at 1,500
+//! against what this build answers. Every library scenario, the five benchmarks at 1,500
 //! requests, and fuzzer-drawn scenarios over every option (prefill/decode graphs included): for
 //! each, the BLAKE3 of `requests.csv`, of the report as `summary.json` holds it (less its
 //! commit and run hash), and, for the library and the benchmarks, of each field of the report's
@@ -71,6 +71,7 @@ fn corpus(whole: bool) -> Vec<(String, Scenario, u64)> {
         "bench-poisson-1m",
         "bench-storm-1m",
         "bench-storm-1m-1p1d",
+        "bench-storm-1m-4pools",
     ] {
         let mut s = Scenario::load(&repo().join(format!("scenarios/{b}.ron"))).unwrap();
         match &mut s.workload.source {
