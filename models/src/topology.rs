@@ -106,13 +106,15 @@ pub const REPLICAS_MAX: u32 = 1024;
 /// Stages of one graph, at most.
 pub const STAGES_MAX: usize = 64;
 
-/// One serving stage of a prefill/decode graph: its name, its side, and its replicas.
+/// One serving stage of a prefill/decode graph: its name, its role, and its replicas.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pool {
     pub name: String,
-    pub prefill: bool,
+    /// Prefill, Decode, or Colocated (beside the others: it prefills and decodes its own).
+    pub role: Role,
     pub replicas: u32,
-    /// Its first replica's index: the prefill pools' replicas come first, each pool's in a run.
+    /// Its first replica's index: the prefill pools' replicas come first, then the decode
+    /// pools', then the colocated pools', each pool's in a run.
     pub first: u32,
 }
 
@@ -120,10 +122,11 @@ pub struct Pool {
 /// prefill pool to a decode pool.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PrefillDecode {
-    /// Replicas of every prefill pool, then of every decode pool.
+    /// Replicas of every prefill pool, of every decode pool, and of every colocated pool.
     pub prefill_replicas: u32,
     pub decode_replicas: u32,
-    /// The prefill pools in the order written, then the decode pools.
+    pub colocated_replicas: u32,
+    /// The prefill pools in the order written, then the decode pools, then the colocated.
     pub pools: Vec<Pool>,
     /// `(prefill pool, decode pool, link)`, indices into `pools`, in the order written.
     pub links: Vec<(usize, usize, Link)>,
@@ -277,26 +280,22 @@ impl Topology {
     }
 
     /// The disaggregated shape the world simulates: one or more Prefill stages feeding one or
-    /// more Decode stages, no Colocated stage. `None` for any other graph.
+    /// more Decode stages, maybe Colocated stages beside them. `None` for any other graph.
     pub fn prefill_decode(&self) -> Option<PrefillDecode> {
         let g = &self.graph;
         let of = |role: Role| -> Vec<NodeIndex> {
             g.node_indices().filter(|&n| g[n].role == role).collect()
         };
         let (p, d, c) = (of(Role::Prefill), of(Role::Decode), of(Role::Colocated));
-        if p.is_empty() || d.is_empty() || !c.is_empty() {
+        if p.is_empty() || d.is_empty() {
             return None;
         }
-        let mut pools = Vec::with_capacity(p.len() + d.len());
+        let mut pools = Vec::with_capacity(p.len() + d.len() + c.len());
         let mut first = 0;
-        for (&n, prefill) in p
-            .iter()
-            .map(|n| (n, true))
-            .chain(d.iter().map(|n| (n, false)))
-        {
+        for &n in p.iter().chain(&d).chain(&c) {
             pools.push(Pool {
                 name: g[n].name.clone(),
-                prefill,
+                role: g[n].role,
                 replicas: g[n].replicas,
                 first,
             });
@@ -319,6 +318,7 @@ impl Topology {
         Some(PrefillDecode {
             prefill_replicas: sum(&p),
             decode_replicas: sum(&d),
+            colocated_replicas: sum(&c),
             pools,
             links,
         })

@@ -158,6 +158,16 @@ fn one() -> u32 {
     1
 }
 
+impl StageSpec {
+    /// A Colocated, Prefill or Decode stage: one that runs replicas.
+    pub fn role_serves(&self) -> bool {
+        matches!(
+            self.role,
+            RoleSpec::Colocated | RoleSpec::Prefill | RoleSpec::Decode
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum RoleSpec {
     Router,
@@ -334,8 +344,8 @@ impl Scenario {
             if st.profile.is_none() && st.scheduler.is_none() {
                 continue;
             }
-            if !matches!(st.role, RoleSpec::Prefill | RoleSpec::Decode) {
-                let m = "only a Prefill or Decode stage has a profile or scheduler of its own";
+            if !st.role_serves() {
+                let m = "only a serving stage has a profile or scheduler of its own";
                 return Err(Invalid {
                     field: at,
                     message: m.into(),
@@ -392,8 +402,8 @@ impl TopologySpec {
             return Err(Invalid {
                 field: "cluster.topology".into(),
                 message: "this graph is validated and drawn, but not simulated: the world runs \
-                          one Colocated stage, or Prefill stages linked to Decode stages (none \
-                          Colocated beside them)"
+                          one Colocated stage, or Prefill stages linked to Decode stages (with \
+                          Colocated stages beside them or not)"
                     .into(),
             });
         }
@@ -434,22 +444,22 @@ impl TopologySpec {
     /// A prefill/decode graph the world runs: the router feeds prefill stages, prefill stages
     /// feed decode stages (any of them, each link its own), decode stages feed playback.
     fn check_pd_links(&self) -> Result<(), Invalid> {
-        use RoleSpec::{Decode, Playback, Prefill, Router};
+        use RoleSpec::{Colocated, Decode, Playback, Prefill, Router};
         let role = |name: &str| self.stages.iter().find(|s| s.name == name).map(|s| s.role);
         for (i, l) in self.links.iter().enumerate() {
             let ok = matches!(
                 (role(&l.from), role(&l.to)),
-                (Some(Router), Some(Prefill))
+                (Some(Router), Some(Prefill | Colocated))
                     | (Some(Prefill), Some(Decode))
-                    | (Some(Decode), Some(Playback))
+                    | (Some(Decode | Colocated), Some(Playback))
             );
             if !ok {
                 return Err(Invalid {
                     field: format!("cluster.topology.links[{i}]"),
                     message: format!(
                         "`{}` to `{}` is not simulated: a prefill/decode graph links the router \
-                         to prefill stages, prefill stages to decode stages, and decode stages \
-                         to playback",
+                         to prefill (and colocated) stages, prefill stages to decode stages, and \
+                         decode (and colocated) stages to playback",
                         l.from, l.to
                     ),
                 });

@@ -2,7 +2,8 @@
 //! the router picks the decode replica it would go to, and that replica prefills it itself
 //! unless the part of its prompt it has not cached is longer than a threshold, or prefills it
 //! anyway when every prefill replica is busy. A request prefilled locally runs there as on a
-//! colocated replica: no handoff, no transfer, and its cancel reaches one engine. The others
+//! colocated replica: no handoff, no transfer, and its cancel reaches one engine. A graph with a
+//! Colocated pool beside its prefill and decode pools keeps such requests there instead. The others
 //! take the prefill stage and the handoff; the router picks their decode replica again when
 //! their KV is ready (it may have changed its mind meanwhile).
 
@@ -11,16 +12,22 @@ use super::World;
 use crate::workload::Arrival;
 
 impl World<'_> {
-    /// The decode replica that prefills request `a` itself, if the rule says so.
+    /// The replica that serves request `a` whole, off the prefill stage, if the rule says so:
+    /// a Colocated one beside the graph, or the decode replica the router picks.
     pub(super) fn prefill_locally(&mut self, a: &Arrival, conv: Option<TurnRef>) -> Option<u32> {
         let c = self.handoff.as_ref()?.cfg().conditional?;
-        let decode = self.cluster.route_decode(None, None)?;
+        // A Colocated pool beside the graph takes what is kept off the prefill stage; without
+        // one, the decode replica the router would pick.
+        let local = match self.cluster.route_colocated() {
+            Some(r) => r,
+            None => self.cluster.route_decode(None, None)?,
+        };
         let prompt = a.prompt_tokens as u64;
-        let uncached = prompt - self.cached_on(decode, a, conv);
+        let uncached = prompt - self.cached_on(local, a, conv);
         let busy = c
             .max_prefill_queue
             .is_some_and(|m| self.cluster.prefill_queue() >= m as u64);
-        (uncached <= c.max_local_prefill_tokens as u64 || busy).then_some(decode)
+        (uncached <= c.max_local_prefill_tokens as u64 || busy).then_some(local)
     }
 
     /// The tokens of `a`'s prompt in the leading run of blocks `replica` has cached, short of

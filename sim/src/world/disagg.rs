@@ -133,7 +133,7 @@ impl World<'_> {
     /// After a pass or a step of `replica`: if it decodes for a prefill stage, blocks may have
     /// come back for requests waiting to receive their KV.
     pub(super) fn receive_on(&mut self, replica: u32) -> Step {
-        if self.cluster.disaggregated() && !self.cluster.is_prefill(replica) {
+        if self.cluster.is_decode(replica) {
             return self.try_receive(replica);
         }
         Ok(())
@@ -205,7 +205,7 @@ impl World<'_> {
         }
         if was_full {
             // Requests of every decode replica may have waited for room on this wire.
-            let decodes = self.cluster.prefill_count()..self.cluster.len() as u32;
+            let decodes = self.cluster.decode_range();
             for decode in decodes {
                 self.try_receive(decode)?;
             }

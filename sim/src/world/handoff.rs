@@ -9,7 +9,7 @@ use std::ops::Range;
 use cancelsim_models::cleanup::{CleanupOwner, Returned, Why};
 use cancelsim_models::prefix::Sharing;
 use cancelsim_models::protocol::ReplicaStats;
-use cancelsim_models::topology::{Link, PrefillDecode};
+use cancelsim_models::topology::{Link, PrefillDecode, Role};
 use cancelsim_models::transfer::{CancelMode, TransferStats, Transfers};
 
 use super::event::Tag;
@@ -64,8 +64,9 @@ pub(crate) struct Handoff {
     cfg: HandoffSpec,
     /// The pools and the links between them.
     pd: PrefillDecode,
-    /// Decode pools: each prefill replica has a wire to each.
+    /// Decode pools: each prefill replica has a wire to each. The first's index in the pools.
     decode_pools: usize,
+    first_decode: usize,
     kv_bytes_per_token: u64,
     seed: u64,
     prefill_n: u32,
@@ -109,8 +110,8 @@ impl Handoff {
             }
         };
         let (p, d) = (pd.prefill_replicas, pd.decode_replicas);
-        let decode_pools = pd.pools.iter().filter(|x| !x.prefill).count();
-        let first_decode = pd.pools.len() - decode_pools;
+        let of = |role: Role| pd.pools.iter().filter(|x| x.role == role).count();
+        let (first_decode, decode_pools) = (of(Role::Prefill), of(Role::Decode));
         let wire = |r: u32, j: usize| {
             // A pair with no link carries nothing: the router sends no request there.
             let link = pd.link(pd.pool_of(r), first_decode + j);
@@ -120,7 +121,9 @@ impl Handoff {
             .flat_map(|r| (0..decode_pools).map(move |j| (r, j)))
             .map(|(r, j)| wire(r, j))
             .collect();
-        let owners = (0..p + d)
+        // Colocated replicas beside the pools hold nothing for a handoff; they have owners so
+        // that every replica's index is one.
+        let owners = (0..p + d + pd.colocated_replicas)
             .map(|r| CleanupOwner::new(cfg.cleanup(r >= p)))
             .collect();
         let kv_bytes_per_token = cfg.kv_bytes_per_token.unwrap_or_else(|| {
@@ -129,6 +132,7 @@ impl Handoff {
         });
         Handoff {
             decode_pools,
+            first_decode,
             kv_bytes_per_token,
             seed,
             prefill_n: p,
@@ -387,7 +391,7 @@ impl Handoff {
 
     /// Each pool's books, from its replicas' totals (`totals`) and its wires.
     pub fn pool_summaries(&self, totals: impl Fn(Range<u32>) -> ReplicaStats) -> Vec<PoolSummary> {
-        let first_decode = self.pd.pools.len() - self.decode_pools;
+        let first_decode = self.first_decode;
         let mut bytes = vec![0u128; self.pd.pools.len()];
         for (i, w) in self.wires.iter().enumerate() {
             let b = w.stats().bytes;
@@ -401,7 +405,11 @@ impl Handoff {
                 let t = totals(self.pd.replicas_of(i));
                 PoolSummary {
                     name: p.name.clone(),
-                    role: if p.prefill { "prefill" } else { "decode" },
+                    role: match p.role {
+                        Role::Prefill => "prefill",
+                        Role::Decode => "decode",
+                        _ => "colocated",
+                    },
                     replicas: p.replicas,
                     gpu_busy_s: t.busy_ns as f64 / 1e9,
                     steps: t.steps,
@@ -430,8 +438,8 @@ impl Handoff {
 
     fn wire_index(&self, prefill: u32, decode: u32) -> usize {
         assert!(prefill < self.prefill_n && decode >= self.prefill_n);
-        let first_decode = self.pd.pools.len() - self.decode_pools;
-        let j = self.pd.pool_of(decode) - first_decode;
+        let j = self.pd.pool_of(decode) - self.first_decode;
+        assert!(j < self.decode_pools, "a wire to a decode pool");
         prefill as usize * self.decode_pools + j
     }
 

@@ -202,3 +202,32 @@ fn the_heterogeneous_library_graph_keeps_its_books_pool_by_pool() {
         assert!(per_token(a100) > 2.0 * per_token(h100), "{}", p.policy);
     }
 }
+
+#[test]
+fn a_colocated_pool_beside_the_pair_takes_what_the_prefill_stage_cannot() {
+    let dir = Scratch::new("pools", "colocated", true);
+    let stages = "(name: \"prefill\", role: Prefill), (name: \"decode\", role: Decode), \
+                  (name: \"side\", role: Colocated)";
+    let links = "(from: \"router\", to: \"prefill\"), (from: \"router\", to: \"side\"), \
+                 (from: \"prefill\", to: \"decode\", latency_ms: 1.0), \
+                 (from: \"decode\", to: \"playback\"), (from: \"side\", to: \"playback\")";
+    // Three at once. With the prefill stage's queue bounded at one request, the first takes the
+    // pair and the two after it the colocated pool, whole.
+    trace(&dir, &[(0, 4), (0, 4), (0, 4)]);
+    let fallback = ", handoff: (conditional: Some((max_local_prefill_tokens: 0, \
+                    max_prefill_queue: 1)))";
+    let s = run_in(&dir, &scenario(stages, links, 3, fallback));
+    assert_eq!(s.requests.completed, 3);
+    let h = s.handoff.unwrap();
+    assert_eq!((h.local_prefills, h.transfers_done), (2, 1));
+    let roles: Vec<&str> = s.pools.iter().map(|p| p.role).collect();
+    assert_eq!(roles, ["prefill", "decode", "colocated"]);
+    assert!(s.pools[2].gpu_busy_s > 0.0 && s.pools[0].steps == 1);
+    assert_eq!(s.pools[2].tokens_delivered, 2 * 4);
+    assert_eq!(s.pools[2].transfer_bytes, 0);
+    // Without the rule, the router balances the prefill and the colocated replicas: the least
+    // loaded, the lower index at a tie (prefill, colocated, prefill).
+    let s = run_in(&dir, &scenario(stages, links, 3, ""));
+    let h = s.handoff.unwrap();
+    assert_eq!((h.local_prefills, h.transfers_done), (1, 2));
+}

@@ -189,19 +189,18 @@ fn a_prefill_decode_graph_runs_and_is_drawn() {
 
 #[test]
 fn graphs_the_world_cannot_run_are_refused_with_a_clear_line() {
-    let beside = ONE_P_ONE_D
+    let two_colocated = COLOCATED
         .replace(
-            "(name: \"decode\", role: Decode),",
-            "(name: \"decode\", role: Decode), (name: \"c\", role: Colocated),",
+            "(name: \"playback\", role: Playback),",
+            "(name: \"c2\", role: Colocated), (name: \"playback\", role: Playback),",
         )
         .replace(
-            "(from: \"decode\", to: \"playback\"),",
-            "(from: \"decode\", to: \"playback\"), (from: \"router\", to: \"c\"), \
-             (from: \"c\", to: \"playback\"),",
+            "links: [",
+            "links: [(from: \"router\", to: \"c2\"), (from: \"c2\", to: \"playback\"),",
         );
     refused(
-        "colocated-beside",
-        &scenario(4, &beside),
+        "two-colocated",
+        &scenario(3, &two_colocated),
         &["cluster.topology", "Prefill stages linked to Decode stages"],
     );
     let dynamic = scenario(3, ONE_P_ONE_D).replace(

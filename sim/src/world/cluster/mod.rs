@@ -120,6 +120,9 @@ pub(crate) struct Cluster {
     prefill_n: u32,
     /// The pools of a prefill/decode graph, and the links between them.
     pools: Option<PrefillDecode>,
+    /// With Colocated pools beside a prefill/decode graph: where a new request may go (every
+    /// prefill replica, then every colocated one).
+    entry_beside: Option<Vec<u32>>,
     rr_decode: u32,
     /// Since when each replica is wedged: alive, but dispatching nothing.
     wedged_since: Vec<Option<u64>>,
@@ -180,6 +183,13 @@ impl Cluster {
             rr_next: 0,
             prefill_n: s.prefill_decode().map_or(0, |pd| pd.prefill_replicas),
             pools: s.prefill_decode(),
+            entry_beside: s
+                .prefill_decode()
+                .filter(|pd| pd.colocated_replicas > 0)
+                .map(|pd| {
+                    let colocated = pd.prefill_replicas + pd.decode_replicas..n as u32;
+                    (0..pd.prefill_replicas).chain(colocated).collect()
+                }),
             rr_decode: 0,
             wedged_since: vec![None; n],
             pass_pending: vec![false; n],
@@ -191,13 +201,23 @@ impl Cluster {
         }
     }
 
+    /// Whether `replica` is a decode replica of a prefill/decode graph (not a prefill one, nor
+    /// one of a Colocated pool beside them).
+    pub fn is_decode(&self, replica: u32) -> bool {
+        self.pools.as_ref().is_some_and(|pd| {
+            (pd.prefill_replicas..pd.prefill_replicas + pd.decode_replicas).contains(&replica)
+        })
+    }
+
+    /// The decode replicas of a prefill/decode graph.
+    pub fn decode_range(&self) -> std::ops::Range<u32> {
+        let pd = self.pools.as_ref().expect("a prefill/decode graph");
+        pd.prefill_replicas..pd.prefill_replicas + pd.decode_replicas
+    }
+
     /// Whether `replica` is a prefill replica of a prefill/decode graph.
     pub fn is_prefill(&self, replica: u32) -> bool {
         replica < self.prefill_n
-    }
-
-    pub fn prefill_count(&self) -> u32 {
-        self.prefill_n
     }
 
     pub fn disaggregated(&self) -> bool {
@@ -244,10 +264,9 @@ impl Cluster {
 
     /// The totals of the prefill replicas (`prefill`) or of the others.
     pub fn stage_totals(&self, prefill: bool) -> ReplicaStats {
-        let n = self.prefill_n;
         match prefill {
-            true => self.totals_of(0..n),
-            false => self.totals_of(n..self.replicas.len() as u32),
+            true => self.totals_of(0..self.prefill_n),
+            false => self.totals_of(self.decode_range()),
         }
     }
 

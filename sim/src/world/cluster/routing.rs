@@ -3,6 +3,7 @@
 
 use cancelsim_models::protocol::NewRequest;
 use cancelsim_models::replica::Replica;
+use cancelsim_models::topology::Role;
 
 use super::Cluster;
 use crate::kernel::LimitError;
@@ -25,9 +26,11 @@ impl Cluster {
     /// The least loaded entry replica below a shared queue's bound, if any (always the least
     /// loaded for other routers).
     fn below_bound(&self) -> Option<u32> {
-        let r = self
-            .entry()
-            .min_by_key(|&r| (self.replicas[r as usize].load(), r))?;
+        let load = |&r: &u32| (self.replicas[r as usize].load(), r);
+        let r = match &self.entry_beside {
+            Some(list) => list.iter().copied().min_by_key(load)?,
+            None => self.entry().min_by_key(load)?,
+        };
         match self.router {
             Router::SharedQueue { max_outstanding } => {
                 (self.replicas[r as usize].load() < max_outstanding as u64).then_some(r)
@@ -85,6 +88,17 @@ impl Cluster {
     /// The replica a new request goes to: a colocated one, or a prefill one. `session`: the
     /// request's affinity key (its conversation, or its trace prefix), if it has one.
     pub fn route(&mut self, session: Option<u64>) -> u32 {
+        if let Some(list) = &self.entry_beside {
+            if let (Router::Session, Some(key)) = (self.router, session) {
+                return list[rendezvous(key, 0..list.len() as u32) as usize];
+            }
+            return pick(
+                self.router,
+                &self.replicas,
+                list.iter().copied(),
+                &mut self.rr_next,
+            );
+        }
         let n = match self.prefill_n {
             0 => self.replicas.len() as u32,
             p => p,
@@ -112,6 +126,25 @@ impl Cluster {
         ))
     }
 
+    /// A replica of the Colocated pools beside a prefill/decode graph, by the router, for a
+    /// request kept off the prefill stage; `None` without one.
+    pub fn route_colocated(&mut self) -> Option<u32> {
+        let pd = self.pools.as_ref()?;
+        let colocated: Vec<u32> = (0..pd.pools.len())
+            .filter(|&i| pd.pools[i].role == Role::Colocated)
+            .flat_map(|i| pd.replicas_of(i))
+            .collect();
+        if colocated.is_empty() {
+            return None;
+        }
+        Some(pick(
+            self.router,
+            &self.replicas,
+            colocated,
+            &mut self.rr_decode,
+        ))
+    }
+
     pub(super) fn decode_candidates(&self, from: Option<u32>, r: Option<&NewRequest>) -> Vec<u32> {
         let pd = self.pools.as_ref().expect("a prefill/decode graph");
         let linked = |d: usize| match from {
@@ -123,7 +156,7 @@ impl Cluster {
             None => true,
         };
         (0..pd.pools.len())
-            .filter(|&d| !pd.pools[d].prefill && linked(d) && takes(d))
+            .filter(|&d| pd.pools[d].role == Role::Decode && linked(d) && takes(d))
             .flat_map(|d| pd.replicas_of(d))
             .collect()
     }
