@@ -85,6 +85,7 @@ pub fn scenario(seed: u64, tier: Tier, base_dir: PathBuf) -> Scenario {
         s.workload.source = super::fuzz_jobs::source(&mut d, requests, rate);
     }
     super::fuzz_router::pools(&mut s, tier);
+    super::fuzz_router::beside(&mut s, tier);
     super::fuzz_router::shared_prefixes(&mut s, tier);
     super::fuzz_router::conditional(&mut s, tier);
     super::fuzz_router::kv_router(&mut s, tier);

@@ -188,6 +188,47 @@ fn pool_links(t: &TopologySpec, kv: &LinkRon, d: &mut Draw) -> Vec<LinkRon> {
     links
 }
 
+/// A fifth of the prefill/decode graphs get a Colocated pool beside them, taken from their
+/// decode replicas (so `cluster.replicas` stays). Its own stream.
+pub(super) fn beside(s: &mut Scenario, tier: Tier) {
+    let Some(t) = s.cluster.topology.as_ref() else {
+        return;
+    };
+    let mut d = Draw {
+        s: Stream::new(s.seed, Purpose::Fuzz, BESIDE_SUBKEY + tier as u64),
+    };
+    let decode = t.stages.iter().position(|st| st.role == RoleSpec::Decode);
+    let Some(i) = decode.filter(|&i| t.stages[i].replicas >= 2) else {
+        return;
+    };
+    if !d.chance(0.2) {
+        return;
+    }
+    let was = t.clone();
+    let mut t = was.clone();
+    let n = t.stages[i].replicas;
+    let k = d.int(1, n as u64 - 1) as u32;
+    t.stages[i].replicas = n - k;
+    let mut side = t.stages[i].clone();
+    side.name = "side".into();
+    side.role = RoleSpec::Colocated;
+    side.replicas = k;
+    t.stages.push(side);
+    let free = |from: &str, to: &str| LinkRon {
+        from: from.into(),
+        to: to.into(),
+        latency_ms: 0.0,
+        bandwidth_gbps: None,
+        loss: 0.0,
+    };
+    t.links.push(free("router", "side"));
+    t.links.push(free("side", "playback"));
+    s.cluster.topology = Some(t);
+    if s.validate().is_err() {
+        s.cluster.topology = Some(was);
+    }
+}
+
 /// Another GPU for the same model, sometimes: the named 8B profiles' siblings.
 fn other_gpu(s: &Scenario, d: &mut Draw) -> Option<ProfileRef> {
     let ProfileRef::Named(name) = &s.cluster.profile else {
@@ -220,3 +261,5 @@ const PREFIX_SUBKEY: u64 = 0x5046_0000;
 const CONDITIONAL_SUBKEY: u64 = 0x4344_0000;
 /// The pools' draw stream.
 const POOLS_SUBKEY: u64 = 0x504c_0000;
+/// The Colocated pool beside's draw stream.
+const BESIDE_SUBKEY: u64 = 0x4253_0000;

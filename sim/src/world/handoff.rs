@@ -121,8 +121,7 @@ impl Handoff {
             .flat_map(|r| (0..decode_pools).map(move |j| (r, j)))
             .map(|(r, j)| wire(r, j))
             .collect();
-        // Colocated replicas beside the pools hold nothing for a handoff; they have owners so
-        // that every replica's index is one.
+        // Colocated replicas beside the pools hold nothing, but every replica index has one.
         let owners = (0..p + d + pd.colocated_replicas)
             .map(|r| CleanupOwner::new(cfg.cleanup(r >= p)))
             .collect();
