@@ -7,7 +7,7 @@ use cancelsim_models::gpu::StepTable;
 
 use crate::metrics::{CapacityCost, Summary};
 use crate::record::{Extras, Recording, RequestSink, TraceSink};
-use crate::scenario::{Policy, ProfileRef, Scenario, Source};
+use crate::scenario::{Policy, ProfileRef, Scenario, Source, TraceFormat};
 use crate::workload::TraceReader;
 #[cfg(feature = "broken-variants")]
 use crate::world::Hooks;
@@ -193,7 +193,11 @@ fn step_table(s: &Scenario) -> Result<Option<Arc<StepTable>>, RunError> {
 fn inputs(s: &Scenario, read: &Read) -> Result<Inputs, RunError> {
     let trace = match &s.workload.source {
         Source::Trace { path, format, .. } => {
-            Some(TraceReader::open(&s.base_dir.join(path), *format).map_err(RunError::Input)?)
+            let path = s.base_dir.join(path);
+            if matches!(s.cluster.router, crate::scenario::Router::KvAware { .. }) {
+                kv_router_has_hashes(&path, *format)?;
+            }
+            Some(TraceReader::open(&path, *format).map_err(RunError::Input)?)
         }
         _ => None,
     };
@@ -202,6 +206,21 @@ fn inputs(s: &Scenario, read: &Read) -> Result<Inputs, RunError> {
         trace,
         sessions: read.1.clone(),
     })
+}
+
+/// A KV-aware router scores replicas by a trace's block hashes: a trace whose first row has
+/// none gives it nothing to score (validation let only a Mooncake trace through).
+fn kv_router_has_hashes(path: &std::path::Path, format: TraceFormat) -> Result<(), RunError> {
+    let mut r = TraceReader::open(path, format).map_err(RunError::Input)?;
+    let first = r.next_row().map_err(RunError::Input)?;
+    if first.is_some() && r.prefix_ids().is_empty() {
+        return Err(RunError::Input(format!(
+            "{}:1: field `cluster.router.KvAware` needs the trace's block hashes, and its first \
+             row has no `hash_ids` (nothing to score the replicas by)",
+            crate::input::shown(path)
+        )));
+    }
+    Ok(())
 }
 
 /// What every run of a report reads, read once: the step table, and an agent trace's sessions.

@@ -153,3 +153,26 @@ fn a_kv_router_with_nothing_to_look_at_is_refused_naming_the_field() {
     let e = Scenario::parse(&azure, "<inline>").unwrap_err().to_string();
     assert!(e.contains("shares no prompt blocks"), "{e}");
 }
+
+#[test]
+fn a_kv_router_on_a_trace_without_block_hashes_stops_before_running() {
+    let dir = Scratch::new("kv", "no-hashes", true);
+    let rows = "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 4}\n";
+    std::fs::write(dir.join("t.jsonl"), rows).unwrap();
+    let ron = "Scenario(name: \"kv\", seed: 1, workload: (source: Trace(path: \"t.jsonl\", \
+               format: MooncakeJsonl)), cluster: (replicas: 2, \
+               router: KvAware(overlap_weight: 1, load_weight: 1), \
+               profile: Custom(c0_ms: 10.0, prefill_tokens_per_s: 20000.0, kv_blocks_16: 5000), \
+               scheduler: Continuous(window: 1)))";
+    let mut s = Scenario::parse(ron, "<inline>").unwrap();
+    s.base_dir = dir.to_path_buf();
+    let e = run::counterfactual(&s, 1).unwrap_err().to_string();
+    assert!(
+        e.contains("t.jsonl:1:") && e.contains("cluster.router.KvAware") && e.contains("hash_ids"),
+        "{e}"
+    );
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+    // With the hashes, it runs.
+    trace(&dir, &[(0, 4)]);
+    assert_eq!(run::counterfactual(&s, 1).unwrap().requests.completed, 1);
+}
