@@ -505,23 +505,41 @@ impl super::Scenario {
         if lag_us > KV_ROUTER_LAG_US_MAX {
             return bad(".lag_us", "must be at most 10,000,000 (10 s)");
         }
-        if !matches!(
-            self.cluster.scheduler,
+        // The replicas it scores: the colocated ones, or a prefill/decode graph's prefill ones.
+        let scored: Vec<super::Cluster> = match self.prefill_decode() {
+            Some(pd) => {
+                if pd.colocated_replicas > 0 {
+                    return bad("", "scores prefill replicas: a Colocated pool beside the graph is not scored yet");
+                }
+                let t = self.cluster.topology.as_ref().expect("a graph");
+                if t.handoff.conditional.is_some() {
+                    return bad("", "chooses the prefill replica, and conditional disaggregation would choose against it: use one or the other");
+                }
+                let prefill = pd
+                    .pools
+                    .iter()
+                    .filter(|p| p.role == cancelsim_models::topology::Role::Prefill);
+                prefill.map(|p| self.stage_cluster(&p.name)).collect()
+            }
+            None => vec![self.cluster.clone()],
+        };
+        let caching = |c: &super::Cluster| match c.scheduler {
             Scheduler::Continuous {
                 prefix_caching: true,
+                block_tokens,
                 ..
-            }
-        ) {
+            } => Some(block_tokens),
+            _ => None,
+        };
+        let sizes: Vec<Option<u32>> = scored.iter().map(caching).collect();
+        if sizes.iter().any(|b| b.is_none()) {
             return bad(
                 "",
                 "needs a Continuous scheduler with prefix_caching: true (no cache to look into)",
             );
         }
-        if self.cluster.topology.is_some() {
-            return bad(
-                "",
-                "routes colocated replicas only: prefill replicas share no prefix blocks yet",
-            );
+        if sizes.windows(2).any(|w| w[0] != w[1]) {
+            return bad("", "needs one block size on every replica it scores (their prefill stages' schedulers differ)");
         }
         let shares = match &self.workload.source {
             Source::Trace { format, .. } => *format == TraceFormat::MooncakeJsonl,

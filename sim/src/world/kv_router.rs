@@ -77,6 +77,11 @@ impl KvRouter {
 
     /// What `replica` published since the last call, all of it at `now_ns`: it becomes visible
     /// `lag_ns` later.
+    /// Whether it has a view of `replica` (one it routes to).
+    pub fn views(&self, replica: u32) -> bool {
+        (replica as usize) < self.views.len()
+    }
+
     pub fn collect(&mut self, replica: u32, r: &mut Replica, now_ns: u64) {
         r.take_published(&mut self.scratch);
         let due = now_ns.saturating_add(self.lag_ns);

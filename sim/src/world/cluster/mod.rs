@@ -171,7 +171,11 @@ impl Cluster {
             } => {
                 let weights = (overlap_weight, load_weight);
                 let lag_ns = lag_us as u64 * 1_000;
-                let kv = KvRouter::new(weights, lag_ns, &mut replicas);
+                // The replicas it routes to: the prefill ones of a prefill/decode graph.
+                let m = s
+                    .prefill_decode()
+                    .map_or(n, |pd| pd.prefill_replicas as usize);
+                let kv = KvRouter::new(weights, lag_ns, &mut replicas[..m]);
                 Some(kv.expect("validation: a KV-aware router's replicas cache prefixes"))
             }
             _ => None,
@@ -341,7 +345,8 @@ impl Cluster {
     /// What `replica`'s cache stored and evicted just now goes out to a KV-aware router.
     #[inline]
     fn publish(&mut self, replica: u32, now_ns: u64) {
-        if let Some(kv) = &mut self.kv {
+        // Only the replicas it routes to publish (a graph's decode replicas do not).
+        if let Some(kv) = self.kv.as_mut().filter(|kv| kv.views(replica)) {
             kv.collect(replica, &mut self.replicas[replica as usize], now_ns);
         }
     }
@@ -354,7 +359,10 @@ impl Cluster {
     /// The replica a KV-aware router sends a request of `content` to now.
     pub fn route_kv(&mut self, now_ns: u64, content: &Content) -> u32 {
         let kv = self.kv.as_mut().expect("a KV-aware router");
-        let n = self.replicas.len() as u32;
+        let n = match self.prefill_n {
+            0 => self.replicas.len() as u32,
+            p => p,
+        };
         kv.route(now_ns, content, &self.replicas, 0..n)
     }
 
