@@ -13,7 +13,7 @@
 //! conversation's stream on while a superseded turn is still in the handoff). Each block held
 //! through the cache is given back by the key it was held with.
 
-use cancelsim_models::prefix::{Content, Sharing};
+use cancelsim_models::prefix::{Content, Sharing, StreamKey};
 
 use super::event::Tag;
 use super::requests::TurnRef;
@@ -26,14 +26,18 @@ impl World<'_> {
         if let Some(sh) = self.handoff.as_ref().and_then(|h| h.sharing(id)) {
             return sh.clone();
         }
-        let stream = conv
-            .filter(|_| self.jobs.is_none())
-            .and_then(|(c, _)| self.conversations.stream_key(c, id));
         Sharing {
             shared: self.arrivals.prefix_of(id).into(),
             shared_tokens: crate::workload::trace::MOONCAKE_BLOCK_TOKENS,
-            stream,
+            stream: self.stream_of(id, conv),
         }
+    }
+
+    /// The conversation stream request `id` continues, if its turns carry their history (a
+    /// job's calls share none this way).
+    fn stream_of(&self, id: u64, conv: Option<TurnRef>) -> Option<StreamKey> {
+        let c = conv.filter(|_| self.jobs.is_none())?.0;
+        self.conversations.stream_key(c, id)
     }
 
     /// What a KV-aware router knows of a request's prompt: the blocks it may share, as its
@@ -51,6 +55,15 @@ impl World<'_> {
     pub(super) fn share_content(&mut self, replica: u32, tag: Tag) {
         let q = &self.requests[tag];
         let (id, conv) = (q.id, q.conv());
+        if self.handoff.is_none() {
+            // Colocated: told as it stands, with nothing to keep (no copy of the hashes made).
+            self.cluster
+                .share_prefix(replica, tag, self.arrivals.prefix_of(id));
+            if let Some(key) = self.stream_of(id, conv) {
+                self.cluster.share_stream(replica, tag, key);
+            }
+            return;
+        }
         let sh = self.sharing_of(id, conv);
         let keeps = self.cluster.cache_block_tokens(replica).is_some();
         if let Some(h) = self

@@ -130,10 +130,8 @@ impl Cluster {
     /// request kept off the prefill stage; `None` without one.
     pub fn route_colocated(&mut self) -> Option<u32> {
         let pd = self.pools.as_ref()?;
-        let colocated: Vec<u32> = (0..pd.pools.len())
-            .filter(|&i| pd.pools[i].role == Role::Colocated)
-            .flat_map(|i| pd.replicas_of(i))
-            .collect();
+        // The colocated pools' replicas come last, in one run.
+        let colocated = pd.prefill_replicas + pd.decode_replicas..self.replicas.len() as u32;
         if colocated.is_empty() {
             return None;
         }
