@@ -1,6 +1,6 @@
 //! `cancelsim diff`: where two runs, or two sweeps, first diverge. Two run directories are
-//! compared file by file (`summary.json` field by field, `requests.csv`, `jobs.csv` and `timeseries.csv` row
-//! by row, streamed), two sweeps by their `results.csv`. What names the build (`commit`,
+//! compared file by file (`summary.json` field by field, `requests.csv`, `jobs.csv`,
+//! `timeseries.csv` and `pools.csv` row by row, streamed), two sweeps by their `results.csv`. What names the build (`commit`,
 //! `version`) and the run hashes are left out: two builds that agree on every answer agree here,
 //! and the run hashes are reported apart (an event stream may change by design while no answer
 //! does).
@@ -106,7 +106,7 @@ fn runs(a: &Path, b: &Path) -> Result<Diff, String> {
     };
     let hashes = (hash(&ja) != hash(&jb)).then(|| (hash(&ja), hash(&jb)));
     let mut files = vec![summary];
-    for name in ["requests.csv", "jobs.csv", "timeseries.csv"] {
+    for name in ["requests.csv", "jobs.csv", "timeseries.csv", "pools.csv"] {
         match (a.join(name).is_file(), b.join(name).is_file()) {
             (false, false) => {}
             (true, true) => files.push(csv_file(name, a, b)?.0),

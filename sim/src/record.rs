@@ -23,6 +23,20 @@ pub struct Sample {
     pub kv_pinned_decode: u64,
 }
 
+/// One pool's gauges at a sample of a prefill/decode graph (summed over its replicas), in
+/// `pools.csv`: `pool` indexes the summary's `pools`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PoolSample {
+    pub t_s: f64,
+    pub pool: u32,
+    pub kv_blocks: u64,
+    pub kv_retained: u64,
+    /// Blocks pinned for the handoff: kept for transfers (prefill), receiving (decode).
+    pub kv_pinned: u64,
+    pub queue: u64,
+    pub running: u64,
+}
+
 /// One request's record, as `requests.csv` writes it. Times are virtual milliseconds from the
 /// start of the run; an empty cell is unknown, never zero.
 #[derive(Clone, Debug, Serialize)]
@@ -227,6 +241,9 @@ pub const SAMPLES_MAX: usize = 100_000;
 #[derive(Default)]
 pub struct Extras {
     pub timeseries: Vec<Sample>,
+    /// On a prefill/decode graph, each pool's gauges at every sample of `timeseries`, pool by
+    /// pool within a sample.
+    pub pool_timeseries: Vec<PoolSample>,
     /// (counterfactual TTFT, this run's TTFT) of siblings, in ms (the first `PAIRS_MAX`).
     pub sibling_ttft_ms: Vec<(f64, f64)>,
     /// Per evidence level, (latency ms, cumulative fraction) points of the cleanup-latency CDF.

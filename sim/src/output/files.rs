@@ -51,6 +51,54 @@ pub(super) fn write_timeseries(
     w.flush().map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// `pools.csv`, on a prefill/decode graph only: each pool's gauges at every sample, named as
+/// in the summary's `pools`.
+pub(super) fn write_pool_timeseries(
+    path: &Path,
+    report: &Report,
+    extras: &[Extras],
+) -> Result<(), String> {
+    let pools = &report.counterfactual.pools;
+    if pools.is_empty() {
+        return Ok(());
+    }
+    let err = |e: csv::Error| format!("{}: {e}", path.display());
+    let mut w = csv::Writer::from_path(path).map_err(err)?;
+    w.write_record([
+        "policy",
+        "t_s",
+        "pool",
+        "role",
+        "kv_blocks",
+        "kv_retained",
+        "kv_pinned",
+        "queue",
+        "running",
+    ])
+    .map_err(err)?;
+    let names = std::iter::once(&report.counterfactual)
+        .chain(&report.policies)
+        .map(|s| s.policy.clone());
+    for (name, e) in names.zip(extras) {
+        for s in &e.pool_timeseries {
+            let pool = &pools[s.pool as usize];
+            w.write_record([
+                name.clone(),
+                format!("{}", s.t_s),
+                pool.name.clone(),
+                pool.role.to_string(),
+                s.kv_blocks.to_string(),
+                s.kv_retained.to_string(),
+                s.kv_pinned.to_string(),
+                s.queue.to_string(),
+                s.running.to_string(),
+            ])
+            .map_err(err)?;
+        }
+    }
+    w.flush().map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// `trace.json`, streamed: events go to disk as runs record them, through a bounded buffer and
 /// the structural checker, so memory does not grow with the trace. All runs share one file: one
 /// process per run (the counterfactual first), a thread per replica, the requests' async tracks

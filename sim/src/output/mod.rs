@@ -5,6 +5,7 @@
 mod charts;
 mod files;
 pub mod plots;
+mod pools_plot;
 mod render;
 mod rundir;
 pub mod search_plot;

@@ -3,7 +3,9 @@
 //! - `policies`: leaked GPU-seconds, late discards and sibling survival per policy;
 //! - `cleanup_cdf`: the cleanup-latency CDF per evidence level;
 //! - `kv_retained`: KV blocks held by cancelled requests over time, per policy;
-//! - `sibling_ttft`: siblings' TTFT against the counterfactual's.
+//! - `sibling_ttft`: siblings' TTFT against the counterfactual's;
+//! - on a prefill/decode graph, `handoff_pinned` (blocks pinned per stage) and `pools` (each
+//!   pool's KV blocks and queue); with a storm in time, `recovery`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -128,6 +130,8 @@ enum Chart {
     SiblingTtft,
     /// A prefill/decode graph's only: the blocks pinned on each stage over time.
     HandoffPinned,
+    /// A prefill/decode graph's only: each pool's KV blocks and queue over time.
+    Pools,
     /// A storm in time's only: admission latency by arrival second, against the threshold.
     Recovery,
 }
@@ -151,6 +155,7 @@ impl Charts<'_> {
             Chart::KvRetained => self.kv_retained(&area)?,
             Chart::SiblingTtft => self.sibling_ttft(&area)?,
             Chart::HandoffPinned => self.handoff_pinned(&area)?,
+            Chart::Pools => self.pools(&area)?,
             Chart::Recovery => self.recovery(&area)?,
         }
         area.present()?;
@@ -166,6 +171,10 @@ pub fn draw_all(dir: &Path, report: &Report, extras: &[Extras]) -> Result<Vec<Pa
     let mut written = Vec::new();
     let handoff = report.counterfactual.handoff.is_some();
     let extra = handoff.then_some(("handoff_pinned", Chart::HandoffPinned));
+    let pools = !report.counterfactual.pools.is_empty();
+    let extra = extra
+        .into_iter()
+        .chain(pools.then_some(("pools", Chart::Pools)));
     let storm = report.counterfactual.recovery.is_some();
     let extra = extra
         .into_iter()

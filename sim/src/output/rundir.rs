@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::files::{write_timeseries, TraceFile};
+use super::files::{write_pool_timeseries, write_timeseries, TraceFile};
 use crate::record::{Extras, JobRow, RequestRow, RequestSink, TraceSink, PAIRS_MAX, SAMPLES_MAX};
 use crate::run::Report;
 
@@ -153,6 +153,7 @@ impl RunDir {
         let json = serde_json::to_string_pretty(report).expect("report serialises") + "\n";
         std::fs::write(file("summary.json"), json).map_err(|e| format!("summary.json: {e}"))?;
         write_timeseries(&file("timeseries.csv"), report, &extras)?;
+        write_pool_timeseries(&file("pools.csv"), report, &extras)?;
         let plots = super::plots::draw_all(&file("plots"), report, &extras)?;
         let dir = run_dir(self.parent.parent().unwrap_or(Path::new(".")), report);
         let written = if dir.exists() && !force {

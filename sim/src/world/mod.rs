@@ -280,8 +280,7 @@ impl<'s> World<'s> {
         if self.recorder.sampling() {
             let cluster = &self.cluster;
             let in_flight = self.cancel.in_flight();
-            self.recorder
-                .sample_until(now_ns, || cluster.gauges(), in_flight);
+            self.recorder.sample_until(now_ns, cluster, in_flight);
         }
     }
 

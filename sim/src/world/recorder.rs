@@ -5,11 +5,12 @@
 use cancelsim_models::ownership::{EvidenceLevel, State};
 use cancelsim_models::protocol::{Dispatch, Gauges};
 
+use super::cluster::Cluster;
 use super::requests::Req;
 use crate::kernel::NS_PER_S;
 use crate::record::{
-    Extras, JobRow, Recording, RequestRow, Sample, TraceArgs, TraceEvent, TraceLog, CANCELS_TID,
-    SAMPLES_MAX,
+    Extras, JobRow, PoolSample, Recording, RequestRow, Sample, TraceArgs, TraceEvent, TraceLog,
+    CANCELS_TID, SAMPLES_MAX,
 };
 
 pub(crate) struct Recorder<'r> {
@@ -18,6 +19,8 @@ pub(crate) struct Recorder<'r> {
     next_sample_ns: u64,
     /// Flows drawn so far: flow ids are global in a trace, so each is `pid << 32 | counter`.
     flows: u32,
+    /// Scratch for a sample's pool gauges.
+    pools: Vec<Gauges>,
 }
 
 /// How a request left, for its row and its track.
@@ -46,6 +49,7 @@ impl<'r> Recorder<'r> {
             },
             next_sample_ns: 0,
             flows: 0,
+            pools: Vec::new(),
         }
     }
 
@@ -62,22 +66,32 @@ impl<'r> Recorder<'r> {
     }
 
     /// Samples of the gauges at every boundary before `now_ns`: the state between events.
-    pub fn sample_until(
-        &mut self,
-        now_ns: u64,
-        gauges: impl Fn() -> (Gauges, [u64; 2]),
-        in_flight: u64,
-    ) {
+    pub fn sample_until(&mut self, now_ns: u64, cluster: &Cluster, in_flight: u64) {
         let step = self.opts.sample_ns;
         if step == 0 {
             return;
         }
         while self.next_sample_ns < now_ns && self.extras.timeseries.len() < SAMPLES_MAX {
-            let (g, [pinned_prefill, pinned_decode]) = gauges();
+            let (g, [pinned_prefill, pinned_decode]) = cluster.gauges();
+            let t_s = self.next_sample_ns as f64 / NS_PER_S as f64;
+            self.pools.clear();
+            cluster.pool_gauges(&mut self.pools);
+            let pools = self.pools.iter().enumerate();
+            self.extras
+                .pool_timeseries
+                .extend(pools.map(|(i, p)| PoolSample {
+                    t_s,
+                    pool: i as u32,
+                    kv_blocks: p.kv_blocks,
+                    kv_retained: p.kv_retained,
+                    kv_pinned: p.kv_pinned,
+                    queue: p.waiting,
+                    running: p.running,
+                }));
             self.extras.timeseries.push(Sample {
                 kv_pinned_prefill: pinned_prefill,
                 kv_pinned_decode: pinned_decode,
-                t_s: self.next_sample_ns as f64 / NS_PER_S as f64,
+                t_s,
                 kv_blocks: g.kv_blocks,
                 kv_retained: g.kv_retained,
                 queue: g.waiting,

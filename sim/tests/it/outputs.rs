@@ -95,6 +95,9 @@ fn a_run_directory_has_every_output_and_a_valid_trace() {
     ] {
         assert!(dir.join(f).is_file(), "missing {f}");
     }
+    for f in ["pools.csv", "plots/pools.png", "plots/handoff_pinned.png"] {
+        assert!(!dir.join(f).exists(), "colocated, yet {f}");
+    }
     check_trace(&dir);
     check_requests_csv(&dir, &report);
     check_summary_json(&dir);

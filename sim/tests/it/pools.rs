@@ -231,3 +231,59 @@ fn a_colocated_pool_beside_the_pair_takes_what_the_prefill_stage_cannot() {
     let h = s.handoff.unwrap();
     assert_eq!((h.local_prefills, h.transfers_done), (1, 2));
 }
+
+/// `pools.csv`'s samples: each pool's gauges add up to the totals at every sample, and a decode
+/// pool holds receive blocks exactly while its transfer is on the wire: 262.144 s on a 1 MB/s
+/// link, 0.262 s on a 1 GB/s one (2,000 tokens of KV at 131,072 bytes a token).
+#[test]
+fn each_pool_is_sampled_and_the_pools_add_up_to_the_totals() {
+    let dir = Scratch::new("pools", "samples", true);
+    let stages = "(name: \"prefill\", role: Prefill), (name: \"near\", role: Decode), \
+                  (name: \"far\", role: Decode)";
+    let links = "(from: \"router\", to: \"prefill\"), \
+                 (from: \"prefill\", to: \"near\", latency_ms: 1.0, bandwidth_gbps: 8.0), \
+                 (from: \"prefill\", to: \"far\", latency_ms: 1.0, bandwidth_gbps: 0.008), \
+                 (from: \"near\", to: \"playback\"), (from: \"far\", to: \"playback\")";
+    trace(&dir, &[(0, 4), (0, 4)]);
+    let mut s = Scenario::parse(&scenario(stages, links, 3, ""), "<inline>").unwrap();
+    s.base_dir = dir.to_path_buf();
+    let every_s = 0.01;
+    let opts = run::RunOptions {
+        sample_ns: (every_s * 1e9) as u64,
+        ..Default::default()
+    };
+    let (report, extras) = run::run(&s, 1, opts).unwrap();
+    let pools = &report.counterfactual.pools;
+    assert_eq!(pools.len(), 3);
+    // Without cancel intents, the policy runs are the counterfactual's and record nothing.
+    assert!(!extras[0].timeseries.is_empty(), "sampled");
+    for e in &extras {
+        assert_eq!(e.pool_timeseries.len(), 3 * e.timeseries.len());
+        for (total, mine) in e.timeseries.iter().zip(e.pool_timeseries.chunks(3)) {
+            let sum =
+                |f: fn(&cancelsim::record::PoolSample) -> u64| mine.iter().map(f).sum::<u64>();
+            assert!(mine.iter().all(|p| p.t_s == total.t_s));
+            assert_eq!(sum(|p| p.kv_blocks), total.kv_blocks, "at {} s", total.t_s);
+            assert_eq!(sum(|p| p.kv_retained), total.kv_retained);
+            assert_eq!(sum(|p| p.queue), total.queue);
+            assert_eq!(sum(|p| p.running), total.running);
+            assert_eq!(mine[0].kv_pinned, total.kv_pinned_prefill);
+            assert_eq!(
+                mine[1].kv_pinned + mine[2].kv_pinned,
+                total.kv_pinned_decode
+            );
+        }
+    }
+    let pinned_s = |pool: u32| {
+        let e = &extras[0].pool_timeseries;
+        let n = e
+            .iter()
+            .filter(|p| p.pool == pool && p.kv_pinned > 0)
+            .count();
+        n as f64 * every_s
+    };
+    let kv = 2000.0 * 131_072.0;
+    let (near, far) = (pinned_s(1), pinned_s(2));
+    assert!((far - kv / 1e6).abs() <= 2.0 * every_s, "far: {far} s");
+    assert!((near - kv / 1e9).abs() <= 2.0 * every_s, "near: {near} s");
+}

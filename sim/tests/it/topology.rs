@@ -170,6 +170,22 @@ fn a_prefill_decode_graph_runs_and_is_drawn() {
     let dot = std::fs::read_to_string(run_dir.join("graph.dot")).unwrap();
     assert!(dot.contains("prefill\\nPrefill x2"), "{dot}");
     assert!(run_dir.join("plots/handoff_pinned.png").exists());
+    assert!(run_dir.join("plots/pools.png").exists());
+    let pools = std::fs::read_to_string(run_dir.join("pools.csv")).unwrap();
+    let mut lines = pools.lines();
+    assert_eq!(
+        lines.next(),
+        Some("policy,t_s,pool,role,kv_blocks,kv_retained,kv_pinned,queue,running")
+    );
+    let first: Vec<&str> = lines.take(2).collect();
+    assert!(
+        first[0].starts_with("counterfactual,0,prefill,prefill,"),
+        "{pools}"
+    );
+    assert!(
+        first[1].starts_with("counterfactual,0,decode,decode,"),
+        "{pools}"
+    );
     assert!(
         !run_dir.join("plots/recovery.png").exists(),
         "no storm in time, no plot"

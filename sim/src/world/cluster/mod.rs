@@ -457,6 +457,25 @@ impl Cluster {
         (g, pinned)
     }
 
+    /// Each pool's gauges summed, pool by pool, into `out` (nothing when colocated).
+    pub fn pool_gauges(&self, out: &mut Vec<Gauges>) {
+        let Some(pd) = &self.pools else {
+            return;
+        };
+        for i in 0..pd.pools.len() {
+            let mut g = Gauges::default();
+            for r in pd.replicas_of(i) {
+                let x = self.replicas[r as usize].gauges();
+                g.waiting += x.waiting;
+                g.running += x.running;
+                g.kv_blocks += x.kv_blocks;
+                g.kv_retained += x.kv_retained;
+                g.kv_pinned += x.kv_pinned;
+            }
+            out.push(g);
+        }
+    }
+
     /// The replicas' totals, or `None` if one did not drain or leaked KV blocks (conservation).
     pub fn drained(&self) -> Option<Drained> {
         let mut d = Drained::default();
