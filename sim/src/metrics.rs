@@ -386,6 +386,10 @@ pub struct Summary {
     /// The KV-aware router's books, with a `KvAware` router only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub router: Option<crate::world::KvRouterStats>,
+    /// The same router's books at a prefill/decode graph's decode stage, when it scores the
+    /// decode replicas (their pools cache prefixes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router_decode: Option<crate::world::KvRouterStats>,
     pub events: u64,
     pub virtual_time_s: f64,
     /// BLAKE3 of every arrival `(id, time, prompt, output)` in order: equal across runs that

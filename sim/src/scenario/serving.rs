@@ -228,7 +228,9 @@ pub enum Router {
     /// cache, from a trace's block hashes or a conversation's history) plus `load_weight` per
     /// request it holds; the request goes to the cheapest, ties to the lowest index. The router
     /// sees a cache through the blocks the replica publishes as it stores and evicts them,
-    /// `lag_us` microseconds late. Colocated replicas with `prefix_caching` only.
+    /// `lag_us` microseconds late. Colocated replicas with `prefix_caching` only; on a
+    /// prefill/decode graph, the prefill replicas (and any Colocated pool beside them), and
+    /// the decode replicas by the blocks they would receive when their pools cache prefixes.
     KvAware {
         overlap_weight: u32,
         load_weight: u32,
@@ -478,6 +480,22 @@ fn sixteen() -> u32 {
 pub const KV_ROUTER_LAG_US_MAX: u32 = 10_000_000;
 
 impl super::Scenario {
+    /// The stages a KV-aware router scores: the colocated cluster, or a prefill/decode graph's
+    /// entry (its prefill pools and any Colocated pool beside them); and the graph's decode pools,
+    /// which it scores too if they cache prefixes.
+    fn kv_scored_stages(&self) -> (Vec<super::Cluster>, Vec<super::Cluster>) {
+        use cancelsim_models::topology::Role;
+        let Some(pd) = self.prefill_decode() else {
+            return (vec![self.cluster.clone()], Vec::new());
+        };
+        let of = |want: &[Role]| -> Vec<super::Cluster> {
+            (pd.pools.iter().filter(|p| want.contains(&p.role)))
+                .map(|p| self.stage_cluster(&p.name))
+                .collect()
+        };
+        (of(&[Role::Prefill, Role::Colocated]), of(&[Role::Decode]))
+    }
+
     /// A KV-aware router needs caches to look into, blocks that requests share, and a reason
     /// to choose: refused otherwise, naming the field.
     pub(super) fn validate_kv_router(&self) -> Result<(), super::validate::Invalid> {
@@ -505,24 +523,7 @@ impl super::Scenario {
         if lag_us > KV_ROUTER_LAG_US_MAX {
             return bad(".lag_us", "must be at most 10,000,000 (10 s)");
         }
-        // The replicas it scores: the colocated ones, or a prefill/decode graph's prefill ones.
-        let scored: Vec<super::Cluster> = match self.prefill_decode() {
-            Some(pd) => {
-                if pd.colocated_replicas > 0 {
-                    return bad("", "scores prefill replicas: a Colocated pool beside the graph is not scored yet");
-                }
-                let t = self.cluster.topology.as_ref().expect("a graph");
-                if t.handoff.conditional.is_some() {
-                    return bad("", "chooses the prefill replica, and conditional disaggregation would choose against it: use one or the other");
-                }
-                let prefill = pd
-                    .pools
-                    .iter()
-                    .filter(|p| p.role == cancelsim_models::topology::Role::Prefill);
-                prefill.map(|p| self.stage_cluster(&p.name)).collect()
-            }
-            None => vec![self.cluster.clone()],
-        };
+        let (entry, decode) = self.kv_scored_stages();
         let caching = |c: &super::Cluster| match c.scheduler {
             Scheduler::Continuous {
                 prefix_caching: true,
@@ -531,7 +532,7 @@ impl super::Scenario {
             } => Some(block_tokens),
             _ => None,
         };
-        let sizes: Vec<Option<u32>> = scored.iter().map(caching).collect();
+        let sizes: Vec<Option<u32>> = entry.iter().map(caching).collect();
         if sizes.iter().any(|b| b.is_none()) {
             return bad(
                 "",
@@ -539,7 +540,14 @@ impl super::Scenario {
             );
         }
         if sizes.windows(2).any(|w| w[0] != w[1]) {
-            return bad("", "needs one block size on every replica it scores (their prefill stages' schedulers differ)");
+            return bad(
+                "",
+                "needs one block size on every replica it scores (their stages' schedulers differ)",
+            );
+        }
+        let decode_sizes: Vec<Option<u32>> = decode.iter().map(caching).collect();
+        if decode_sizes.iter().any(|b| b.is_some()) && decode_sizes.iter().any(|&b| b != sizes[0]) {
+            return bad("", "scores the decode pools when they cache prefixes: every decode pool needs prefix_caching: true and the block size of the replicas it scores, or none may cache");
         }
         let shares = match &self.workload.source {
             Source::Trace { format, .. } => *format == TraceFormat::MooncakeJsonl,

@@ -119,9 +119,15 @@ impl World<'_> {
         let prefill = self.handoff.as_ref().and_then(|h| h.flight(request));
         let prefill = prefill.expect("a flight in its gap").prefill;
         let whole = self.decode_request(tag, true);
-        let decode = self.cluster.route_decode(Some(prefill), Some(&whole));
-        let decode = decode.expect("enqueued only where a linked decode pool takes it");
         let prompt = self.requests[tag].prompt as u64;
+        let content = (self.cluster.kv_aware())
+            .then(|| self.content_of(request, prompt, self.requests[tag].conv()));
+        let kv = content.as_ref().map(|c| (self.kernel.now_ns(), c));
+        let decode = self.cluster.route_decode(Some(prefill), Some(&whole), kv);
+        let (decode, scored) = decode.expect("enqueued only where a linked decode pool takes it");
+        if let Some(s) = scored {
+            self.cluster.book_kv(s);
+        }
         let blocks = self.cluster.blocks_for(decode, prompt);
         let h = self.handoff.as_mut().expect("a prefill/decode world");
         h.receive(request, decode, blocks);

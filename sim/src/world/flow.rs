@@ -150,15 +150,13 @@ impl World<'_> {
             None => self.arrivals.prefix_of(a.id).get(1).copied(),
         };
         // A shared queue routes once the request is past its arrival (it may wait there).
-        let early = (!self.cluster.shares_queue()).then(|| match self.cluster.kv_aware() {
-            true => {
+        let early = (!self.cluster.shares_queue()).then(|| match self.prefill_locally(&a, conv) {
+            Some(local) => local,
+            None if self.cluster.kv_aware() => {
                 let content = self.content_of(a.id, a.prompt_tokens as u64, conv);
                 self.cluster.route_kv(now_ns, &content)
             }
-            false => match self.prefill_locally(&a, conv) {
-                Some(decode) => decode,
-                None => self.cluster.route(session),
-            },
+            None => self.cluster.route(session),
         });
         let plan = self.cancel.plan(a.id, now_ns);
         let arriving = Arriving {

@@ -1,6 +1,8 @@
 //! The KV-aware router (NVIDIA Dynamo's KV router, llm-d's prefix-cache scorer, SGLang's
 //! cache-aware router): it scores each replica by the prompt's leading blocks that replica
-//! already caches against its load, and sends the request to the cheapest.
+//! already caches against its load, and sends the request to the cheapest. On a prefill/decode
+//! graph it scores the entry (prefill replicas, and colocated ones beside them) and, when the
+//! decode pools cache prefixes, the decode replicas by the blocks they would have to receive.
 //!
 //! Its view of the caches is built from the blocks each replica publishes as it stores and
 //! evicts them, `lag_ns` late, as a worker's KV events reach a router over the network. A block
@@ -43,21 +45,46 @@ pub(crate) struct KvRouter {
     load_weight: u64,
     lag_ns: u64,
     block_tokens: u64,
-    /// Per replica: the blocks it published as stored and not yet as evicted.
+    /// Per replica: the blocks it published as stored and not yet as evicted (none for a
+    /// replica it does not score).
     views: Vec<FxHashSet<u64>>,
+    scored: Vec<bool>,
     /// `(visible at, replica, block, stored)`, in publication order (so in time order: one lag).
     pending: VecDeque<(u64, u32, u64, bool)>,
     scratch: Vec<(u64, bool)>,
     keys: Vec<u64>,
+    /// Its decisions at the entry (colocated or prefill replicas), and, once it has scored one,
+    /// at a graph's decode stage.
     pub stats: KvRouterStats,
+    pub decode_stats: Option<KvRouterStats>,
+}
+
+/// One decision as scored, before it is booked: a router that only asks (where would a request
+/// prefill locally?) books nothing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scored {
+    pub replica: u32,
+    prompt_tokens: u64,
+    /// The chosen replica's leading blocks in the router's view, and in its cache.
+    view_blocks: u64,
+    held_blocks: u64,
+    misroute: bool,
 }
 
 impl KvRouter {
-    /// A router over `replicas`, which start publishing their caches; `None` if one has no
-    /// prefix cache (the scenario's validation refuses that).
-    pub fn new(weights: (u32, u32), lag_ns: u64, replicas: &mut [Replica]) -> Option<KvRouter> {
-        let block_tokens = replicas.first()?.cache_block_tokens()?;
-        for r in replicas.iter_mut() {
+    /// A router over the replicas marked in `scored`, which start publishing their caches;
+    /// `None` if one has no prefix cache or another block size (the scenario's validation
+    /// refuses that).
+    pub fn new(
+        weights: (u32, u32),
+        lag_ns: u64,
+        replicas: &mut [Replica],
+        scored: Vec<bool>,
+    ) -> Option<KvRouter> {
+        assert_eq!(scored.len(), replicas.len(), "a mark per replica");
+        let first = scored.iter().position(|&s| s)?;
+        let block_tokens = replicas[first].cache_block_tokens()?;
+        for (r, _) in replicas.iter_mut().zip(&scored).filter(|(_, &s)| s) {
             if !r.publish_cache() || r.cache_block_tokens() != Some(block_tokens) {
                 return None;
             }
@@ -68,20 +95,22 @@ impl KvRouter {
             lag_ns,
             block_tokens,
             views: vec![FxHashSet::default(); replicas.len()],
+            scored,
             pending: VecDeque::new(),
             scratch: Vec::new(),
             keys: Vec::new(),
             stats: KvRouterStats::default(),
+            decode_stats: None,
         })
+    }
+
+    /// Whether it has a view of `replica` (one it scores).
+    pub fn views(&self, replica: u32) -> bool {
+        self.scored[replica as usize]
     }
 
     /// What `replica` published since the last call, all of it at `now_ns`: it becomes visible
     /// `lag_ns` later.
-    /// Whether it has a view of `replica` (one it routes to).
-    pub fn views(&self, replica: u32) -> bool {
-        (replica as usize) < self.views.len()
-    }
-
     pub fn collect(&mut self, replica: u32, r: &mut Replica, now_ns: u64) {
         r.take_published(&mut self.scratch);
         let due = now_ns.saturating_add(self.lag_ns);
@@ -106,28 +135,28 @@ impl KvRouter {
         }
     }
 
-    /// The replica in `range` with the least cost for a request of `content`: the weighted
-    /// prompt blocks it would compute, plus the weighted requests it holds. Ties go to the
-    /// lowest index.
-    pub fn route(
+    /// The replica among `candidates` with the least cost for a request of `content`: the
+    /// weighted prompt blocks it would compute (or, on a decode replica, receive), plus the
+    /// weighted requests it holds. Ties go to the first candidate. Nothing is booked.
+    pub fn score(
         &mut self,
         now_ns: u64,
         content: &Content,
         replicas: &[Replica],
-        range: std::ops::Range<u32>,
-    ) -> u32 {
+        candidates: impl IntoIterator<Item = u32>,
+    ) -> Scored {
         while self.pending.front().is_some_and(|p| p.0 <= now_ns) {
             self.apply_oldest();
         }
         self.leading_keys(content);
-        let bt = self.block_tokens;
-        let blocks = content.prompt_tokens.div_ceil(bt);
+        let blocks = content.prompt_tokens.div_ceil(self.block_tokens);
         // Per replica, once: the leading blocks its view holds and those its cache holds. The
         // decision is the least cost by the view; the ideal, by the caches.
         // (view cost, replica, blocks in its view, blocks in its cache, true cost)
-        let mut chosen = (u64::MAX, 0u32, 0u64, 0u64, 0u64);
+        let mut chosen = (u64::MAX, u32::MAX, 0u64, 0u64, 0u64);
         let mut ideal = u64::MAX;
-        for r in range {
+        for r in candidates {
+            debug_assert!(self.scored[r as usize], "replica {r} is scored");
             let view = run(&self.keys, |k| self.views[r as usize].contains(&k));
             let held = run(&self.keys, |k| replicas[r as usize].cache_contains(k));
             let load = self.load_weight * replicas[r as usize].load();
@@ -137,14 +166,29 @@ impl KvRouter {
                 chosen = (cost(view), r, view, held, cost(held));
             }
         }
-        let (_, replica, view, held, true_cost) = chosen;
-        let s = &mut self.stats;
-        s.decisions += 1;
-        s.prompt_tokens += content.prompt_tokens;
-        s.expected_hit_tokens += view * bt;
-        s.present_hit_tokens += held * bt;
-        s.misroutes += u64::from(ideal < true_cost);
-        replica
+        let (_, replica, view_blocks, held_blocks, true_cost) = chosen;
+        assert!(replica != u32::MAX, "at least one candidate");
+        Scored {
+            replica,
+            prompt_tokens: content.prompt_tokens,
+            view_blocks,
+            held_blocks,
+            misroute: ideal < true_cost,
+        }
+    }
+
+    /// Book a decision taken: in the entry's books, or the decode stage's.
+    pub fn book(&mut self, s: Scored, decode: bool) {
+        let bt = self.block_tokens;
+        let b = match decode {
+            true => self.decode_stats.get_or_insert_with(KvRouterStats::default),
+            false => &mut self.stats,
+        };
+        b.decisions += 1;
+        b.prompt_tokens += s.prompt_tokens;
+        b.expected_hit_tokens += s.view_blocks * bt;
+        b.present_hit_tokens += s.held_blocks * bt;
+        b.misroutes += u64::from(s.misroute);
     }
 
     /// The keys of the prompt's leading shared blocks, as the engine's admission looks them up:

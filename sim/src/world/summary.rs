@@ -33,6 +33,7 @@ pub(crate) struct Books<'a> {
     pub pools: Vec<crate::metrics::PoolSummary>,
     pub recovery: Option<Recovery>,
     pub router: Option<super::kv_router::KvRouterStats>,
+    pub router_decode: Option<super::kv_router::KvRouterStats>,
     /// The slab's occupancy integrated over the run (request-ns).
     pub occupancy_area_ns: u128,
     pub workload_hash: String,
@@ -231,6 +232,7 @@ pub(crate) fn summary(b: Books, extras: &mut Extras) -> Summary {
         pools: b.pools,
         recovery: b.recovery,
         router: b.router,
+        router_decode: b.router_decode,
         stop_strings: b
             .scenario
             .workload

@@ -10,6 +10,7 @@ mod defects;
 mod diff;
 mod hardening;
 mod jobs;
+mod kv_decode;
 mod kv_routing;
 mod model;
 mod outputs;

@@ -161,20 +161,4 @@ fn a_kv_aware_router_keeps_a_shared_prefix_on_one_prefill_replica() {
         (r.decisions, r.present_hit_tokens, r.misroutes),
         (6, 5 * 1024, 0)
     );
-    // Beside conditional disaggregation, it is refused: both would pick the replica.
-    let text = "Scenario(name: \"x\", seed: 1, workload: (source: Trace(path: \"t.jsonl\", \
-                format: MooncakeJsonl)), cluster: (replicas: 2, \
-                router: KvAware(overlap_weight: 1, load_weight: 1), \
-                profile: Custom(c0_ms: 10.0, prefill_tokens_per_s: 20000.0, kv_blocks_16: 5000), \
-                scheduler: Continuous(window: 1), topology: Some((stages: [\
-                (name: \"router\", role: Router), (name: \"prefill\", role: Prefill), \
-                (name: \"decode\", role: Decode), (name: \"playback\", role: Playback)], links: [\
-                (from: \"router\", to: \"prefill\"), (from: \"prefill\", to: \"decode\"), \
-                (from: \"decode\", to: \"playback\")], \
-                handoff: (conditional: Some((max_local_prefill_tokens: 10)))))))";
-    let e = Scenario::parse(text, "<inline>").unwrap_err().to_string();
-    assert!(
-        e.contains("cluster.router.KvAware") && e.contains("conditional"),
-        "{e}"
-    );
 }

@@ -18,7 +18,7 @@ use cancelsim_models::topology::PrefillDecode;
 
 use super::event::Event;
 use super::follow::Follow;
-use super::kv_router::{KvRouter, KvRouterStats};
+use super::kv_router::{KvRouter, KvRouterStats, Scored};
 use crate::dist::ms_to_ns;
 use crate::scenario::{
     AfterCompletion, CheckpointConfig, Cluster as ClusterSpec, IdentityMode, Radius, Release,
@@ -102,6 +102,22 @@ fn configured(s: &Scenario, c: &ClusterSpec, table: Option<&Arc<StepTable>>) -> 
     }
 }
 
+/// The replicas a KV-aware router scores: every colocated one; on a prefill/decode graph, the
+/// entry's (prefill, and colocated beside), and the decode ones if their pools cache prefixes
+/// (validation: all of them or none, with the entry's block size).
+fn kv_scored(pd: Option<&PrefillDecode>, replicas: &[Replica]) -> Vec<bool> {
+    let Some(pd) = pd else {
+        return vec![true; replicas.len()];
+    };
+    let decode = pd.prefill_replicas..pd.prefill_replicas + pd.decode_replicas;
+    let decode_caches = decode
+        .clone()
+        .all(|r| replicas[r as usize].cache_block_tokens().is_some());
+    (0..replicas.len() as u32)
+        .map(|r| !decode.contains(&r) || decode_caches)
+        .collect()
+}
+
 /// The replicas' totals at the end of a run, once every one drained.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Drained {
@@ -171,11 +187,8 @@ impl Cluster {
             } => {
                 let weights = (overlap_weight, load_weight);
                 let lag_ns = lag_us as u64 * 1_000;
-                // The replicas it routes to: the prefill ones of a prefill/decode graph.
-                let m = s
-                    .prefill_decode()
-                    .map_or(n, |pd| pd.prefill_replicas as usize);
-                let kv = KvRouter::new(weights, lag_ns, &mut replicas[..m]);
+                let scored = kv_scored(s.prefill_decode().as_ref(), &replicas);
+                let kv = KvRouter::new(weights, lag_ns, &mut replicas, scored);
                 Some(kv.expect("validation: a KV-aware router's replicas cache prefixes"))
             }
             _ => None,
@@ -345,7 +358,7 @@ impl Cluster {
     /// What `replica`'s cache stored and evicted just now goes out to a KV-aware router.
     #[inline]
     fn publish(&mut self, replica: u32, now_ns: u64) {
-        // Only the replicas it routes to publish (a graph's decode replicas do not).
+        // Only the replicas it scores publish.
         if let Some(kv) = self.kv.as_mut().filter(|kv| kv.views(replica)) {
             kv.collect(replica, &mut self.replicas[replica as usize], now_ns);
         }
@@ -356,19 +369,50 @@ impl Cluster {
         self.kv.is_some()
     }
 
-    /// The replica a KV-aware router sends a request of `content` to now.
+    /// The replica a KV-aware router sends a request of `content` to now, among the entry's.
     pub fn route_kv(&mut self, now_ns: u64, content: &Content) -> u32 {
         let kv = self.kv.as_mut().expect("a KV-aware router");
-        let n = match self.prefill_n {
-            0 => self.replicas.len() as u32,
-            p => p,
+        let scored = match &self.entry_beside {
+            Some(list) => kv.score(now_ns, content, &self.replicas, list.iter().copied()),
+            None => {
+                let n = match self.prefill_n {
+                    0 => self.replicas.len() as u32,
+                    p => p,
+                };
+                kv.score(now_ns, content, &self.replicas, 0..n)
+            }
         };
-        kv.route(now_ns, content, &self.replicas, 0..n)
+        kv.book(scored, false);
+        scored.replica
     }
 
-    /// The KV-aware router's books, with one.
-    pub fn kv_stats(&self) -> Option<KvRouterStats> {
-        self.kv.as_ref().map(|kv| kv.stats)
+    /// A KV-aware router's score among `candidates`, if it views them (the decode replicas of
+    /// a graph whose decode pools cache prefixes; the colocated ones beside it); nothing booked.
+    pub(super) fn score_kv(
+        &mut self,
+        now_ns: u64,
+        content: &Content,
+        mut candidates: impl Iterator<Item = u32> + Clone,
+    ) -> Option<Scored> {
+        let kv = self.kv.as_mut()?;
+        let first = candidates.clone().next()?;
+        // A stage is viewed whole or not at all (`kv_scored`).
+        kv.views(first)
+            .then(|| kv.score(now_ns, content, &self.replicas, &mut candidates))
+    }
+
+    /// Book a decision `score_kv` scored and the world took.
+    pub fn book_kv(&mut self, s: Scored) {
+        let decode = self.is_decode(s.replica);
+        self.kv.as_mut().expect("scored by one").book(s, decode);
+    }
+
+    /// The KV-aware router's books, with one: the entry's, and the decode stage's.
+    pub fn kv_stats(&self) -> (Option<KvRouterStats>, Option<KvRouterStats>) {
+        match &self.kv {
+            Some(kv) => (Some(kv.stats), kv.decode_stats),
+            None => (None, None),
+        }
     }
 
     fn lend(&mut self) -> Outbox {

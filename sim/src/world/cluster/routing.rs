@@ -5,9 +5,10 @@ use cancelsim_models::protocol::NewRequest;
 use cancelsim_models::replica::Replica;
 use cancelsim_models::topology::Role;
 
-use super::Cluster;
+use super::{Cluster, Scored};
 use crate::kernel::LimitError;
 use crate::scenario::Router;
+use cancelsim_models::prefix::Content;
 
 impl Cluster {
     /// Whether the router holds requests in a shared queue.
@@ -112,35 +113,53 @@ impl Cluster {
 
     /// The decode replica a prefilled request goes to, chosen when it reaches the decode stage:
     /// among the pools that `from`'s pool links to (every decode pool without `from`) and, with
-    /// `r`, that would take it; `None` if none would.
-    pub fn route_decode(&mut self, from: Option<u32>, r: Option<&NewRequest>) -> Option<u32> {
+    /// `r`, that would take it; `None` if none would. A KV-aware router that views the decode
+    /// replicas scores them by the prompt (`kv`: now, and the request's content), and gives its
+    /// score to book if the world takes the choice.
+    pub fn route_decode(
+        &mut self,
+        from: Option<u32>,
+        r: Option<&NewRequest>,
+        kv: Option<(u64, &Content)>,
+    ) -> Option<(u32, Option<Scored>)> {
         let candidates = self.decode_candidates(from, r);
-        if candidates.is_empty() {
-            return None;
-        }
-        Some(pick(
-            self.router,
-            &self.replicas,
-            candidates,
-            &mut self.rr_decode,
-        ))
+        self.choose(candidates, kv)
     }
 
     /// A replica of the Colocated pools beside a prefill/decode graph, by the router, for a
-    /// request kept off the prefill stage; `None` without one.
-    pub fn route_colocated(&mut self) -> Option<u32> {
+    /// request kept off the prefill stage; `None` without one. As `route_decode` for `kv`.
+    pub fn route_colocated(
+        &mut self,
+        kv: Option<(u64, &Content)>,
+    ) -> Option<(u32, Option<Scored>)> {
         let pd = self.pools.as_ref()?;
         // The colocated pools' replicas come last, in one run.
         let colocated = pd.prefill_replicas + pd.decode_replicas..self.replicas.len() as u32;
-        if colocated.is_empty() {
+        self.choose(colocated, kv)
+    }
+
+    /// The router's choice among `candidates` past the entry: by score if it scores them, else
+    /// by `pick` (round robin over the stage's own counter).
+    fn choose<C>(
+        &mut self,
+        candidates: C,
+        kv: Option<(u64, &Content)>,
+    ) -> Option<(u32, Option<Scored>)>
+    where
+        C: IntoIterator<Item = u32>,
+        C::IntoIter: ExactSizeIterator + Clone,
+    {
+        let candidates = candidates.into_iter();
+        if candidates.len() == 0 {
             return None;
         }
-        Some(pick(
-            self.router,
-            &self.replicas,
-            colocated,
-            &mut self.rr_decode,
-        ))
+        if let Some((now_ns, content)) = kv {
+            if let Some(s) = self.score_kv(now_ns, content, candidates.clone()) {
+                return Some((s.replica, Some(s)));
+            }
+        }
+        let r = pick(self.router, &self.replicas, candidates, &mut self.rr_decode);
+        Some((r, None))
     }
 
     pub(super) fn decode_candidates(&self, from: Option<u32>, r: Option<&NewRequest>) -> Vec<u32> {
