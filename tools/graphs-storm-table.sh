@@ -15,22 +15,32 @@ sed 's/router: KvAware(overlap_weight: 1, load_weight: 4, lag_us: 50000)/router:
      s#"\.\./traces/#"'"$root"'/scenarios/traces/#' \
     "$lib/kv-routing-mooncake-storm.ron" > "$out/colocated.ron"
 sed -i '/expect: \[/,/^    \],/d' "$out/colocated.ron"
+# 2P2D behind the KV-aware router, without conditional disaggregation: the prefix scenario with
+# its router swapped (so it differs from the KV-routed conditional one by the rule alone).
+sed 's/router: LeastLoaded/router: KvAware(overlap_weight: 1, load_weight: 4, lag_us: 50000)/;
+     s/name: "pd-prefix-mooncake-storm"/name: "pd-kv-mooncake-storm"/;
+     s#"\.\./traces/#"'"$root"'/scenarios/traces/#' \
+    "$lib/pd-prefix-mooncake-storm.ron" > "$out/pd-kv.ron"
+sed -i '/expect: \[/,/^    \],/d' "$out/pd-kv.ron"
 runs=("colocated, round robin:$out/colocated.ron"
       "colocated, KV-aware:$lib/kv-routing-mooncake-storm.ron"
       "2P2D:$lib/pd-prefix-mooncake-storm.ron"
-      "2P2D, conditional:$lib/pd-conditional-mooncake-storm.ron")
+      "2P2D, conditional:$lib/pd-conditional-mooncake-storm.ron"
+      "2P2D, KV-aware:$out/pd-kv.ron"
+      "2P2D, KV-aware, conditional:$lib/pd-kv-routed-mooncake-storm.ron")
 cat > "$out/table.py" <<'PY'
 import json, sys
-print("| graph | policy | leaked GPU-s | retained block-s (engines) | held block-s (handoff) | sibling survival | prefix hit rate |")
-print("|---|---|---:|---:|---:|---:|---:|")
+print("| graph | policy | leaked GPU-s | retained block-s (engines) | held block-s (handoff) | sibling survival | prefix hit rate | KV sent (GB) |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
 for line in sys.stdin:
     graph, path = line.rstrip("\n").split("\t")
     for p in json.load(open(path))["policies"]:
         h = p.get("handoff")
         held = h["prefill"]["retained_block_s"] + h["decode"]["retained_block_s"] if h else 0.0
+        sent = h["transfer_bytes"] / 1e9 if h else 0.0
         row = (graph, p["policy"], p["leaked_work"]["gpu_s"], p["retained"]["kv_block_s"], held,
-               p["sibling_survival"]["rate"], p["kv"]["prefix_hit_rate"])
-        print("| %s | %s | %.2f | %.0f | %.0f | %.3f | %.3f |" % row)
+               p["sibling_survival"]["rate"], p["kv"]["prefix_hit_rate"], sent)
+        print("| %s | %s | %.2f | %.0f | %.0f | %.3f | %.3f | %.1f |" % row)
 PY
 i=0
 for r in "${runs[@]}"; do
