@@ -374,7 +374,8 @@ fn pd_prefix() -> String {
     let mut t = String::from(
         "\nThe first 300 rows, a thousand times slower, on one prefill and one decode replica \
          with caches that never evict: the prefill replica finds the trace's own reuse, and the \
-         decode replica, which caches the prompts it receives, is sent only the rest.\n\n",
+         decode replica, which caches the prompts it receives, is sent only the rest; with two \
+         decode replicas behind the KV-aware router, the one each prompt's prefix is on.\n\n",
     );
     t += HEAD;
     t += &row(
@@ -395,6 +396,27 @@ fn pd_prefix() -> String {
         gb(query - hit),
         h.transfer_bytes as f64 / 1e9,
         "GB",
+    );
+    // Two decode replicas behind the KV-aware router, which scores them by the blocks each
+    // would receive: every prompt goes where its prefix is (each replica idle at each arrival,
+    // so a prompt no one holds goes to the first), so the two are sent what one would be.
+    let mut two = super::pd_prefix::mooncake_pd(300, 0.001, 1, 2, "kv_blocks: Some(3000000)", "");
+    two.cluster.router = cancelsim::scenario::Router::KvAware {
+        overlap_weight: 1,
+        load_weight: 1,
+        lag_us: 0,
+    };
+    let s = cancelsim::run::counterfactual(&two, 1).unwrap();
+    let cached = s.handoff.unwrap().transfer_tokens_cached;
+    assert_eq!(
+        cached, hit,
+        "two decode replicas behind the KV-aware router"
+    );
+    t += &row(
+        "two decode replicas, KV-aware: prompt tokens not sent",
+        hit as f64,
+        cached as f64,
+        "",
     );
     t
 }
