@@ -2,6 +2,8 @@
 //! million-request trace never sits in memory. It also hashes every arrival, conversations' too,
 //! into the run's `workload_hash`.
 
+use std::collections::BTreeMap;
+
 use super::error::{Step, Stop};
 use super::event::Event;
 use super::event::Tag;
@@ -28,6 +30,9 @@ pub(crate) struct Arrivals {
     /// The shared-prefix block ids of the pending arrival, then of the one taken last.
     pending_prefix: Box<[u64]>,
     taken_prefix: (u64, Box<[u64]>),
+    /// Those of arrivals waiting in a shared queue at the router, until they reach a replica
+    /// (at most the router queue's bound of them).
+    held_prefix: BTreeMap<u64, Box<[u64]>>,
     hasher: blake3::Hasher,
 }
 
@@ -38,6 +43,7 @@ impl Arrivals {
             pending: None,
             pending_prefix: Box::default(),
             taken_prefix: (u64::MAX, Box::default()),
+            held_prefix: BTreeMap::new(),
             hasher: blake3::Hasher::new(),
         })
     }
@@ -80,12 +86,29 @@ impl Arrivals {
         self.taken_prefix = (id, ids);
     }
 
-    /// The shared-prefix block ids of arrival `id` if it is the one taken last; else none.
+    /// The shared-prefix block ids of arrival `id` if it is the one taken last or waits at the
+    /// router; else none.
     pub fn prefix_of(&self, id: u64) -> &[u64] {
         match &self.taken_prefix {
             (taken, ids) if *taken == id => ids,
-            _ => &[],
+            _ => self.held_prefix.get(&id).map_or(&[], |ids| ids),
         }
+    }
+
+    /// Arrival `id`, just taken, waits in the router's shared queue: its block ids are kept for
+    /// the replica it reaches later (the next arrival replaces the last one's).
+    pub fn hold_prefix(&mut self, id: u64) {
+        match &self.taken_prefix {
+            (taken, ids) if *taken == id && !ids.is_empty() => {
+                self.held_prefix.insert(id, ids.clone());
+            }
+            _ => {}
+        }
+    }
+
+    /// Arrival `id` left the router's shared queue (to a replica, or cancelled there).
+    pub fn release_prefix(&mut self, id: u64) {
+        self.held_prefix.remove(&id);
     }
 
     /// Fold an arrival into the workload hash: equal across runs that share a workload.

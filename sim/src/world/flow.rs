@@ -186,7 +186,10 @@ impl World<'_> {
         if early.is_none() {
             match self.cluster.route_or_hold(tag, session, now_ns)? {
                 Some(r) => self.requests[tag].route(r),
-                None => return Ok(()), // waits in the router's queue
+                None => {
+                    self.arrivals.hold_prefix(a.id);
+                    return Ok(()); // waits in the router's queue
+                }
             }
         }
         self.enqueue(tag, a)
@@ -203,7 +206,9 @@ impl World<'_> {
                 prompt_tokens: q.prompt,
                 output_tokens: q.output,
             };
-            self.enqueue(tag, a)?;
+            let entered = self.enqueue(tag, a);
+            self.arrivals.release_prefix(a.id);
+            entered?;
         }
         Ok(())
     }

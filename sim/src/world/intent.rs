@@ -66,6 +66,8 @@ impl World<'_> {
         if !q.life.enqueued() {
             // Never reached a backend; if it waits in the router's queue, it leaves it now.
             if self.cluster.unhold(tag) {
+                let id = self.requests[tag].id;
+                self.arrivals.release_prefix(id);
                 return self.try_finalize(tag);
             }
             return Ok(());

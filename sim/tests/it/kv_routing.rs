@@ -176,3 +176,19 @@ fn a_kv_router_on_a_trace_without_block_hashes_stops_before_running() {
     trace(&dir, &[(0, 4)]);
     assert_eq!(run::counterfactual(&s, 1).unwrap().requests.completed, 1);
 }
+
+/// A request that waits in a shared queue at the router keeps its trace block ids until it
+/// reaches a replica (before, only the latest arrival's were known, so a request dispatched
+/// later shared nothing).
+#[test]
+fn a_request_held_at_the_router_still_shares_its_prefix() {
+    let dir = Scratch::new("kv", "held", true);
+    // Six at once, one at a time per worker: the first two compute the prefix, one on each
+    // worker; the four held behind them find it on whichever frees first.
+    let rows: Vec<(u64, u32)> = (0..6).map(|_| (0, 4)).collect();
+    trace(&dir, &rows);
+    let s = scenario(&dir, "SharedQueue(max_outstanding: 1)");
+    assert_eq!(s.requests.completed, 6);
+    assert_eq!(s.kv.prefix_query_tokens, 6 * 2048);
+    assert_eq!(s.kv.prefix_hit_tokens, 4 * 1024);
+}
