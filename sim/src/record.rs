@@ -236,6 +236,9 @@ pub const CANCELS_TID: u32 = 1_000_000;
 pub const PAIRS_MAX: usize = 50_000;
 /// Time-series samples kept per run, at most (sampling stops there).
 pub const SAMPLES_MAX: usize = 100_000;
+/// Pool samples (`pools.csv` rows) kept per run, at most: 56 MB. Sampling the pools stops
+/// where the next sample's pools would not fit (a graph has at most 62 pools).
+pub const POOL_SAMPLES_MAX: usize = 1_000_000;
 
 /// What a run gives besides its summary, for files and plots.
 #[derive(Default)]

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use super::files::{write_pool_timeseries, write_timeseries, TraceFile};
-use crate::record::{Extras, JobRow, RequestRow, RequestSink, TraceSink, PAIRS_MAX, SAMPLES_MAX};
+use crate::record::{
+    Extras, JobRow, RequestRow, RequestSink, TraceSink, PAIRS_MAX, POOL_SAMPLES_MAX, SAMPLES_MAX,
+};
 use crate::run::Report;
 
 /// The sinks a run directory's runs stream into: `requests.csv`, and the trace if asked.
@@ -187,8 +189,8 @@ pub struct Finished {
     pub warnings: Vec<String>,
 }
 
-/// The other outputs a limit cut: the time series (`SAMPLES_MAX`) and the sibling plot
-/// (`PAIRS_MAX`).
+/// The other outputs a limit cut: the time series (`SAMPLES_MAX`), the pools' samples
+/// (`POOL_SAMPLES_MAX`) and the sibling plot (`PAIRS_MAX`).
 fn cut_warnings(report: &Report, extras: &[Extras]) -> Vec<String> {
     let mut out = Vec::new();
     let summaries = std::iter::once(&report.counterfactual).chain(&report.policies);
@@ -197,6 +199,15 @@ fn cut_warnings(report: &Report, extras: &[Extras]) -> Vec<String> {
             let last = e.timeseries.last().map_or(0.0, |x| x.t_s);
             out.push(format!(
                 "timeseries.csv: run {} stopped sampling at {SAMPLES_MAX} samples, {last:.1} s of {:.1} s (raise --sample-ms)",
+                s.policy, s.virtual_time_s
+            ));
+        }
+        let pools = s.pools.len();
+        if pools > 0 && e.pool_timeseries.len() < pools * e.timeseries.len() {
+            let kept = e.pool_timeseries.len() / pools;
+            let last = e.pool_timeseries.last().map_or(0.0, |x| x.t_s);
+            out.push(format!(
+                "pools.csv: run {} stopped sampling its {pools} pools at {kept} samples ({POOL_SAMPLES_MAX} rows), {last:.1} s of {:.1} s (raise --sample-ms)",
                 s.policy, s.virtual_time_s
             ));
         }

@@ -10,7 +10,7 @@ use super::requests::Req;
 use crate::kernel::NS_PER_S;
 use crate::record::{
     Extras, JobRow, PoolSample, Recording, RequestRow, Sample, TraceArgs, TraceEvent, TraceLog,
-    CANCELS_TID, SAMPLES_MAX,
+    CANCELS_TID, POOL_SAMPLES_MAX, SAMPLES_MAX,
 };
 
 pub(crate) struct Recorder<'r> {
@@ -76,6 +76,9 @@ impl<'r> Recorder<'r> {
             let t_s = self.next_sample_ns as f64 / NS_PER_S as f64;
             self.pools.clear();
             cluster.pool_gauges(&mut self.pools);
+            if self.extras.pool_timeseries.len() + self.pools.len() > POOL_SAMPLES_MAX {
+                self.pools.clear(); // whole samples or none: `pools.csv` stops here
+            }
             let pools = self.pools.iter().enumerate();
             self.extras
                 .pool_timeseries

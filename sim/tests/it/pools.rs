@@ -287,3 +287,56 @@ fn each_pool_is_sampled_and_the_pools_add_up_to_the_totals() {
     assert!((far - kv / 1e6).abs() <= 2.0 * every_s, "far: {far} s");
     assert!((near - kv / 1e9).abs() <= 2.0 * every_s, "near: {near} s");
 }
+
+/// Twelve pools sampled every microsecond: `pools.csv` stops at its bound with whole samples,
+/// the totals go on, and the run directory says where the pools' samples stop.
+#[test]
+fn the_pools_samples_stop_at_their_bound_and_say_so() {
+    use cancelsim::output::RunDir;
+    use cancelsim::record::POOL_SAMPLES_MAX;
+    let dir = Scratch::new("pools", "bound", true);
+    let names =
+        |role: &str, n: usize| -> Vec<String> { (0..n).map(|i| format!("{role}{i}")).collect() };
+    let (prefills, decodes) = (names("p", 6), names("d", 6));
+    let stage = |n: &String, role: &str| format!("(name: \"{n}\", role: {role})");
+    let stages: Vec<String> = (prefills.iter().map(|n| stage(n, "Prefill")))
+        .chain(decodes.iter().map(|n| stage(n, "Decode")))
+        .collect();
+    let mut links: Vec<String> = prefills
+        .iter()
+        .map(|p| format!("(from: \"router\", to: \"{p}\")"))
+        .collect();
+    for p in &prefills {
+        links.extend((decodes.iter()).map(|d| format!("(from: \"{p}\", to: \"{d}\")")));
+    }
+    links.extend((decodes.iter()).map(|d| format!("(from: \"{d}\", to: \"playback\")")));
+    // Twelve requests 20 ms apart: 0.22 s and more of virtual time, 220,000 samples and more.
+    let rows: Vec<(u64, u32)> = (0..12).map(|i| (i * 20, 4)).collect();
+    trace(&dir, &rows);
+    let text = scenario(&stages.join(", "), &links.join(", "), 12, "");
+    let mut s = Scenario::parse(&text, "<inline>").unwrap();
+    s.base_dir = dir.to_path_buf();
+    let out = RunDir::begin(&dir.join("out"), &s.name).unwrap();
+    let opts = run::RunOptions {
+        sample_ns: 1_000,
+        ..Default::default()
+    };
+    let (report, extras) = run::run(&s, 1, opts).unwrap();
+    let e = &extras[0];
+    let whole = POOL_SAMPLES_MAX / 12 * 12;
+    assert_eq!(
+        e.pool_timeseries.len(),
+        whole,
+        "whole samples, to the bound"
+    );
+    assert!(
+        e.timeseries.len() * 12 > whole,
+        "{} samples",
+        e.timeseries.len()
+    );
+    let done = out.finish(&report, extras, (None, None), false).unwrap();
+    let cut: Vec<&String> = (done.warnings.iter())
+        .filter(|w| w.starts_with("pools.csv: run counterfactual stopped sampling its 12 pools"))
+        .collect();
+    assert_eq!(cut.len(), 1, "{:?}", done.warnings);
+}
