@@ -41,7 +41,7 @@ impl Charts<'_> {
             false => String::new(),
         };
         let note = format!(
-            "summed over the pool's replicas, one line per run, steps between samples{more}"
+            "x: virtual time (s); summed over the pool's replicas, one line per run, steps between samples{more}"
         );
         label(&top, &note, 16, (20, 40))?;
         let names: Vec<&str> = std::iter::once(&self.report.counterfactual)
