@@ -6,7 +6,9 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::plots::{label, legend, markers, palette, per_policy, swatch, Axes, Charts, Res};
+use super::plots::{
+    label, legend, markers, palette, per_policy, small_panel, swatch, Axes, Charts, Res,
+};
 use crate::metrics::Summary;
 use crate::record::PAIRS_MAX;
 use crate::run::Report;
@@ -107,13 +109,7 @@ impl Charts<'_> {
         for (i, ((name, samples), panel)) in series.iter().zip(panels.iter()).enumerate() {
             let peak = self.report.policies[i].retained.peak_blocks;
             let caption = format!("{}: peak {peak} blocks", name.replace('_', " "));
-            let mut chart = ChartBuilder::on(panel)
-                .caption(caption, ("sans-serif", 16))
-                .margin(6)
-                .x_label_area_size(24)
-                .y_label_area_size(60)
-                .build_cartesian_2d(0f64..tmax, 0f64..ymax)?;
-            chart.configure_mesh().max_light_lines(2).draw()?;
+            let mut chart = small_panel(panel, &caption, 0f64..tmax, 0f64..ymax)?;
             let steps = samples.windows(2).flat_map(|w| {
                 let y = w[0].kv_retained as f64;
                 [(w[0].t_s, y), (w[1].t_s, y)]

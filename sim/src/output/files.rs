@@ -10,6 +10,13 @@ use super::trace_check::Streaming;
 use crate::record::{Extras, TraceArgs, TraceEvent, TraceSink, CANCELS_TID};
 use crate::run::Report;
 
+/// Each run's policy label, the counterfactual first (as `extras` are).
+fn run_names(report: &Report) -> impl Iterator<Item = String> + '_ {
+    std::iter::once(&report.counterfactual)
+        .chain(&report.policies)
+        .map(|s| s.policy.clone())
+}
+
 pub(super) fn write_timeseries(
     path: &Path,
     report: &Report,
@@ -29,10 +36,7 @@ pub(super) fn write_timeseries(
         "kv_pinned_decode",
     ])
     .map_err(err)?;
-    let names = std::iter::once(&report.counterfactual)
-        .chain(&report.policies)
-        .map(|s| s.policy.clone());
-    for (name, e) in names.zip(extras) {
+    for (name, e) in run_names(report).zip(extras) {
         for s in &e.timeseries {
             w.write_record([
                 name.clone(),
@@ -76,10 +80,7 @@ pub(super) fn write_pool_timeseries(
         "running",
     ])
     .map_err(err)?;
-    let names = std::iter::once(&report.counterfactual)
-        .chain(&report.policies)
-        .map(|s| s.policy.clone());
-    for (name, e) in names.zip(extras) {
+    for (name, e) in run_names(report).zip(extras) {
         for s in &e.pool_timeseries {
             let pool = &pools[s.pool as usize];
             w.write_record([

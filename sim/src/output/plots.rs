@@ -86,7 +86,8 @@ pub(super) struct Axes<'a> {
     pub(super) y_label_area: u32,
 }
 
-type LineChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+pub(super) type LineChart<'a, DB> =
+    ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 impl Axes<'_> {
     /// The chart on `area` over `x` × `y`, its mesh drawn.
@@ -112,6 +113,27 @@ impl Axes<'_> {
             .draw()?;
         Ok(chart)
     }
+}
+
+/// A small panel's chart over `x` × `y`, its caption above and a light mesh: the panels of a
+/// chart drawn one per run or per pool.
+pub(super) fn small_panel<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: &str,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+) -> Result<LineChart<'a, DB>, Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 16))
+        .margin(6)
+        .x_label_area_size(24)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x, y)?;
+    chart.configure_mesh().max_light_lines(2).draw()?;
+    Ok(chart)
 }
 
 /// The plots, by file name.

@@ -5,7 +5,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::plots::{label, legend, palette, swatch, Charts, Res};
+use super::plots::{label, legend, palette, small_panel, swatch, Charts, Res};
 use crate::record::PoolSample;
 
 /// Pools drawn, at most: more would make panels too small to read (`pools.csv` has them all).
@@ -79,13 +79,7 @@ where
     let points = runs.iter().flat_map(|(_, s)| s.iter());
     let tmax = points.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1.0);
     let ymax = points.map(|p| p.1).max().unwrap_or(0).max(1) as f64 * 1.1;
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 16))
-        .margin(6)
-        .x_label_area_size(24)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..tmax, 0f64..ymax)?;
-    chart.configure_mesh().max_light_lines(2).draw()?;
+    let mut chart = small_panel(area, caption, 0f64..tmax, 0f64..ymax)?;
     for (i, (name, samples)) in runs.iter().enumerate() {
         let c = palette(i);
         let steps = samples.windows(2).flat_map(|w| {

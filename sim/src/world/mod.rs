@@ -466,6 +466,7 @@ impl<'s> World<'s> {
         let mut extras = self.recorder.finish();
         extras.sibling_ttft_ms = pairs;
         extras.admission_bins_ms = self.recover.bins_ms();
+        let (router, router_decode) = self.cluster.kv_stats();
         let books = summary::Books {
             scenario: self.scenario,
             seed: self.seed,
@@ -484,8 +485,8 @@ impl<'s> World<'s> {
             handoff,
             pools,
             recovery: self.recover.summary(),
-            router: self.cluster.kv_stats().0,
-            router_decode: self.cluster.kv_stats().1,
+            router,
+            router_decode,
             occupancy_area_ns: self.occupancy.area_ns,
             workload_hash: self.arrivals.workload_hash(),
             run_hash,
