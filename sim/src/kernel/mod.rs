@@ -114,9 +114,15 @@ fn fmt_s(ns: u64) -> String {
 /// BLAKE3 over the canonical stream of dispatched events: 25 bytes each,
 /// `time_ns u64 LE | seq u64 LE | kind u8 | entity u64 LE`. Buffered, because hashing 25 bytes at a
 /// time costs more than the queue operation it records.
+///
+/// The buffer is handed to BLAKE3 only when full, a record split across two buffers if it must
+/// be: 16 KiB is 16 of BLAKE3's 1 KiB chunks, which it hashes side by side, and a buffer that
+/// ended on a whole record (16,375 bytes) left its chunks out of step, for a third of the
+/// speed. The bytes hashed, so the digest, are the same either way.
 pub struct RunHasher {
     hasher: blake3::Hasher,
     buf: Box<[u8; RunHasher::BUF_LEN]>,
+    /// Bytes of `buf` in use; always below `BUF_LEN` between calls.
     len: usize,
 }
 
@@ -140,15 +146,35 @@ impl RunHasher {
 
     #[inline]
     pub fn record(&mut self, time_ns: u64, seq: u64, kind: u8, entity: u64) {
-        if self.len + Self::RECORD_LEN > Self::BUF_LEN {
-            self.flush();
+        let end = self.len + Self::RECORD_LEN;
+        if end >= Self::BUF_LEN {
+            return self.record_across(time_ns, seq, kind, entity);
         }
-        let b = &mut self.buf[self.len..self.len + Self::RECORD_LEN];
+        // Straight into the buffer: a record built on the stack and copied was read back
+        // before its narrow stores had landed, a stall of a tenth of the kernel's time.
+        let b = &mut self.buf[self.len..end];
         b[0..8].copy_from_slice(&time_ns.to_le_bytes());
         b[8..16].copy_from_slice(&seq.to_le_bytes());
         b[16] = kind;
         b[17..25].copy_from_slice(&entity.to_le_bytes());
-        self.len += Self::RECORD_LEN;
+        self.len = end;
+    }
+
+    /// The record fills the buffer: what fits ends it, the buffer is hashed, the rest begins
+    /// the next.
+    #[cold]
+    fn record_across(&mut self, time_ns: u64, seq: u64, kind: u8, entity: u64) {
+        let mut rec = [0u8; Self::RECORD_LEN];
+        rec[0..8].copy_from_slice(&time_ns.to_le_bytes());
+        rec[8..16].copy_from_slice(&seq.to_le_bytes());
+        rec[16] = kind;
+        rec[17..25].copy_from_slice(&entity.to_le_bytes());
+        let room = Self::BUF_LEN - self.len;
+        self.buf[self.len..].copy_from_slice(&rec[..room]);
+        self.hasher.update(&self.buf[..]);
+        self.len = Self::RECORD_LEN - room;
+        self.buf[..self.len].copy_from_slice(&rec[room..]);
+        debug_assert!(self.len < Self::BUF_LEN);
     }
 
     fn flush(&mut self) {
