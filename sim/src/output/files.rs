@@ -139,7 +139,7 @@ impl TraceFile {
         let written = self
             .w
             .write_all(sep)
-            .and_then(|()| serde_json::to_writer(&mut self.w, ev).map_err(Into::into));
+            .and_then(|()| super::trace_json::write_event(&mut self.w, ev));
         if let Err(e) = written {
             self.error = Some(format!("{}: {e}", self.path.display()));
         }

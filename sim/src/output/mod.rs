@@ -10,6 +10,7 @@ mod render;
 mod rundir;
 pub mod search_plot;
 pub mod trace_check;
+mod trace_json;
 
 pub use render::render;
 pub use rundir::{run_dir, Finished, RunDir, Written};
