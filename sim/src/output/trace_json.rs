@@ -7,33 +7,46 @@ use std::io::{self, Write};
 
 use crate::record::{TraceArgs, TraceEvent};
 
-/// `ev` as `serde_json::to_writer` writes it.
+/// `ev` as `serde_json::to_writer` writes it. The event is taken apart without `..`, so a field
+/// added to `TraceEvent` does not compile until it is written here too.
 pub(super) fn write_event(w: &mut impl Write, ev: &TraceEvent) -> io::Result<()> {
+    let TraceEvent {
+        name,
+        cat,
+        ph,
+        pid,
+        tid,
+        ts,
+        dur,
+        id,
+        bp,
+        args,
+    } = ev;
     w.write_all(b"{\"name\":")?;
-    string(w, &ev.name)?;
-    if let Some(cat) = ev.cat {
+    string(w, name)?;
+    if let Some(cat) = cat {
         w.write_all(b",\"cat\":")?;
         string(w, cat)?;
     }
     w.write_all(b",\"ph\":")?;
-    string(w, ev.ph)?;
-    number(w, b",\"pid\":", ev.pid as u64)?;
+    string(w, ph)?;
+    number(w, b",\"pid\":", u64::from(*pid))?;
     let numbers = [
-        (&b",\"tid\":"[..], ev.tid.map(u64::from)),
-        (b",\"ts\":", ev.ts),
-        (b",\"dur\":", ev.dur),
-        (b",\"id\":", ev.id),
+        (&b",\"tid\":"[..], tid.map(u64::from)),
+        (b",\"ts\":", *ts),
+        (b",\"dur\":", *dur),
+        (b",\"id\":", *id),
     ];
     for (key, value) in numbers {
         if let Some(v) = value {
             number(w, key, v)?;
         }
     }
-    if let Some(bp) = ev.bp {
+    if let Some(bp) = bp {
         w.write_all(b",\"bp\":")?;
         string(w, bp)?;
     }
-    if let Some(args) = &ev.args {
+    if let Some(args) = args {
         w.write_all(b",\"args\":")?;
         write_args(w, args)?;
     }
@@ -45,7 +58,9 @@ fn write_args(w: &mut impl Write, args: &TraceArgs) -> io::Result<()> {
     match args {
         TraceArgs::Step { step } => number(w, b"{\"step\":", *step)?,
         TraceArgs::Request { request } => number(w, b"{\"request\":", *request)?,
-        TraceArgs::SortIndex { sort_index } => number(w, b"{\"sort_index\":", *sort_index as u64)?,
+        TraceArgs::SortIndex { sort_index } => {
+            number(w, b"{\"sort_index\":", u64::from(*sort_index))?
+        }
         TraceArgs::Name { name } => {
             w.write_all(b"{\"name\":")?;
             string(w, name)?;
