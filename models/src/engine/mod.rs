@@ -38,7 +38,7 @@ use crate::protocol::{
 
 use compose::Compose;
 use pool::Pool;
-use seq::{BoundedIds, Entry, Phase, RuntimeIndex, Seq, Step, Taint};
+use seq::{BoundedIds, Ended, Entry, Phase, RuntimeIndex, Seq, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
 use waiting::Waiting;
 
@@ -166,17 +166,23 @@ impl Engine {
     }
 
     /// One request's share of a processed step: its outcome, and its fenced blocks back to the
-    /// pool once no step in flight uses them. True if it finished with this token.
+    /// pool once no step in flight uses them. Whether it finished with this token, and whether
+    /// it may leave now (finished or aborted, and in no step in flight): `try_retire`'s own
+    /// test, made here while the request is at hand, as most entries' requests stay.
     #[inline]
-    fn process_entry(&mut self, e: &Entry, now_ns: u64, outputs: &mut Vec<StepOutput>) -> bool {
+    fn process_entry(
+        &mut self,
+        e: &Entry,
+        now_ns: u64,
+        outputs: &mut Vec<StepOutput>,
+    ) -> (bool, bool) {
         let seq = &mut self.seqs[e.slot as usize];
-        let fenced_before = {
-            let run = &mut **seq; // once: it is in a step, so it ran
-            run.inflight -= 1;
-            run.fenced_blocks
-        };
-        let outcome = seq.outcome(e, now_ns);
-        let (inflight, fenced) = (seq.inflight, seq.fenced_blocks);
+        let Ended {
+            outcome,
+            inflight,
+            fenced_before,
+            fenced,
+        } = seq.step_ended(e, now_ns);
         if fenced != fenced_before {
             self.pool.fence(fenced - fenced_before);
         }
@@ -196,7 +202,8 @@ impl Engine {
             seq.touch(now_ns);
             self.pool.release_fenced(seq);
         }
-        matches!(outcome, Outcome::Token { last: true, .. })
+        let leaves = inflight == 0 && matches!(seq.phase, Phase::Finished | Phase::Aborted);
+        (matches!(outcome, Outcome::Token { last: true, .. }), leaves)
     }
 
     /// A request whose blocks were just allocated: if the pool handed out blocks that a step in
@@ -317,11 +324,10 @@ impl Scheduler for Engine {
         let mut finished_any = false;
         for e in &s.entries {
             tokens_total += e.tokens as u64;
-            finished_any |= self.process_entry(e, now_ns, &mut out.outputs);
+            let (finished, leaves) = self.process_entry(e, now_ns, &mut out.outputs);
+            finished_any |= finished;
             // A request appears at most once per step, so it is retired at most once here.
-            // `try_retire`'s own test, inline: most entries' requests stay.
-            let seq = &self.seqs[e.slot as usize];
-            if matches!(seq.phase, Phase::Finished | Phase::Aborted) && seq.inflight == 0 {
+            if leaves {
                 self.try_retire(e.slot, out);
             }
         }

@@ -48,6 +48,9 @@ pub(super) struct Seq {
     pub(super) need: u32,
     /// Unique per enqueue: tells this request's waiting entries from a former occupant's.
     pub(super) serial: u64,
+    /// Since when the block-time of its blocks is not counted yet (`kv_block_ns`). Whatever
+    /// changes its blocks, fenced blocks or `marked` counts it first (`touch`), so the count is
+    /// whole whenever it is read, at its release.
     pub(super) blocks_since_ns: u64,
     /// What its tokens are, for the prefix cache.
     pub(super) content: Content,
@@ -182,18 +185,25 @@ impl Seq {
     }
 
     /// Into a step at `now_ns` with `blocks` more and `tokens` scheduled: its context after
-    /// them, its incarnation, and the output index the step samples (0 if none).
+    /// them, its incarnation, and the output index the step samples (0 if none). The step is in
+    /// flight from here on (counted now, while its run is at hand, not in a second pass).
     #[inline]
     pub(super) fn advance(&mut self, now_ns: u64, blocks: u64, tokens: u32) -> (u32, u32, u32) {
-        // `touch`, with its run borrowed once: it is boxed here in any case.
         debug_assert!(now_ns >= self.blocks_since_ns);
-        let elapsed = (now_ns - self.blocks_since_ns) as u128;
-        self.blocks_since_ns = now_ns;
-        let (need, marked) = (self.need, self.marked);
+        let (need, marked, since_ns) = (self.need, self.marked, self.blocks_since_ns);
+        // `touch`, with its run borrowed once (it is boxed here in any case). A step that adds
+        // no block (most decode tokens) leaves the area to the next touch: held blocks × the
+        // time since is the same sum, in whole numbers, as a term per step.
+        if blocks > 0 {
+            self.blocks_since_ns = now_ns;
+        }
         let run = &mut **self;
-        run.hold(elapsed, marked);
+        if blocks > 0 {
+            run.hold((now_ns - since_ns) as u128, marked);
+        }
         run.blocks += blocks;
         run.ctx += tokens;
+        run.inflight += 1;
         let sample = if run.ctx >= need {
             run.sched_out += 1;
             run.sched_out
@@ -212,33 +222,46 @@ impl Seq {
         self.phase = Phase::Waiting;
     }
 
-    /// What entry `e` of a step that ends now did for this request. A token of an old
-    /// incarnation, or past the end or an abort, is discarded.
+    /// The step of entry `e` ends now: one step fewer in flight, and what the entry did for
+    /// this request. A token of an old incarnation, or past the end or an abort, is discarded.
+    /// With its steps still in flight, and its fenced blocks before and after (its run is
+    /// reached once, as this is every token of every step).
     #[inline]
-    pub(super) fn outcome(&mut self, e: &Entry, now_ns: u64) -> Outcome {
+    pub(super) fn step_ended(&mut self, e: &Entry, now_ns: u64) -> Ended {
         let (phase, output) = (self.phase, self.output);
         let run = &mut **self; // once: it is in a step, so it ran
+        run.inflight -= 1;
+        let fenced_before = run.fenced_blocks;
+        let mut ended = Ended {
+            outcome: Outcome::Prefill,
+            inflight: run.inflight,
+            fenced_before,
+            fenced: fenced_before,
+        };
         if e.incarnation != run.incarnation || phase == Phase::Finished || phase == Phase::Aborted {
-            return Outcome::Discarded {
+            ended.outcome = Outcome::Discarded {
                 sampled: e.sample > 0,
             };
+            return ended;
         }
         if e.sample == 0 {
-            return Outcome::Prefill;
+            return ended;
         }
         debug_assert_eq!(e.sample, run.done_out + 1);
         debug_assert!(e.sample <= output);
         run.done_out += 1;
         let last = run.done_out == output;
+        ended.outcome = Outcome::Token {
+            index: e.sample,
+            last,
+        };
         if last {
             self.phase = Phase::Finished;
             self.touch(now_ns);
             self.fence();
+            ended.fenced = self.fenced_blocks;
         }
-        Outcome::Token {
-            index: e.sample,
-            last,
-        }
+        ended
     }
 
     /// The record of its blocks going back to the pool.
@@ -251,6 +274,16 @@ impl Seq {
             restarts: self.incarnation,
         }
     }
+}
+
+/// What the end of a step did for one of its requests (`Seq::step_ended`).
+pub(super) struct Ended {
+    pub(super) outcome: Outcome,
+    /// Its steps still in flight.
+    pub(super) inflight: u32,
+    /// Its fenced blocks before the step ended, and after.
+    pub(super) fenced_before: u64,
+    pub(super) fenced: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -467,7 +500,11 @@ mod tests {
         let (ctx, incarnation, sample) = seq.advance(10, 7, 100);
         assert_eq!((ctx, incarnation, sample), (100, 0, 1));
         assert!(seq.run.is_made());
-        assert_eq!(seq.blocks, 7);
+        assert_eq!(
+            (seq.blocks, seq.inflight),
+            (7, 1),
+            "in flight from its step's composing"
+        );
     }
 
     #[test]

@@ -265,7 +265,6 @@ impl Accounts {
     ) {
         self.t.gpu.token_steps += o.tokens as u64;
         let share = s.duration_f * o.tokens as f64 / s.total_f;
-        cost.stepped(o.tokens);
         if let Some(intent_ns) = cancel.intent_ns() {
             if s.end_ns > intent_ns && s.duration_ns > 0 {
                 // GPU work after the intent: the part of this step that ran after it.
@@ -276,9 +275,15 @@ impl Accounts {
             }
         }
         match o.outcome {
-            Outcome::Discarded { .. } => self.t.gpu.discarded_ns += share,
-            Outcome::Padding => self.t.gpu.padding_ns += share,
-            Outcome::Prefill | Outcome::Token { .. } => cost.charge(share),
+            Outcome::Discarded { .. } => {
+                cost.stepped(o.tokens);
+                self.t.gpu.discarded_ns += share;
+            }
+            Outcome::Padding => {
+                cost.stepped(o.tokens);
+                self.t.gpu.padding_ns += share;
+            }
+            Outcome::Prefill | Outcome::Token { .. } => cost.stepped_charged(o.tokens, share),
         }
     }
 

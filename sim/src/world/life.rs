@@ -260,10 +260,14 @@ impl Cost {
         self.get_mut().token_steps += tokens as u64;
     }
 
-    /// Its share of a step's time that went to its own output.
-    pub fn charge(&mut self, ns: f64) {
+    /// `tokens` of its tokens were in a step, and `ns` of the step's time went to its own
+    /// output: both in one reach of its costs (this runs for every token of every step).
+    #[inline(always)]
+    pub fn stepped_charged(&mut self, tokens: u32, ns: f64) {
         assert!(ns >= 0.0, "a negative GPU share: {ns}");
-        self.get_mut().gpu_ns += ns;
+        let c = self.get_mut();
+        c.token_steps += tokens as u64;
+        c.gpu_ns += ns;
     }
 
     /// GPU work after its intent, before or after the backend observed the cancel.
@@ -448,7 +452,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "negative GPU share")]
     fn a_negative_share() {
-        Cost::default().charge(-1.0);
+        Cost::default().stepped_charged(1, -1.0);
     }
 
     #[test]

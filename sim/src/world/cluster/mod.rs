@@ -148,8 +148,9 @@ pub(crate) struct Cluster {
     /// replica shared its engine with a cancelled request (a sibling).
     intent_epoch: Vec<u64>,
     /// The replicas' outbox, lent to the world while it drains one pass or step (`None` while
-    /// lent: nothing is made or dropped per event).
-    outbox: Option<Outbox>,
+    /// lent: nothing is made or dropped per event). Boxed, so lending it and taking it back
+    /// move a pointer, not its five vectors, twice a step.
+    outbox: Option<Box<Outbox>>,
     /// Requests waiting at a `SharedQueue` router, first come first served, and at most how
     /// many.
     held: VecDeque<u32>,
@@ -212,7 +213,7 @@ impl Cluster {
             pass_pending: vec![false; n],
             timer_at: vec![None; n],
             intent_epoch: vec![0; n],
-            outbox: Some(Outbox::default()),
+            outbox: Some(Box::default()),
             held: VecDeque::new(),
             held_max: s.limits.max_queue_len,
         }
@@ -337,7 +338,7 @@ impl Cluster {
 
     /// A pass begins: the replica's checkpoint. The outbox comes out with who was observed and
     /// released; give it back with `recycle`.
-    pub fn checkpoint(&mut self, replica: u32, now_ns: u64) -> (CheckpointReport, Outbox) {
+    pub fn checkpoint(&mut self, replica: u32, now_ns: u64) -> (CheckpointReport, Box<Outbox>) {
         let r = replica as usize;
         assert!(self.pass_pending[r], "a scheduler pass no one asked for");
         self.pass_pending[r] = false;
@@ -348,7 +349,7 @@ impl Cluster {
     }
 
     /// A step of `replica` ends: its outputs and releases, in the outbox.
-    pub fn step_done(&mut self, replica: u32, step: u64, now_ns: u64) -> (StepReport, Outbox) {
+    pub fn step_done(&mut self, replica: u32, step: u64, now_ns: u64) -> (StepReport, Box<Outbox>) {
         let mut out = self.lend();
         let report = self.replicas[replica as usize].step_done(now_ns, step, &mut out);
         self.publish(replica, now_ns);
@@ -415,11 +416,11 @@ impl Cluster {
         }
     }
 
-    fn lend(&mut self) -> Outbox {
+    fn lend(&mut self) -> Box<Outbox> {
         self.outbox.take().unwrap_or_default()
     }
 
-    pub fn recycle(&mut self, mut out: Outbox) {
+    pub fn recycle(&mut self, mut out: Box<Outbox>) {
         out.clear();
         self.outbox = Some(out);
     }
