@@ -236,3 +236,36 @@ fn a_waiting_requests_cached_run_costs_what_changed_not_what_it_holds() {
         s.preemptions
     );
 }
+
+#[test]
+fn block_time_is_the_closed_form_sum_of_blocks_held() {
+    // One request, a 20-token prompt and 30 output tokens, 16-token blocks, one 10 ms step per
+    // token: step k (dispatched at (k - 1) × 10 ms) brings its context to 19 + k tokens. It holds
+    // 2 blocks from 0, 3 from step 14 (130 ms, context 33), 4 from step 30 (290 ms, context 49),
+    // and releases them at the last step's end, 300 ms: 2×130 + 3×160 + 4×10 = 780 block-ms.
+    // Its cancel intent at 50 ms (between steps) counts the rest as retained: 2×80 + 3×160 +
+    // 4×10 = 680 block-ms. Decode steps that add no block leave the count to the next change.
+    let mut e = Engine::new(cfg(1));
+    let mut out = Outbox::default();
+    e.enqueue(0, req(1, 20, 30)).unwrap();
+    let mut now_ns = 0;
+    let mut released = None;
+    for _ in 0..100 {
+        if now_ns == 50 * MS {
+            e.mark_intent(now_ns, 1);
+        }
+        let Some(d) = e.dispatch(now_ns, &mut out) else {
+            break;
+        };
+        now_ns = d.end_ns;
+        e.step_done(now_ns, d.step, &mut out);
+        if let Some(r) = out.released.first() {
+            released = Some((now_ns, r.kv_block_ns, r.kv_block_ns_marked));
+        }
+        out.clear();
+    }
+    assert_eq!(
+        released,
+        Some((300 * MS, 780 * u128::from(MS), 680 * u128::from(MS)))
+    );
+}

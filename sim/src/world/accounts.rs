@@ -274,17 +274,19 @@ impl Accounts {
                 cost.leak(leak, cancel.observed_ns().is_some());
             }
         }
-        match o.outcome {
+        // Adding 0 leaves a request's GPU time bit for bit as it was.
+        let own_ns = match o.outcome {
             Outcome::Discarded { .. } => {
-                cost.stepped(o.tokens);
                 self.t.gpu.discarded_ns += share;
+                0.0
             }
             Outcome::Padding => {
-                cost.stepped(o.tokens);
                 self.t.gpu.padding_ns += share;
+                0.0
             }
-            Outcome::Prefill | Outcome::Token { .. } => cost.stepped_charged(o.tokens, share),
-        }
+            Outcome::Prefill | Outcome::Token { .. } => share,
+        };
+        cost.stepped(o.tokens, own_ns);
     }
 
     /// A token came out after the request's terminal transition.

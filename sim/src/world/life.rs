@@ -255,19 +255,15 @@ impl Cost {
         self.0.get_mut()
     }
 
-    /// `tokens` of its tokens were in a step.
-    pub fn stepped(&mut self, tokens: u32) {
-        self.get_mut().token_steps += tokens as u64;
-    }
-
-    /// `tokens` of its tokens were in a step, and `ns` of the step's time went to its own
-    /// output: both in one reach of its costs (this runs for every token of every step).
+    /// `tokens` of its tokens were in a step, and `own_ns` of the step's time went to its own
+    /// output (0 for a discarded or padding slot): both in one reach of its costs, as this runs
+    /// for every token of every step.
     #[inline(always)]
-    pub fn stepped_charged(&mut self, tokens: u32, ns: f64) {
-        assert!(ns >= 0.0, "a negative GPU share: {ns}");
+    pub fn stepped(&mut self, tokens: u32, own_ns: f64) {
+        assert!(own_ns >= 0.0, "a negative GPU share: {own_ns}");
         let c = self.get_mut();
         c.token_steps += tokens as u64;
-        c.gpu_ns += ns;
+        c.gpu_ns += own_ns;
     }
 
     /// GPU work after its intent, before or after the backend observed the cancel.
@@ -452,7 +448,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "negative GPU share")]
     fn a_negative_share() {
-        Cost::default().stepped_charged(1, -1.0);
+        Cost::default().stepped(1, -1.0);
     }
 
     #[test]
