@@ -25,18 +25,21 @@ const SHORT: &str = r#"Scenario(name: "short", seed: 1,
     cluster: (profile: Custom(c0_ms: 10.0, kv_blocks_16: 4000), scheduler: Continuous()),
     cancellation: (fraction: 0.2, stage: Decode), policies: [PerRequest])"#;
 
+/// An SLO every rate meets, on two seeds.
+const MET_AT_ANY_RATE: [&str; 6] = [
+    "--ttft-p99-ms",
+    "1e9",
+    "--e2e-p99-ms",
+    "1e9",
+    "--seeds",
+    "2",
+];
+
 #[test]
 fn item_9_capacity_says_when_its_answer_is_the_searchs_own_bound() {
     // An SLO met at every rate: the answer is the ceiling, and says so (it used to print
     // `per_request 100.000`, `"best": 100.0`). An SLO met at none: the floor.
-    let slo = [
-        "--ttft-p99-ms",
-        "1e9",
-        "--e2e-p99-ms",
-        "1e9",
-        "--seeds",
-        "2",
-    ];
+    let slo = MET_AT_ANY_RATE;
     let (code, out, err) = capacity(
         "ceiling",
         SHORT,
@@ -96,14 +99,7 @@ fn item_10_capacity_scans_one_stage_of_a_prefill_decode_graph() {
     )
     .replace("requests: 400", "requests: 60")
     .replace("rate_per_s: 200.0", "rate_per_s: 20.0");
-    let slo = [
-        "--ttft-p99-ms",
-        "1e9",
-        "--e2e-p99-ms",
-        "1e9",
-        "--seeds",
-        "2",
-    ];
+    let slo = MET_AT_ANY_RATE;
     let (code, _, err) = capacity(
         "no-stage",
         &pd,
