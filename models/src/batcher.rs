@@ -224,6 +224,7 @@ impl Scheduler for Batcher {
             step,
             duration_ns,
             tokens,
+            streak: None,
         }
     }
 

@@ -144,6 +144,11 @@ pub struct NewRequest {
     /// The output ends at the request's `max_tokens`, which the scheduler knows: with steps in
     /// flight it schedules no step past the end (a stop-token finish costs one, discarded).
     pub length_capped: bool,
+    /// The caller needs no record of its output tokens one by one while nothing can observe
+    /// them: while it only decodes, the engine may advance it a token a step without an output
+    /// each (its streak), and hands the tokens over in order (`Implicit`) before anything else
+    /// is said of it. The continuous engine only.
+    pub lazy: bool,
 }
 
 /// A step was dispatched: the world schedules its end.
@@ -187,6 +192,20 @@ pub struct StepReport {
     pub step: u64,
     pub duration_ns: u64,
     pub tokens: u64,
+    /// The streak step this was (`Implicit`), if the streak had members in it: each of them
+    /// got one of `tokens` without an output of its own.
+    pub streak: Option<u64>,
+}
+
+/// A lazy request's output tokens that came out without an output each (`NewRequest::lazy`):
+/// one in each of its replica's streak steps `from..from + count`, in order, all processed.
+/// Handed over before any output or record that follows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Implicit {
+    pub id: u64,
+    pub tag: u32,
+    pub from: u64,
+    pub count: u32,
 }
 
 /// A request left the engine: its blocks are back in the pool.
@@ -215,7 +234,9 @@ pub enum Rejection {
 /// `dispatch`, `step_done` and `checkpoint` append here, and the caller drains.
 #[derive(Debug, Default)]
 pub struct Outbox {
-    /// One per request of each processed step.
+    /// Lazy requests' tokens without outputs, handed over: read these first.
+    pub implicit: Vec<Implicit>,
+    /// One per request of each processed step (but the streak's).
     pub outputs: Vec<StepOutput>,
     /// Requests whose blocks are back in the pool.
     pub released: Vec<Released>,
@@ -238,6 +259,7 @@ pub struct Retired {
 
 impl Outbox {
     pub fn clear(&mut self) {
+        self.implicit.clear();
         self.outputs.clear();
         self.released.clear();
         self.observed.clear();
@@ -382,6 +404,16 @@ pub trait Scheduler {
     /// published view lags).
     fn cache_contains(&self, _key: u64) -> bool {
         false
+    }
+    /// The caller needs every output of lazy request `tag` from now on (it got a cancel
+    /// intent, say): it leaves the streak, and its tokens not handed over yet come back here.
+    fn make_explicit(&mut self, _tag: u32) -> Option<Implicit> {
+        None
+    }
+    /// The earliest streak step whose tokens are not handed over yet (the caller may forget the
+    /// shares of those before), if the scheduler has a streak.
+    fn streak_floor(&self) -> Option<u64> {
+        None
     }
 }
 

@@ -146,10 +146,16 @@ impl Engine {
         (in_scope, ideal): (bool, bool),
         out: &mut Outbox,
     ) {
-        let seq = &mut self.seqs[slot as usize];
-        if !matches!(seq.phase, Phase::Running | Phase::Waiting) {
+        if !matches!(
+            self.seqs[slot as usize].phase,
+            Phase::Running | Phase::Waiting
+        ) {
             return; // already removed by an earlier abort of this checkpoint
         }
+        if self.is_member(slot) {
+            self.eject(slot, &mut out.implicit);
+        }
+        let seq = &mut self.seqs[slot as usize];
         if seq.phase == Phase::Waiting {
             self.waiting.left();
         }

@@ -17,6 +17,17 @@ struct Admission {
     new_blocks: u64,
 }
 
+/// What a step does with one running request (`Engine::decide`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Decided {
+    Skip,
+    Take {
+        prefill: bool,
+        tokens: u32,
+        grow: u64,
+    },
+}
+
 /// The step being composed.
 pub(super) struct Compose {
     pub(super) entries: Vec<Entry>,
@@ -24,6 +35,8 @@ pub(super) struct Compose {
     pub(super) budget: u32,
     /// A request was preempted for room in this step.
     pub(super) preempted: bool,
+    /// Streak members in this step, each with one decode token and no entry (`streak.rs`).
+    pub(super) streak: u32,
 }
 
 impl Engine {
@@ -32,33 +45,52 @@ impl Engine {
         let mut i = 0;
         while i < self.running.len() && c.budget > 0 {
             let slot = self.running[i];
-            let seq = &self.seqs[slot as usize];
-            let run: &Run = seq; // read once: a running request has its own
-            let prefill = run.ctx < seq.need;
-            if !prefill && seq.length_capped && run.sched_out >= seq.output {
-                i += 1; // its last token is in flight, and the scheduler knows it is the last
+            let Decided::Take {
+                prefill,
+                tokens,
+                grow,
+            } = self.decide(slot, c.budget)
+            else {
+                i += 1;
                 continue;
-            }
-            let tokens = if prefill {
-                let rem = seq.need - run.ctx;
-                if self.cfg.chunked_prefill {
-                    rem.min(c.budget)
-                } else if rem <= c.budget {
-                    rem
-                } else {
-                    i += 1;
-                    continue;
-                }
-            } else {
-                1
             };
-            let grow = self.growth(run.ctx + tokens, run.blocks);
             if !self.make_room(i, grow, now_ns, c) {
                 break;
             }
             self.place(slot, now_ns, grow, prefill, tokens, c);
             c.budget -= tokens;
             i += 1;
+        }
+    }
+
+    /// What this step does with the running request in `slot`, with `budget` tokens left: a
+    /// prefill chunk or one decode token, and the blocks that takes; or nothing (its last token
+    /// is in flight and the scheduler knows it is the last, or, without chunked prefill, its
+    /// prompt does not fit what is left). The one rule of `compose_running` and the streak's.
+    #[inline]
+    pub(super) fn decide(&self, slot: u32, budget: u32) -> Decided {
+        let seq = &self.seqs[slot as usize];
+        let run: &Run = seq; // read once: a running request has its own
+        let prefill = run.ctx < seq.need;
+        if !prefill && seq.length_capped && run.sched_out >= seq.output {
+            return Decided::Skip;
+        }
+        let tokens = if prefill {
+            let rem = seq.need - run.ctx;
+            if self.cfg.chunked_prefill {
+                rem.min(budget)
+            } else if rem <= budget {
+                rem
+            } else {
+                return Decided::Skip;
+            }
+        } else {
+            1
+        };
+        Decided::Take {
+            prefill,
+            tokens,
+            grow: self.growth(run.ctx + tokens, run.blocks),
         }
     }
 
@@ -184,6 +216,8 @@ impl Engine {
             }
             seq.phase = Phase::Running;
             seq.ctx = a.held;
+            seq.run_order = self.run_order_next;
+            self.run_order_next += 1;
             self.waiting.pop_front();
             self.running.push(slot);
             self.place(slot, now_ns, a.new_blocks, !a.kv_ready, a.tokens, c);
@@ -224,11 +258,14 @@ impl Engine {
         self.stats.steps += 1;
         self.stats.busy_ns += duration_ns;
         self.stats.prefill_tokens += c.shape.prefill_tokens;
+        let (streak, streak_step) = self.streak_launch(&c);
         self.inflight.push_back(Step {
             id: step,
             end_ns,
             duration_ns,
             entries: c.entries,
+            streak,
+            streak_step,
         });
         Dispatch {
             step,
@@ -240,7 +277,7 @@ impl Engine {
     /// Put `tokens` of a request into the step being composed, with `blocks` newly allocated
     /// for them: the one path for running and newly admitted requests alike.
     #[inline(always)]
-    fn place(
+    pub(super) fn place(
         &mut self,
         slot: u32,
         now_ns: u64,

@@ -24,6 +24,7 @@ mod compose;
 mod pool;
 mod run;
 mod seq;
+mod streak;
 mod waiting;
 
 use std::collections::VecDeque;
@@ -32,14 +33,16 @@ use crate::gpu::{StepModel, StepShape};
 use crate::kv::KvPool;
 use crate::prefix::PrefixCache;
 use crate::protocol::{
-    fits, Abort, Checkpoint, CheckpointReport, Dispatch, Gauges, NewRequest, Outbox, Outcome,
-    Rejection, ReleaseMode, ReplicaStats, Retired, Scheduler, StepOutput, StepReport, UnknownAbort,
+    fits, Abort, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest, Outbox,
+    Outcome, Rejection, ReleaseMode, ReplicaStats, Retired, Scheduler, StepOutput, StepReport,
+    UnknownAbort,
 };
 
 use compose::Compose;
 use pool::Pool;
 use seq::{BoundedIds, Ended, Entry, Phase, RuntimeIndex, Seq, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
+use streak::Streak;
 use waiting::Waiting;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +115,10 @@ pub struct Engine {
     ideal_pending: u32,
     /// The waiting front's cached run, kept between steps (`run.rs`).
     run_memo: run::RunMemo,
+    /// Decoding requests advanced without an entry each (`streak.rs`).
+    streak: Streak,
+    /// The running order the next request to run takes (`Run::run_order`).
+    run_order_next: u64,
 }
 
 /// `slot_of_tag` of a tag with no request here (not an `Option`: 4 bytes a tag, not 8).
@@ -158,6 +165,8 @@ impl Engine {
             preempted_last: false,
             ideal_pending: 0,
             run_memo: run::RunMemo::default(),
+            streak: Streak::default(),
+            run_order_next: 0,
         }
     }
 
@@ -208,7 +217,7 @@ impl Engine {
 
     /// A request whose blocks were just allocated: if the pool handed out blocks that a step in
     /// flight still writes (an immediate release), its output is corrupted from now on.
-    fn on_alloc(&mut self, slot: u32, blocks: u64) {
+    pub(super) fn on_alloc(&mut self, slot: u32, blocks: u64) {
         if self.seqs[slot as usize].marked {
             self.pool.mark(blocks);
         }
@@ -216,6 +225,12 @@ impl Engine {
             self.seqs[slot as usize].corrupted = true;
             self.stats.corrupted_allocations += 1;
         }
+    }
+
+    /// The running order of an entry's request (`Run::run_order`).
+    #[inline]
+    fn run_order(&self, e: Entry) -> u64 {
+        self.seqs[e.slot as usize].run_order
     }
 
     /// Leave the engine once finished or aborted and no step in flight uses the request.
@@ -241,6 +256,7 @@ impl Engine {
         }
         let rid = seq.handle.runtime_id;
         self.by_runtime.remove(rid, slot);
+        self.streak_forget(slot);
         self.seqs[slot as usize].retire();
         self.free_slots.push(slot);
         self.live -= 1;
@@ -267,6 +283,7 @@ impl Scheduler for Engine {
             }
         };
         self.waiting.push_back(slot, &self.seqs);
+        self.streak_enter(slot, r.lazy);
         self.by_runtime.insert(r.handle.runtime_id, slot);
         self.live += 1;
         let t = r.tag as usize;
@@ -290,9 +307,10 @@ impl Scheduler for Engine {
             shape: StepShape::default(),
             budget: self.cfg.max_num_batched_tokens,
             preempted: false,
+            streak: 0,
         };
         if self.cfg.chunked_prefill {
-            self.compose_running(now_ns, &mut c);
+            self.compose_running_any(now_ns, &mut c, &mut out.implicit);
             self.admit_waiting(now_ns, &mut c);
         } else {
             // vLLM v0 without chunked prefill: a step of new prompts whenever one can start,
@@ -301,12 +319,12 @@ impl Scheduler for Engine {
                 self.admit_waiting(now_ns, &mut c);
             }
             if c.entries.is_empty() {
-                self.compose_running(now_ns, &mut c);
+                self.compose_running_any(now_ns, &mut c, &mut out.implicit);
                 self.preempted_last = c.preempted;
             }
         }
         out.started.append(&mut self.started);
-        if c.entries.is_empty() {
+        if c.entries.is_empty() && c.streak == 0 {
             self.spare_entries.push(c.entries);
             return None;
         }
@@ -320,10 +338,24 @@ impl Scheduler for Engine {
         assert_eq!(s.id, step, "steps complete in dispatch order");
         self.at_boundary = true;
         assert_eq!(s.end_ns, now_ns, "step processed at its end time");
-        let mut tokens_total = 0u64;
+        let (quiet, drained) = self.streak_done(&s);
+        let mut tokens_total = s.streak as u64;
+        self.stats.tokens_delivered += quiet as u64;
         let mut finished_any = false;
-        for e in &s.entries {
-            tokens_total += e.tokens as u64;
+        // The entries and the drained members' tokens, in running order (both are sorted).
+        let (mut i, mut j) = (0, 0);
+        while i < s.entries.len() || j < drained.len() {
+            let take_drained = j < drained.len()
+                && (i == s.entries.len()
+                    || self.run_order(drained[j]) < self.run_order(s.entries[i]));
+            let e = if take_drained {
+                j += 1;
+                &drained[j - 1]
+            } else {
+                i += 1;
+                tokens_total += s.entries[i - 1].tokens as u64;
+                &s.entries[i - 1]
+            };
             let (finished, leaves) = self.process_entry(e, now_ns, &mut out.outputs);
             finished_any |= finished;
             // A request appears at most once per step, so it is retired at most once here.
@@ -331,6 +363,7 @@ impl Scheduler for Engine {
                 self.try_retire(e.slot, out);
             }
         }
+        self.streak_recycle(drained);
         self.taint.step_ended(step);
         if finished_any {
             let seqs = &self.seqs;
@@ -344,6 +377,7 @@ impl Scheduler for Engine {
             step,
             duration_ns: s.duration_ns,
             tokens: tokens_total,
+            streak: (s.streak > 0).then_some(s.streak_step),
         }
     }
 
@@ -389,6 +423,10 @@ impl Scheduler for Engine {
         let Some(slot) = self.slot_of(tag) else {
             return;
         };
+        assert!(
+            !self.is_member(slot),
+            "a streak member marked: its caller makes it explicit first"
+        );
         let seq = &mut self.seqs[slot as usize];
         if seq.marked || seq.tag != tag {
             return;
@@ -495,6 +533,17 @@ impl Scheduler for Engine {
 
     fn cache_contains(&self, key: u64) -> bool {
         self.pool.cache_contains(key)
+    }
+
+    fn make_explicit(&mut self, tag: u32) -> Option<Implicit> {
+        let slot = self.slot_of(tag)?;
+        (self.seqs[slot as usize].tag == tag)
+            .then(|| self.streak_explicit(slot))
+            .flatten()
+    }
+
+    fn streak_floor(&self) -> Option<u64> {
+        Some(Engine::streak_floor(self))
     }
 
     fn totals(&self) -> ReplicaStats {

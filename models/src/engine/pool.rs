@@ -40,6 +40,11 @@ impl Pool {
         self.kv.free_blocks()
     }
 
+    /// Free blocks with no cached content: taking up to these evicts nothing.
+    pub fn clean_blocks(&self) -> u64 {
+        self.kv.free_blocks() - self.cache.as_ref().map_or(0, |c| c.evictable())
+    }
+
     pub fn blocks_for(&self, tokens: u64) -> u64 {
         self.kv.blocks_for(tokens)
     }
@@ -281,6 +286,7 @@ mod tests {
             output_tokens: 1,
             kv_ready: false,
             length_capped: false,
+            lazy: false,
         };
         let mut s = Seq::new(&r, 0);
         s.marked = marked;

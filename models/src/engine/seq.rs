@@ -77,6 +77,16 @@ pub(super) struct Run {
     pub(super) kv_block_ns_marked: u128,
     /// Leading blocks of `fenced_blocks` held through the cache, one count per incarnation.
     pub(super) fenced_cached: Vec<u32>,
+    /// Its place in the running order: given as it joins the running requests, so the
+    /// running list, and the entries of a step, are sorted by it.
+    pub(super) run_order: u64,
+    /// In the streak: its first streak step. `ctx`, `sched_out`, `done_out` and `inflight`
+    /// are its counts as of then; the streak steps since are added when it leaves
+    /// (`Engine::eject`).
+    pub(super) streak_from: u64,
+    /// Which of its joins of the streak this is (the streak's join count then), so an end
+    /// planned for an earlier one is told apart.
+    pub(super) streak_stamp: u64,
 }
 
 impl Run {
@@ -104,6 +114,9 @@ static RUN_NONE: Run = Run {
     kv_block_ns: 0,
     kv_block_ns_marked: 0,
     fenced_cached: Vec::new(),
+    run_order: 0,
+    streak_from: 0,
+    streak_stamp: 0,
 };
 
 impl std::ops::Deref for Seq {
@@ -213,6 +226,18 @@ impl Seq {
         (run.ctx, run.incarnation, sample)
     }
 
+    /// `blocks` more at `now_ns`, for a streak member's next token (its counts wait for its
+    /// leaving; its blocks and their block-time never do).
+    #[inline]
+    pub(super) fn grow(&mut self, now_ns: u64, blocks: u64) {
+        debug_assert!(now_ns >= self.blocks_since_ns && blocks > 0);
+        let (marked, since_ns) = (self.marked, self.blocks_since_ns);
+        self.blocks_since_ns = now_ns;
+        let run = &mut **self;
+        run.hold((now_ns - since_ns) as u128, marked);
+        run.blocks += blocks;
+    }
+
     /// Preempted: a new incarnation recomputes the prompt and the tokens delivered so far.
     pub(super) fn restart(&mut self) {
         self.incarnation += 1;
@@ -301,6 +326,9 @@ pub(super) struct Step {
     pub(super) end_ns: u64,
     pub(super) duration_ns: u64,
     pub(super) entries: Vec<Entry>,
+    /// Streak members in it, one decode token each and no entry, and its streak step.
+    pub(super) streak: u32,
+    pub(super) streak_step: u64,
 }
 
 /// Counters of one engine, for reports and conservation checks.
@@ -379,6 +407,11 @@ pub(super) struct Taint {
 }
 
 impl Taint {
+    /// Blocks released while a step still wrote them, not reused yet.
+    pub(super) fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
     pub(super) fn push(&mut self, blocks: u64, fence_step: u64) {
         self.batches.push_back((blocks, fence_step));
         self.blocks += blocks;
@@ -491,6 +524,7 @@ mod tests {
             output_tokens: 10,
             kv_ready: false,
             length_capped: false,
+            lazy: false,
         };
         let mut seq = Seq::new(&r, 5);
         seq.touch(9); // nothing held: no area, no run

@@ -257,6 +257,37 @@ impl<K: Identity> Owners<K> {
         Ok(Admission::Submitted(row.payload_held()))
     }
 
+    /// Outputs at revisions `first..first + n`, each updated and then admitted at once on
+    /// `barrier` (no wait in between, so no age): what `update` with `payload` (the last one's;
+    /// the others' are replaced), then `admit_begin_on` and `admit_end` at one instant would
+    /// do for each in turn, when each would be `Accepted` then `Submitted`. False, and nothing
+    /// changed, if any would be anything else: the caller then goes one by one.
+    pub fn admit_run(
+        &mut self,
+        identity: &K,
+        (generation, barrier): (i128, BarrierId),
+        first: u64,
+        n: u64,
+        payload: &[u8],
+    ) -> bool {
+        assert!(n > 0, "an empty run of outputs");
+        let (_, clear) = self.barrier_state(barrier);
+        let Some(row) = self.rows.get_mut(identity) else {
+            return false;
+        };
+        // `update`: a newer revision of a running, unfinalized record is accepted; `admit_end`:
+        // the same generation, still running, the barrier clear at the epoch just captured.
+        let accepted = row.revision().is_none_or(|r| r < first)
+            && row.state == State::Running
+            && !row.final_output;
+        if !accepted || row.generation as i128 != generation || !clear {
+            return false;
+        }
+        row.accept(first + n - 1, payload, false);
+        self.submitted += n;
+        true
+    }
+
     /// Whether admission rechecks the terminal state after the wait (always, but in a
     /// deliberately broken variant).
     fn rechecks_terminal(&self) -> bool {

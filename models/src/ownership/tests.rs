@@ -172,3 +172,84 @@ fn a_fresh_record_stays_small_and_boxes_its_output_and_evidence_at_the_first() {
         "output alone records no evidence"
     );
 }
+
+/// `admit_run` against the calls it stands for, from records in every state that matters: it
+/// changes a record exactly as `update`, `admit_begin_on` and `admit_end` at one instant would for
+/// each output, when each would be `Accepted` then `Submitted`, and nothing otherwise.
+#[test]
+fn a_run_of_admissions_is_each_admission_or_nothing() {
+    let barrier = BarrierId::of_owner(7);
+    // (what is done to record 1 first, the run's first revision, its generation, whether each
+    // of its outputs passes)
+    type Setup = fn(&mut Owners<u64>);
+    let cases: [(&str, Setup, u64, i128, bool); 7] = [
+        ("fresh", |_| {}, 0, 0, true),
+        ("after revision 3", |o| up(o, 3, false), 4, 0, true),
+        ("a stale revision", |o| up(o, 3, false), 3, 0, false),
+        ("finalized", |o| up(o, 3, true), 4, 0, false),
+        (
+            "terminal",
+            |o| drop(o.finish(&1, Disposition::Cancelled)),
+            0,
+            0,
+            false,
+        ),
+        (
+            "barrier closed",
+            |o| o.set_clear_on(BarrierId::of_owner(7), false),
+            0,
+            0,
+            false,
+        ),
+        ("another generation", |_| {}, 0, 1, false),
+    ];
+    for (name, setup, first, generation, passes) in cases {
+        let fresh = || {
+            let mut o: Owners<u64> = Owners::new(Retention::default());
+            o.start(1, 0).unwrap();
+            setup(&mut o);
+            o
+        };
+        let (mut one, mut run) = (fresh(), fresh());
+        let mut each = true;
+        for rev in first..first + 3 {
+            let payload = [rev as u8; 16];
+            each &= one.update(&1, rev, &payload, false) == Ok(UpdateClass::Accepted);
+            let t = one
+                .admit_begin_on(barrier, 1, generation, 5.0, 10.0)
+                .unwrap();
+            each &= matches!(one.admit_end(&t, 5.0), Ok(Admission::Submitted(_)));
+        }
+        let before = run.snapshot(&1);
+        let did = run.admit_run(
+            &1,
+            (generation, barrier),
+            first,
+            3,
+            &[(first + 2) as u8; 16],
+        );
+        assert_eq!((did, each), (passes, passes), "{name}");
+        if did {
+            assert_eq!(run.snapshot(&1), one.snapshot(&1), "{name}");
+            assert_eq!(run.submitted(), one.submitted(), "{name}");
+        } else {
+            assert_eq!(
+                run.snapshot(&1),
+                before,
+                "{name}: a refused run changed the record"
+            );
+            assert_eq!(run.submitted(), 0, "{name}");
+        }
+    }
+    assert!(
+        !Owners::<u64>::default().admit_run(&9, (0, barrier), 0, 1, &[0; 16]),
+        "no record, no run"
+    );
+}
+
+fn up(o: &mut Owners<u64>, rev: u64, fin: bool) {
+    assert_eq!(
+        o.update(&1, rev, &[rev as u8; 16], fin),
+        Ok(UpdateClass::Accepted)
+    );
+}

@@ -41,7 +41,7 @@ pub(crate) fn cfg(window: u32) -> EngineConfig {
 }
 
 /// Per request: token times, discarded tokens, release.
-#[derive(Default, Debug)]
+#[derive(Default, Debug, PartialEq)]
 pub(crate) struct Trace {
     pub(crate) tokens_ns: Vec<u64>,
     pub(crate) discarded: u32,
@@ -65,38 +65,51 @@ pub(crate) fn drive_aborts(
     arrivals: &[(u64, NewRequest)],
     aborts: &[(u64, Abort)],
 ) -> BTreeMap<u64, Trace> {
+    drive_full(rep, arrivals, aborts, &[])
+}
+
+/// The same, where the caller also needs every output of request `tag` from time `t` on, for
+/// each `(t, tag)` of `explicit` (as a cancel intent makes it), delivered with the aborts.
+pub(crate) fn drive_full(
+    rep: &mut impl Scheduler,
+    arrivals: &[(u64, NewRequest)],
+    aborts: &[(u64, Abort)],
+    explicit: &[(u64, u32)],
+) -> BTreeMap<u64, Trace> {
+    let mut next_explicit = 0;
     let mut next_abort = 0;
     let mut traces: BTreeMap<u64, Trace> = BTreeMap::new();
     let mut inflight: Vec<Dispatch> = Vec::new();
     let mut next_arrival = 0;
     let mut out = Outbox::default();
+    // When each streak step ended: a lazy request's tokens without outputs came out then.
+    let mut streak_ns: Vec<u64> = Vec::new();
     for _ in 0..1_000_000 {
         let t_arr = arrivals.get(next_arrival).map(|a| a.0);
         let t_step = inflight.first().map(|d| d.end_ns);
         let t_timer = rep.timer_ns();
         let t_abort = aborts.get(next_abort).map(|a| a.0);
-        let now = [t_arr, t_step, t_timer, t_abort]
+        let t_explicit = explicit.get(next_explicit).map(|a| a.0);
+        let now = [t_arr, t_step, t_timer, t_abort, t_explicit]
             .into_iter()
             .flatten()
             .min();
         let Some(now) = now else { return traces };
         if t_step == Some(now) {
             let d = inflight.remove(0);
-            rep.step_done(now, d.step, &mut out);
-            for o in out.outputs.drain(..) {
-                let t = traces.entry(o.id).or_default();
-                match o.outcome {
-                    Outcome::Token { index, .. } => {
-                        assert_eq!(index as usize, t.tokens_ns.len() + 1, "tokens in order");
-                        t.tokens_ns.push(now);
-                        t.corrupted_tokens += o.corrupted as u32;
-                    }
-                    Outcome::Discarded { .. } => t.discarded += 1,
-                    Outcome::Padding => t.padding += 1,
-                    Outcome::Prefill => {}
-                }
+            let report = rep.step_done(now, d.step, &mut out);
+            if let Some(j) = report.streak {
+                assert_eq!(j as usize, streak_ns.len(), "streak steps in order");
+                streak_ns.push(now);
             }
+            implicit(&mut traces, &mut out, &streak_ns);
+            outputs(&mut traces, &mut out, now);
             released(&mut traces, &mut out, now);
+        } else if t_explicit == Some(now) && t_arr != Some(now) {
+            let tag = explicit[next_explicit].1;
+            next_explicit += 1;
+            out.implicit.extend(rep.make_explicit(tag));
+            implicit(&mut traces, &mut out, &streak_ns);
         } else if t_abort == Some(now) && t_arr != Some(now) {
             rep.abort(aborts[next_abort].1);
             next_abort += 1;
@@ -110,9 +123,11 @@ pub(crate) fn drive_aborts(
         // Like the world's Schedule class: the scheduler runs after every event of the tick.
         let more_now = arrivals.get(next_arrival).is_some_and(|a| a.0 == now)
             || aborts.get(next_abort).is_some_and(|a| a.0 == now)
+            || explicit.get(next_explicit).is_some_and(|a| a.0 == now)
             || inflight.first().is_some_and(|d| d.end_ns == now);
         if !more_now {
             rep.checkpoint(now, &mut out);
+            implicit(&mut traces, &mut out, &streak_ns);
             for o in out.observed.drain(..) {
                 let t = traces.entry(o.id).or_default();
                 assert!(t.observed_ns.is_none(), "observed twice");
@@ -122,9 +137,37 @@ pub(crate) fn drive_aborts(
             while let Some(d) = rep.dispatch(now, &mut out) {
                 inflight.push(d);
             }
+            implicit(&mut traces, &mut out, &streak_ns);
         }
     }
     panic!("did not go idle");
+}
+
+/// A step's outputs, at its end `now`.
+fn outputs(traces: &mut BTreeMap<u64, Trace>, out: &mut Outbox, now: u64) {
+    for o in out.outputs.drain(..) {
+        let t = traces.entry(o.id).or_default();
+        match o.outcome {
+            Outcome::Token { index, .. } => {
+                assert_eq!(index as usize, t.tokens_ns.len() + 1, "tokens in order");
+                t.tokens_ns.push(now);
+                t.corrupted_tokens += o.corrupted as u32;
+            }
+            Outcome::Discarded { .. } => t.discarded += 1,
+            Outcome::Padding => t.padding += 1,
+            Outcome::Prefill => {}
+        }
+    }
+}
+
+/// Tokens handed over without outputs: one at the end of each of their streak steps.
+fn implicit(traces: &mut BTreeMap<u64, Trace>, out: &mut Outbox, streak_ns: &[u64]) {
+    for i in out.implicit.drain(..) {
+        let t = traces.entry(i.id).or_default();
+        assert!(i.count > 0, "an empty hand-over");
+        let steps = i.from as usize..(i.from + i.count as u64) as usize;
+        t.tokens_ns.extend_from_slice(&streak_ns[steps]);
+    }
 }
 
 /// Requests whose blocks came back now, each once.
@@ -140,6 +183,7 @@ pub(crate) fn req(id: u64, prompt: u32, output: u32) -> NewRequest {
     NewRequest {
         kv_ready: false,
         length_capped: false,
+        lazy: false,
         tag: id as u32,
         handle: Handle {
             runtime_id: id,

@@ -5,3 +5,4 @@ mod engine_pin;
 mod engine_queue;
 mod properties;
 mod reference;
+mod streak;

@@ -289,6 +289,14 @@ impl Accounts {
         cost.stepped(o.tokens, own_ns);
     }
 
+    /// A lazy request's `tokens` that came out in streak steps with no output each
+    /// (`lazy.rs`): `step_share`'s count of token-steps (the request's own shares go to its
+    /// cost, `Cost::stepped_each`).
+    #[inline]
+    pub fn implicit_tokens(&mut self, tokens: u32) {
+        self.t.gpu.token_steps += tokens as u64;
+    }
+
     /// A token came out after the request's terminal transition.
     pub fn late_token(&mut self, cost: &mut Cost) {
         self.t.late_output_discards += 1;
@@ -449,6 +457,11 @@ impl Shares {
             duration_f: step.duration_ns as f64,
             total_f: step.tokens.max(1) as f64,
         }
+    }
+
+    /// The share of one token of the step, as `Accounts::step_share` computes it.
+    pub fn unit(&self) -> f64 {
+        self.duration_f * 1.0 / self.total_f
     }
 }
 

@@ -65,9 +65,13 @@ impl World<'_> {
     /// leave.
     pub(super) fn on_step_done(&mut self, replica: u32, step: u64) -> Step {
         let now_ns = self.kernel.now_ns();
-        let (report, out) = self.cluster.step_done(replica, step, now_ns);
+        let (report, mut out) = self.cluster.step_done(replica, step, now_ns);
         let prefill = self.cluster.is_prefill(replica);
         let shares = Shares::of(&report, now_ns);
+        if let Some(streak_step) = report.streak {
+            self.streak_step(replica, streak_step, shares.unit());
+        }
+        self.implicit_all(&mut out.implicit)?;
         for &o in &out.outputs {
             let (cost, cancel) = self.requests[o.tag].cost_and_cancel();
             self.accounts.step_share(cost, cancel, &o, &shares);
@@ -97,6 +101,7 @@ impl World<'_> {
         let now_ns = self.kernel.now_ns();
         let (report, mut out) = self.cluster.checkpoint(replica, now_ns);
         self.cancel.checkpoint_report(report.unknown, report.faults);
+        self.implicit_all(&mut out.implicit)?;
         for &o in &out.observed {
             self.on_observed(o)?;
         }
@@ -115,6 +120,7 @@ impl World<'_> {
             };
             self.follow.at(d.end_ns, done);
         }
+        self.implicit_all(&mut out.implicit)?;
         for &tag in &out.started {
             if self.requests[tag].life.start(now_ns) {
                 self.recover.admitted(self.requests[tag].arrival_ns, now_ns);
@@ -237,12 +243,14 @@ impl World<'_> {
             length_capped: prefill
                 || (q.stop_detect_ns().is_none()
                     && workload::length_capped(&self.scenario.workload, self.seed, a.id)),
+            lazy: self.lazy_ok(tag),
         };
         // A prefill replica takes the prompt and one token; the decode stage must take it all.
         let whole = NewRequest {
             output_tokens: self.requests[tag].engine_output(),
             kv_ready: true,
             length_capped: false,
+            lazy: false,
             ..new
         };
         let fits = !prefill || self.cluster.decode_accepts(replica, &whole);

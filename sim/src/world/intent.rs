@@ -38,6 +38,8 @@ impl World<'_> {
     /// A cancel intent: the controller makes the request terminal at once (local invalidation);
     /// then the adapter acts by policy. One intent per request: the first.
     pub(super) fn intent(&mut self, tag: Tag, cause: Cause) -> Step {
+        // Its tokens so far first, and every output from here on (`lazy.rs`).
+        self.make_explicit(tag)?;
         let now_ns = self.kernel.now_ns();
         let q = &mut self.requests[tag];
         if !q.cancel_mut().intent_at(now_ns) {

@@ -130,6 +130,16 @@ impl Life {
         }
     }
 
+    /// Output tokens up to `index` came out, none its first (whose time is kept).
+    pub fn tokens_to(&mut self, index: u32) {
+        let t = self.times_mut();
+        assert!(
+            t.tokens >= 1 && index > t.tokens,
+            "output tokens out of order"
+        );
+        t.tokens = index;
+    }
+
     /// Its last output token came out at `now_ns`.
     pub fn last_token(&mut self, now_ns: u64) {
         let t = self.times_mut();
@@ -264,6 +274,17 @@ impl Cost {
         let c = self.get_mut();
         c.token_steps += tokens as u64;
         c.gpu_ns += own_ns;
+    }
+
+    /// One token in each of several steps, its share of each in `own_ns`, in order: `stepped`
+    /// for each.
+    pub fn stepped_each(&mut self, own_ns: impl Iterator<Item = f64>) {
+        let c = self.get_mut();
+        for ns in own_ns {
+            assert!(ns >= 0.0, "a negative GPU share: {ns}");
+            c.token_steps += 1;
+            c.gpu_ns += ns;
+        }
     }
 
     /// GPU work after its intent, before or after the backend observed the cancel.

@@ -38,6 +38,7 @@ mod job_observer;
 mod job_plan;
 mod jobs;
 mod kv_router;
+mod lazy;
 mod leave;
 mod life;
 mod playback;
@@ -136,6 +137,8 @@ pub struct World<'s> {
     handoff: Option<Handoff>,
     cancel: CancelClient<'s>,
     sink: PlaybackSink,
+    /// Lazy requests' streak steps' shares (`lazy.rs`).
+    lazy: lazy::Lazy,
     accounts: Accounts,
     baseline: Baseline<'s>,
     recorder: Recorder<'s>,
@@ -205,6 +208,7 @@ impl<'s> World<'s> {
                 .map(|pd| Handoff::new(scenario, seed, pd)),
             cancel: CancelClient::new(scenario, seed, policy, false),
             sink: PlaybackSink::new(&scenario.playback, seed),
+            lazy: lazy::Lazy::default(),
             accounts: Accounts::new(),
             baseline,
             recorder: Recorder::new(Recording::default()),

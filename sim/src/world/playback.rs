@@ -179,6 +179,52 @@ impl PlaybackSink {
         !c.in_flight
     }
 
+    /// Whether a chunk is admitted as it is made, with no writer's wait.
+    pub fn admits_at_once(&self) -> bool {
+        self.zero_writer_wait
+    }
+
+    /// `tokens` live tokens, none the last, enter the sink at once: the chunks they fill are
+    /// made and queued. How many.
+    pub fn tokens(&mut self, c: &mut Chunks, tokens: u32) -> u32 {
+        let c = c.get_mut();
+        let filled = c.fill + tokens;
+        let made = filled / self.cfg.chunk_tokens;
+        c.fill = filled % self.cfg.chunk_tokens;
+        c.made += made;
+        c.queued += made;
+        self.counts.chunks += made as u64;
+        made
+    }
+
+    /// The chunks queued, all at once, where each would be held and admitted at once and
+    /// played (a lazy request's, `lazy.rs`): one call to the controller for the run. False, and
+    /// nothing changed, if one of them would do anything else; the caller holds them one by one.
+    pub fn play_run(&mut self, owners: &mut Owners<u64>, who: Owner, c: &mut Chunks) -> bool {
+        let c = c.get_mut();
+        let n = c.queued;
+        if !self.zero_writer_wait || c.in_flight || n == 0 || who.output_done {
+            return false;
+        }
+        if c.first_corrupt.is_some() {
+            return false;
+        }
+        let (first, last) = (c.admitted, c.admitted + n - 1);
+        let payload = marker(who.id, last, false);
+        let owner = (who.generation as i128, BarrierId::of_owner(who.owner));
+        if !owners.admit_run(&who.id, owner, first as u64, n as u64, &payload) {
+            return false;
+        }
+        // What `play` does with each: its own marker, uncorrupted, folded into the digest.
+        for chunk in first..=last {
+            c.digest = fold_digest(c.digest, &marker(who.id, chunk, false));
+        }
+        c.admitted += n;
+        c.queued = 0;
+        self.counts.submitted += n as u64;
+        true
+    }
+
     /// Whether a chunk waits behind the one just done with.
     pub fn has_next(&self, c: &Chunks) -> bool {
         c.get().queued > 0

@@ -10,8 +10,8 @@ use cancelsim_models::batcher::BatcherConfig;
 use cancelsim_models::engine::EngineConfig;
 use cancelsim_models::gpu::StepTable;
 use cancelsim_models::protocol::{
-    Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, NewRequest, Outbox,
-    Rejection, ReleaseMode, ReplicaStats, StepReport, UnknownAbort,
+    Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest,
+    Outbox, Rejection, ReleaseMode, ReplicaStats, StepReport, UnknownAbort,
 };
 use cancelsim_models::replica::{self, Replica};
 use cancelsim_models::topology::PrefillDecode;
@@ -467,6 +467,17 @@ impl Cluster {
     pub fn abort(&mut self, f: &mut Follow, replica: u32, abort: Abort) {
         self.replicas[replica as usize].abort(abort);
         self.request_pass(f, replica)
+    }
+
+    /// The world needs every output of lazy request `tag` on `replica` from now on: its tokens
+    /// not handed over yet, if any.
+    pub fn make_explicit(&mut self, replica: u32, tag: u32) -> Option<Implicit> {
+        self.replicas[replica as usize].make_explicit(tag)
+    }
+
+    /// The earliest streak step of `replica` whose tokens may still be handed over.
+    pub fn streak_floor(&self, replica: u32) -> Option<u64> {
+        self.replicas[replica as usize].streak_floor()
     }
 
     /// A request on `replica` got a cancel intent now: its blocks count as retained from here.

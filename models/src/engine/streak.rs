@@ -1,0 +1,397 @@
+//! The streak: running requests that only decode, each advanced one token a step with no entry
+//! and no output of its own, so that a step costs what changes in it, not its batch.
+//!
+//! A running request joins as it is composed, when nothing about its next tokens needs a
+//! record one by one: its caller said so (`NewRequest::lazy`), it decodes, has sampled a token
+//! and its next one is not its last, holds the blocks its context needs and no fenced ones, is
+//! neither marked nor corrupted, and shares nothing through the prefix cache. From then on
+//! every step with the streak in it (a streak step, numbered from 0) gives each member one
+//! decode token. A member's counts are its `Run`'s as of its first streak step, plus the
+//! streak steps since, added when it leaves (`eject`). What still happens to a member on its
+//! own is found by step number, never by looking at every member:
+//! - a new block when its context reaches a block boundary (`boundary`, by the boundary's
+//!   phase in the block);
+//! - its last token, composed as an entry again (`ends`), so it finishes as any request does.
+//!
+//! A streak step is the step that composing one request at a time would make: the same
+//! requests, tokens, blocks and shape, so the same time. Where that cannot be shown cheaply
+//! (the budget runs out before the last member, the step's growth might not fit the blocks
+//! free without evicting a cached one, tainted blocks wait to be reused), every member leaves
+//! and the step is composed one request at a time (`compose_running`).
+//!
+//! A member that leaves while streak steps that hold it are in flight drains: its token in
+//! each is processed as an entry (`Drain`), in running order among the step's entries. Its
+//! tokens that came out without an output are handed over as one `Implicit` as it leaves,
+//! before any output or record of it that follows them.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::compose::{Compose, Decided};
+use super::seq::{Entry, Phase, Run, Step};
+use super::Engine;
+use crate::protocol::Implicit;
+
+/// `Streak::flags` bits.
+const LAZY: u8 = 1;
+const MEMBER: u8 = 2;
+
+/// A member that left with a streak step holding it still in flight: its token there, as the
+/// entry composing it one at a time would have made.
+#[derive(Clone, Copy, Debug)]
+struct Drain {
+    step: u64,
+    entry: Entry,
+}
+
+#[derive(Default)]
+pub(super) struct Streak {
+    /// Streak steps dispatched, and processed.
+    dispatched: u64,
+    processed: u64,
+    members: u32,
+    /// Live requests whose caller lets them ride the streak.
+    lazy_live: u64,
+    /// Σ over members of (context at its first streak step − that step's number): the KV a
+    /// streak step `d` reads is this plus members × (d + 1).
+    kv_base: i64,
+    /// `LAZY` and `MEMBER`, by slot.
+    flags: Vec<u8>,
+    /// Members by the phase of their block boundaries: bucket `b` holds those that need a new
+    /// block at streak steps ≡ b (mod block size).
+    boundary: Vec<Vec<u32>>,
+    /// (streak step of its last token, slot, its join's stamp): out of the streak at that
+    /// step's composing. An entry whose member left since is skipped.
+    ends: BinaryHeap<Reverse<(u64, u32, u64)>>,
+    drains: Vec<Drain>,
+    /// Joins so far: each member's stamp.
+    joins: u64,
+    /// Scratch: the entries a streak step composes, in running order.
+    plan: Vec<(u32, Decided)>,
+    drained: Vec<Entry>,
+}
+
+impl Engine {
+    #[inline]
+    fn flags(&self, slot: u32) -> u8 {
+        self.streak.flags[slot as usize]
+    }
+
+    /// Whether `slot` is in the streak.
+    #[inline]
+    pub(super) fn is_member(&self, slot: u32) -> bool {
+        self.flags(slot) & MEMBER != 0
+    }
+
+    /// A request enters `slot`: whether its caller lets it ride the streak.
+    pub(super) fn streak_enter(&mut self, slot: u32, lazy: bool) {
+        let s = &mut self.streak;
+        if s.flags.len() <= slot as usize {
+            s.flags.resize(slot as usize + 1, 0);
+        }
+        assert_eq!(s.flags[slot as usize] & MEMBER, 0, "a member's slot reused");
+        s.flags[slot as usize] = if lazy { LAZY } else { 0 };
+        s.lazy_live += lazy as u64;
+    }
+
+    /// The request in `slot` leaves the engine (or needs its outputs from now on).
+    pub(super) fn streak_forget(&mut self, slot: u32) {
+        assert!(!self.is_member(slot), "a streak member left the engine");
+        let f = &mut self.streak.flags[slot as usize];
+        self.streak.lazy_live -= (*f & LAZY != 0) as u64;
+        *f = 0;
+    }
+
+    /// Compose the running requests with the streak; false, with every member gone and nothing
+    /// composed, if the caller must compose them one at a time.
+    pub(super) fn compose_running_any(
+        &mut self,
+        now_ns: u64,
+        c: &mut Compose,
+        implicit: &mut Vec<Implicit>,
+    ) {
+        if self.streak.lazy_live == 0 || self.taint.blocks() > 0 {
+            debug_assert!(self.streak.lazy_live > 0 || self.streak.members == 0);
+            self.eject_all(implicit);
+            return self.compose_running(now_ns, c);
+        }
+        self.eject_ending(implicit);
+        if !self.compose_streak(now_ns, c) {
+            self.eject_all(implicit);
+            self.compose_running(now_ns, c);
+        }
+    }
+
+    /// Members whose last token this streak step samples leave, to be composed as entries.
+    fn eject_ending(&mut self, implicit: &mut Vec<Implicit>) {
+        let d = self.streak.dispatched;
+        while let Some(&Reverse((end, slot, from))) = self.streak.ends.peek() {
+            if end > d {
+                break;
+            }
+            self.streak.ends.pop();
+            if self.is_member(slot) && self.seqs[slot as usize].streak_stamp == from {
+                assert_eq!(end, d, "a member's last token went by");
+                self.eject(slot, implicit);
+            }
+        }
+    }
+
+    /// The streak step: plan the running requests in order (members and those joining take a
+    /// token each, the others what `decide` gives them), check it is the step composing one
+    /// at a time would make, then place it. False, with nothing placed, if it is not.
+    fn compose_streak(&mut self, now_ns: u64, c: &mut Compose) -> bool {
+        let mut plan = std::mem::take(&mut self.streak.plan);
+        plan.clear();
+        let (mut budget, mut growth) = (c.budget, 0u64);
+        for i in 0..self.running.len() {
+            let slot = self.running[i];
+            if budget == 0 {
+                // The pass stops here, as one at a time: no member may be left without a token.
+                let stranded = self.running[i..].iter().any(|&s| self.is_member(s));
+                if stranded {
+                    self.streak.plan = plan;
+                    return false;
+                }
+                break;
+            }
+            if self.is_member(slot) || self.may_join(slot) {
+                if !self.is_member(slot) {
+                    self.join(slot);
+                }
+                budget -= 1;
+                continue;
+            }
+            if let d @ Decided::Take { tokens, grow, .. } = self.decide(slot, budget) {
+                growth += grow;
+                budget -= tokens;
+                plan.push((slot, d));
+            }
+        }
+        let bt = self.cfg.block_tokens as u64;
+        let bucket = (self.streak.dispatched % bt) as usize;
+        growth += self
+            .streak
+            .boundary
+            .get(bucket)
+            .map_or(0, |b| b.len() as u64);
+        // Enough blocks with no content: every allocation succeeds and evicts nothing, in any
+        // order, as one at a time would.
+        if growth > self.pool.clean_blocks() {
+            self.streak.plan = plan;
+            return false;
+        }
+        for &(slot, d) in &plan {
+            let Decided::Take {
+                prefill,
+                tokens,
+                grow,
+            } = d
+            else {
+                unreachable!("planned entries take tokens")
+            };
+            let taken = self.pool.take(grow);
+            assert!(taken, "the clean blocks were counted");
+            self.place(slot, now_ns, grow, prefill, tokens, c);
+        }
+        self.streak.plan = plan;
+        self.streak_grow(bucket, now_ns);
+        let s = &self.streak;
+        let members = s.members as u64;
+        let kv = s.kv_base + (members * (s.dispatched + 1)) as i64;
+        assert!(kv >= 0, "the streak reads a negative KV");
+        c.shape.decode_seqs += members;
+        c.shape.kv_tokens_read += kv as u64;
+        c.budget = budget;
+        c.streak = s.members;
+        true
+    }
+
+    /// The members of boundary bucket `bucket` each take a block for this step's token.
+    fn streak_grow(&mut self, bucket: usize, now_ns: u64) {
+        let Some(slots) = self.streak.boundary.get_mut(bucket) else {
+            return;
+        };
+        let slots = std::mem::take(slots);
+        for &slot in &slots {
+            let taken = self.pool.take(1);
+            assert!(taken, "the clean blocks were counted");
+            self.on_alloc(slot, 1);
+            let seq = &mut self.seqs[slot as usize];
+            seq.grow(now_ns, 1);
+            debug_assert_eq!(
+                seq.blocks,
+                self.pool
+                    .blocks_for((seq.ctx + 1) as u64 + self.streak.dispatched - seq.streak_from)
+            );
+        }
+        self.streak.boundary[bucket] = slots;
+    }
+
+    /// Whether the running request in `slot` may join the streak now.
+    fn may_join(&self, slot: u32) -> bool {
+        if self.flags(slot) & (LAZY | MEMBER) != LAZY {
+            return false;
+        }
+        let seq = &self.seqs[slot as usize];
+        let run: &Run = seq;
+        seq.phase == Phase::Running
+            && !seq.marked
+            && !seq.corrupted
+            && run.ctx >= seq.need
+            && run.sched_out >= 1
+            && run.sched_out + 1 < seq.output
+            && run.fenced_blocks == 0
+            && run.blocks == self.pool.blocks_for(run.ctx as u64)
+            && !(self.pool.has_cache() && seq.content.may_share())
+    }
+
+    /// The running request in `slot` joins: its first streak step is the next one dispatched.
+    fn join(&mut self, slot: u32) {
+        let d = self.streak.dispatched;
+        let bt = self.cfg.block_tokens as u64;
+        let seq = &mut self.seqs[slot as usize];
+        let output = seq.output;
+        let run = &mut **seq;
+        run.streak_from = d;
+        run.streak_stamp = self.streak.joins;
+        let ctx = run.ctx as u64;
+        // Its streak step `j` reads a context of ctx + (j − d) before its token, which needs
+        // a block when that is a whole number of blocks.
+        let bucket = ((d % bt + bt - ctx % bt) % bt) as usize;
+        let last = d + (output - run.sched_out - 1) as u64;
+        let s = &mut self.streak;
+        if s.boundary.len() < bt as usize {
+            s.boundary.resize_with(bt as usize, Vec::new);
+        }
+        s.boundary[bucket].push(slot);
+        s.ends.push(Reverse((last, slot, s.joins)));
+        s.joins += 1;
+        s.kv_base += ctx as i64 - d as i64;
+        s.members += 1;
+        s.flags[slot as usize] |= MEMBER;
+    }
+
+    /// The member in `slot` leaves the streak: its counts take in the streak steps since it
+    /// joined, its tokens there that were processed are handed over, and those in flight drain.
+    pub(super) fn eject(&mut self, slot: u32, implicit: &mut Vec<Implicit>) {
+        assert!(
+            self.is_member(slot),
+            "a request left a streak it was not in"
+        );
+        let (dispatched, processed) = (self.streak.dispatched, self.streak.processed);
+        let bt = self.cfg.block_tokens as u64;
+        let seq = &mut self.seqs[slot as usize];
+        let (id, tag) = (seq.id, seq.tag);
+        let run = &mut **seq;
+        let from = run.streak_from;
+        let ctx = run.ctx as u64;
+        let d = dispatched - from;
+        let p = processed.saturating_sub(from).min(d);
+        for k in p..d {
+            let entry = Entry {
+                slot,
+                incarnation: run.incarnation,
+                tokens: 1,
+                sample: run.sched_out + k as u32 + 1,
+            };
+            let step = from + k;
+            self.streak.drains.push(Drain { step, entry });
+        }
+        run.ctx += d as u32;
+        run.sched_out += d as u32;
+        run.done_out += p as u32;
+        run.inflight += (d - p) as u32;
+        if p > 0 {
+            let count = p as u32;
+            implicit.push(Implicit {
+                id,
+                tag,
+                from,
+                count,
+            });
+        }
+        let s = &mut self.streak;
+        let bucket = &mut s.boundary[((from % bt + bt - ctx % bt) % bt) as usize];
+        let at = bucket.iter().position(|&x| x == slot);
+        bucket.swap_remove(at.expect("a member is in its boundary bucket"));
+        s.kv_base -= ctx as i64 - from as i64;
+        s.members -= 1;
+        s.flags[slot as usize] &= !MEMBER;
+    }
+
+    /// Every member leaves.
+    pub(super) fn eject_all(&mut self, implicit: &mut Vec<Implicit>) {
+        if self.streak.members == 0 {
+            return;
+        }
+        for i in 0..self.running.len() {
+            let slot = self.running[i];
+            if self.is_member(slot) {
+                self.eject(slot, implicit);
+            }
+        }
+        assert_eq!(self.streak.members, 0, "a member was not running");
+    }
+
+    /// A step goes in flight with the streak's members in it, if any.
+    pub(super) fn streak_launch(&mut self, c: &Compose) -> (u32, u64) {
+        let step = self.streak.dispatched;
+        self.streak.dispatched += (c.streak > 0) as u64;
+        (c.streak, step)
+    }
+
+    /// Step `s` ended: its members' tokens are processed (the drained ones are entries, in
+    /// `drained`, sorted by running order). Returns the members whose token needs no entry.
+    pub(super) fn streak_done(&mut self, s: &Step) -> (u32, Vec<Entry>) {
+        let mut drained = std::mem::take(&mut self.streak.drained);
+        drained.clear();
+        if s.streak == 0 {
+            return (0, drained);
+        }
+        assert_eq!(
+            s.streak_step, self.streak.processed,
+            "streak steps end in order"
+        );
+        self.streak.processed += 1;
+        if !self.streak.drains.is_empty() {
+            let step = s.streak_step;
+            self.streak.drains.retain(|d| {
+                if d.step == step {
+                    drained.push(d.entry);
+                }
+                d.step != step
+            });
+            let seqs = &self.seqs;
+            drained.sort_by_key(|e| seqs[e.slot as usize].run_order);
+        }
+        (s.streak - drained.len() as u32, drained)
+    }
+
+    /// Give the drained entries' scratch back.
+    pub(super) fn streak_recycle(&mut self, drained: Vec<Entry>) {
+        self.streak.drained = drained;
+    }
+
+    /// The caller needs every output of the request in `slot` from now on.
+    pub(super) fn streak_explicit(&mut self, slot: u32) -> Option<Implicit> {
+        let mut implicit = Vec::new();
+        if self.is_member(slot) {
+            self.eject(slot, &mut implicit);
+        }
+        let f = &mut self.streak.flags[slot as usize];
+        self.streak.lazy_live -= (*f & LAZY != 0) as u64;
+        *f &= !LAZY;
+        implicit.pop()
+    }
+
+    /// The earliest streak step whose tokens a member may still hand over.
+    pub(super) fn streak_floor(&self) -> u64 {
+        let seqs = &self.seqs;
+        (self.running.iter())
+            .filter(|&&s| self.is_member(s))
+            .map(|&s| seqs[s as usize].streak_from)
+            .min()
+            .unwrap_or(self.streak.dispatched)
+    }
+}

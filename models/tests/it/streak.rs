@@ -1,0 +1,174 @@
+//! The streak (`engine/streak.rs`) against the engine without it: the same random workloads,
+//! aborts and configurations, once with every request lazy-eligible and once with none, must
+//! give every request the same tokens at the same times, the same discards, observations and
+//! releases, and the engine the same counters and pool. The lazy run's tokens without outputs
+//! are read back from its hand-overs (`Implicit`) and its streak steps' end times.
+
+use cancelsim_models::engine::{Engine, EngineConfig};
+use cancelsim_models::gpu::{StepCost, StepModel};
+use cancelsim_models::protocol::{
+    Abort, BlastRadius, Checkpoint, NewRequest, ReleaseMode, Scheduler, Scope, UnknownAbort,
+};
+use proptest::prelude::*;
+
+use crate::engine::{drive_full, req, MS};
+
+#[derive(Clone, Debug)]
+struct World {
+    cfg: EngineConfig,
+    arrivals: Vec<(u64, NewRequest)>,
+    aborts: Vec<(u64, Abort)>,
+    explicit: Vec<(u64, u32)>,
+}
+
+fn config() -> impl Strategy<Value = EngineConfig> {
+    (
+        (1u32..4, any::<bool>(), any::<bool>(), 8u64..400),
+        (4u32..200, 1u32..12, 0u64..3, any::<bool>()),
+        (0u32..4, any::<bool>(), prop_oneof![Just(4u32), Just(16)]),
+    )
+        .prop_map(
+            |((window, chunked, cache, blocks), (budget, seqs, wm, tomb), (ck, imm, bt))| {
+                EngineConfig {
+                    max_num_seqs: seqs,
+                    max_num_batched_tokens: budget,
+                    chunked_prefill: chunked,
+                    block_tokens: bt,
+                    kv_blocks: blocks,
+                    watermark_blocks: wm,
+                    prefix_caching: cache,
+                    window,
+                    // A step's time depends on its whole shape: a wrong shape shows in the times.
+                    cost: StepModel::Linear(StepCost {
+                        c0_ns: 2 * MS,
+                        prefill_tokens_per_s: 50_000,
+                        per_seq_ns: 30_000,
+                        per_kv_token_ps: 7_000,
+                    }),
+                    checkpoint: match ck {
+                        0 => Checkpoint::Never,
+                        k => Checkpoint::EveryPasses(k),
+                    },
+                    release: match imm {
+                        true => ReleaseMode::Immediate,
+                        false => ReleaseMode::Fenced,
+                    },
+                    unknown_abort: UnknownAbort::Ignore,
+                    tombstones: tomb,
+                }
+            },
+        )
+}
+
+fn world() -> impl Strategy<Value = World> {
+    let request = (0u64..400, 1u32..120, 1u32..90, any::<bool>());
+    let abort = (0u64..600, 0u64..30, 0u8..6, any::<bool>());
+    (
+        config(),
+        prop::collection::vec(request, 1..30),
+        prop::collection::vec(abort, 0..6),
+        prop::collection::vec((0u64..600, 0u32..30), 0..6),
+    )
+        .prop_map(|(cfg, reqs, aborts, explicit)| {
+            let mut arrivals: Vec<(u64, NewRequest)> = reqs
+                .iter()
+                .enumerate()
+                .map(|(i, &(t, prompt, output, capped))| {
+                    let r = NewRequest {
+                        length_capped: capped,
+                        ..req(i as u64, prompt, output)
+                    };
+                    (t * MS, r)
+                })
+                .collect();
+            arrivals.sort_by_key(|a| a.0);
+            let mut aborts: Vec<(u64, Abort)> = aborts
+                .iter()
+                .map(|&(t, id, how, ideal)| {
+                    let scope = match how {
+                        0 => Scope::Stream(id % 2),
+                        1 => Scope::Engine,
+                        _ => Scope::Request(id),
+                    };
+                    let fault = (how == 5).then_some(BlastRadius::Batch);
+                    (
+                        t * MS,
+                        Abort {
+                            scope,
+                            fault,
+                            key: id + 1000 * t,
+                            ideal,
+                        },
+                    )
+                })
+                .collect();
+            aborts.sort_by_key(|a| a.0);
+            let mut explicit: Vec<(u64, u32)> =
+                explicit.iter().map(|&(t, tag)| (t * MS, tag)).collect();
+            explicit.sort();
+            World {
+                cfg,
+                arrivals,
+                aborts,
+                explicit,
+            }
+        })
+}
+
+/// What a run of `w` shows: every request's trace, the engine's counters and pool totals.
+fn run(w: &World, lazy: bool) -> String {
+    let mut e = Engine::new(w.cfg.clone());
+    let arrivals: Vec<(u64, NewRequest)> = (w.arrivals.iter())
+        .map(|&(t, r)| (t, NewRequest { lazy, ..r }))
+        .collect();
+    let traces = drive_full(&mut e, &arrivals, &w.aborts, &w.explicit);
+    let kv = e.kv();
+    format!(
+        "{traces:#?}\n{:?}\n{} {} {} {}",
+        e.stats(),
+        kv.allocated_total(),
+        kv.freed_total(),
+        kv.in_use(),
+        kv.in_use_max()
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_streak_changes_nothing_a_request_or_the_engine_shows(w in world()) {
+        prop_assert_eq!(run(&w, false), run(&w, true));
+    }
+}
+
+/// The streak is taken when it can be: a long decode without aborts hands its tokens over in
+/// one piece, with an output only for its first token (the prefill's) and its last.
+#[test]
+fn a_quiet_decode_rides_the_streak() {
+    let mut e = Engine::new(crate::engine::cfg(1));
+    let lazy = NewRequest {
+        lazy: true,
+        ..req(1, 20, 50)
+    };
+    e.enqueue(0, lazy).unwrap();
+    let mut out = cancelsim_models::protocol::Outbox::default();
+    let (mut outputs, mut implicit, mut now) = (0, Vec::new(), 0);
+    while let Some(d) = e.dispatch(now, &mut out) {
+        now = d.end_ns;
+        e.step_done(now, d.step, &mut out);
+        outputs += out.outputs.len();
+        implicit.append(&mut out.implicit);
+        out.clear();
+        e.checkpoint(now, &mut out);
+        implicit.append(&mut out.implicit);
+    }
+    assert_eq!((outputs, now, e.stats().steps), (2, 50 * 10 * MS, 50));
+    assert_eq!(e.stats().tokens_delivered, 50);
+    let handed: Vec<(u64, u32)> = implicit.iter().map(|i| (i.from, i.count)).collect();
+    assert_eq!(
+        handed,
+        [(0, 48)],
+        "48 tokens in streak steps 0 to 47, handed over once"
+    );
+}

@@ -1,0 +1,174 @@
+//! Lazy requests: those whose output tokens nothing in the world reads one by one while they
+//! decode, so their replica may advance them in its streak with no output a token
+//! (`NewRequest::lazy`), and hand the tokens over later, in order (`Implicit`). Each token then
+//! goes through what an output of it would have gone through (its share of its step, the sink,
+//! its chunks through the controller), so the books and every request's outcome are the same;
+//! only when differs, and nothing reads it until the hand-over.
+//!
+//! A request is lazy when nothing can happen to it between its tokens but its own tokens: no
+//! cancel plan, no client timer, no stop string, no conversation or job, a sink that admits a
+//! chunk as it is made (a writer's wait would make each chunk an event of the run), and a
+//! colocated replica. Whatever would still need its outputs (a cancel intent) asks the replica
+//! for them first (`World::make_explicit`); the replica's own records of it (a release, an
+//! abort observed) come after its hand-over in the same outbox.
+//!
+//! Each replica's streak steps are shared out as any step is: the world keeps each streak
+//! step's share of a token (`ShareLog`), back to the earliest one a member may still hand over.
+
+use std::collections::VecDeque;
+
+use cancelsim_models::protocol::Implicit;
+
+use super::error::{Step, Stop};
+use super::requests::Tag;
+use super::World;
+
+/// One replica's streak steps' token shares, from streak step `base` on.
+#[derive(Default)]
+struct ShareLog {
+    base: u64,
+    shares: VecDeque<f64>,
+    /// Past this many shares, ask the replica what it still needs.
+    trim_at: usize,
+}
+
+/// Shares kept before the first trim; after one, twice what was left.
+const TRIM_AT_LEAST: usize = 256;
+
+/// The streak steps' shares, by replica.
+#[derive(Default)]
+pub(crate) struct Lazy {
+    logs: Vec<ShareLog>,
+}
+
+impl Lazy {
+    /// Streak step `step` of `replica` ended: each member's token in it costs `share`. True if
+    /// the log should be trimmed (`trim`).
+    pub fn record(&mut self, replica: u32, step: u64, share: f64) -> bool {
+        let r = replica as usize;
+        if self.logs.len() <= r {
+            self.logs.resize_with(r + 1, ShareLog::default);
+        }
+        let log = &mut self.logs[r];
+        assert_eq!(
+            step,
+            log.base + log.shares.len() as u64,
+            "streak steps recorded in order"
+        );
+        log.shares.push_back(share);
+        log.shares.len() > log.trim_at.max(TRIM_AT_LEAST)
+    }
+
+    /// Forget `replica`'s shares before streak step `floor`: no member can hand those over.
+    pub fn trim(&mut self, replica: u32, floor: u64) {
+        let log = &mut self.logs[replica as usize];
+        let drop = floor.saturating_sub(log.base).min(log.shares.len() as u64);
+        log.shares.drain(..drop as usize);
+        log.base += drop;
+        log.trim_at = 2 * log.shares.len();
+    }
+
+    /// The shares of `replica`'s streak steps `from..from + count`, in order.
+    fn shares(
+        &self,
+        replica: u32,
+        from: u64,
+        count: u32,
+    ) -> Option<impl Iterator<Item = f64> + '_> {
+        let log = self.logs.get(replica as usize)?;
+        let i = from.checked_sub(log.base)? as usize;
+        let end = i + count as usize;
+        (end <= log.shares.len()).then(|| log.shares.range(i..end).copied())
+    }
+}
+
+impl World<'_> {
+    /// Whether request `tag`, entering a replica, may ride its streak (see the module).
+    pub(super) fn lazy_ok(&self, tag: Tag) -> bool {
+        let q = &self.requests[tag];
+        let w = &self.scenario.workload;
+        let timers = self.cancel.policy().is_some()
+            && (w.deadline_ms.is_some() || w.disconnect_ms.is_some());
+        self.handoff.is_none()
+            && self.jobs.is_none()
+            && self.sink.admits_at_once()
+            && !timers
+            && q.conv().is_none()
+            && q.cancel().plan().is_none()
+            && q.stop_detect_ns().is_none()
+    }
+
+    /// A streak step of `replica` ended, each member's token costing `share`.
+    pub(super) fn streak_step(&mut self, replica: u32, step: u64, share: f64) {
+        if self.lazy.record(replica, step, share) {
+            let floor = self.cluster.streak_floor(replica);
+            self.lazy
+                .trim(replica, floor.expect("a replica with a streak"));
+        }
+    }
+
+    /// The world needs every output of request `tag` from now on: its replica hands over what
+    /// it had not.
+    pub(super) fn make_explicit(&mut self, tag: Tag) -> Step {
+        let q = &self.requests[tag];
+        if !q.life.enqueued() || q.life.engine_released() {
+            return Ok(());
+        }
+        match self.cluster.make_explicit(q.replica, tag) {
+            Some(i) => self.on_implicit(i),
+            None => Ok(()),
+        }
+    }
+
+    /// The tokens handed over, as their outputs would have been processed one by one: each
+    /// its share of its step, into the request's life and its sink, whose chunks then pass the
+    /// controller (all at once where each would pass at once, `PlaybackSink::play_run`).
+    pub(super) fn on_implicit(&mut self, i: Implicit) -> Step {
+        if !self.requests.live(i.id, i.tag) {
+            let what = "tokens handed over for a request that is not here";
+            return Err(Stop::broken(vec![i.id], what));
+        }
+        let q = &mut self.requests[i.tag];
+        let Some(shares) = self.lazy.shares(q.replica, i.from, i.count) else {
+            let what = format!(
+                "no shares kept for streak steps {}..+{} of replica {}",
+                i.from, i.count, q.replica
+            );
+            return Err(Stop::broken(vec![i.id], what));
+        };
+        let (cost, cancel) = q.cost_and_cancel();
+        assert!(
+            cancel.intent_ns().is_none(),
+            "a lazy request with an intent"
+        );
+        cost.stepped_each(shares);
+        self.accounts.implicit_tokens(i.count);
+        let last = q.life.tokens() + i.count;
+        assert!(
+            last < q.output && !q.life.terminal(),
+            "a lazy request's last token, or one after its end, handed over"
+        );
+        q.life.tokens_to(last);
+        if self.sink.tokens(&mut q.chunks, i.count) == 0 {
+            return Ok(());
+        }
+        let who = q.chunk_owner();
+        self.owners_for(i.tag)?;
+        if self
+            .sink
+            .play_run(&mut self.owners, who, &mut self.requests[i.tag].chunks)
+        {
+            return Ok(());
+        }
+        self.hold_next_chunk(i.tag)
+    }
+
+    /// Every hand-over in `implicit`, first thing, then none.
+    pub(super) fn implicit_all(&mut self, implicit: &mut Vec<Implicit>) -> Step {
+        for &i in implicit.iter() {
+            self.on_implicit(i)?;
+        }
+        implicit.clear();
+        Ok(())
+    }
+}
