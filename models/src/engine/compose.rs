@@ -249,7 +249,7 @@ impl Engine {
 
     /// Put the composed step in flight: it ends when the GPU is free plus its duration.
     pub(super) fn launch(&mut self, now_ns: u64, c: Compose) -> Dispatch {
-        let duration_ns = self.cfg.cost.step_ns(c.shape);
+        let duration_ns = self.costing.step_ns(c.shape);
         let start_ns = now_ns.max(self.gpu_free_ns);
         let end_ns = start_ns + duration_ns;
         self.gpu_free_ns = end_ns;

@@ -29,7 +29,7 @@ mod waiting;
 
 use std::collections::VecDeque;
 
-use crate::gpu::{StepModel, StepShape};
+use crate::gpu::{Costing, StepModel, StepShape};
 use crate::kv::KvPool;
 use crate::prefix::PrefixCache;
 use crate::protocol::{
@@ -75,6 +75,8 @@ pub struct EngineConfig {
 
 pub struct Engine {
     cfg: EngineConfig,
+    /// `cfg.cost`, ready to cost steps.
+    costing: Costing,
     /// The KV blocks, the prefix cache and the counts that follow the blocks.
     pool: Pool,
     seqs: Vec<Seq>,
@@ -135,6 +137,7 @@ impl Engine {
         let prefix_caching = cfg.prefix_caching;
         assert!(cfg.max_num_seqs > 0 && cfg.max_num_batched_tokens > 0 && cfg.window > 0);
         Engine {
+            costing: Costing::new(&cfg.cost),
             pool: Pool::new(
                 KvPool::new(cfg.kv_blocks, cfg.block_tokens),
                 prefix_caching.then(PrefixCache::default),

@@ -66,6 +66,8 @@ pub(super) struct Streak {
     drains: Vec<Drain>,
     /// Joins so far: each member's stamp.
     joins: u64,
+    /// `dispatched` modulo the block size: the boundary bucket of the next streak step.
+    bucket: usize,
     /// Scratch: the entries a streak step composes, in running order.
     plan: Vec<(u32, Decided)>,
     drained: Vec<Entry>,
@@ -141,46 +143,17 @@ impl Engine {
     /// token each, the others what `decide` gives them), check it is the step composing one
     /// at a time would make, then place it. False, with nothing placed, if it is not.
     fn compose_streak(&mut self, now_ns: u64, c: &mut Compose) -> bool {
-        let mut plan = std::mem::take(&mut self.streak.plan);
-        plan.clear();
-        let (mut budget, mut growth) = (c.budget, 0u64);
-        for i in 0..self.running.len() {
-            let slot = self.running[i];
-            if budget == 0 {
-                // The pass stops here, as one at a time: no member may be left without a token.
-                let stranded = self.running[i..].iter().any(|&s| self.is_member(s));
-                if stranded {
-                    self.streak.plan = plan;
-                    return false;
-                }
-                break;
-            }
-            if self.is_member(slot) || self.may_join(slot) {
-                if !self.is_member(slot) {
-                    self.join(slot);
-                }
-                budget -= 1;
-                continue;
-            }
-            if let d @ Decided::Take { tokens, grow, .. } = self.decide(slot, budget) {
-                growth += grow;
-                budget -= tokens;
-                plan.push((slot, d));
-            }
-        }
-        let bt = self.cfg.block_tokens as u64;
-        let bucket = (self.streak.dispatched % bt) as usize;
-        growth += self
-            .streak
-            .boundary
-            .get(bucket)
-            .map_or(0, |b| b.len() as u64);
+        let Some((budget, growth)) = self.plan_streak(c.budget) else {
+            return false;
+        };
+        let bucket = self.streak.bucket;
+        let growth = growth + self.streak.boundary.get(bucket).map_or(0, |b| b.len()) as u64;
         // Enough blocks with no content: every allocation succeeds and evicts nothing, in any
         // order, as one at a time would.
         if growth > self.pool.clean_blocks() {
-            self.streak.plan = plan;
             return false;
         }
+        let plan = std::mem::take(&mut self.streak.plan);
         for &(slot, d) in &plan {
             let Decided::Take {
                 prefill,
@@ -205,6 +178,40 @@ impl Engine {
         c.budget = budget;
         c.streak = s.members;
         true
+    }
+
+    /// The running requests in order, with `budget` tokens: the entries of the streak step in
+    /// `streak.plan`, the budget left and the blocks the entries grow by. `None` if a member
+    /// would get no token.
+    fn plan_streak(&mut self, mut budget: u32) -> Option<(u32, u64)> {
+        self.streak.plan.clear();
+        let members = self.streak.members;
+        // Every running request a member (most steps): a token each, if the budget holds them.
+        if self.running.len() == members as usize {
+            return budget.checked_sub(members).map(|b| (b, 0));
+        }
+        let mut growth = 0;
+        for i in 0..self.running.len() {
+            let slot = self.running[i];
+            if budget == 0 {
+                // The pass stops here, as one at a time: no member may be left without a token.
+                let stranded = self.running[i..].iter().any(|&s| self.is_member(s));
+                return (!stranded).then_some((0, growth));
+            }
+            if self.is_member(slot) || self.may_join(slot) {
+                if !self.is_member(slot) {
+                    self.join(slot);
+                }
+                budget -= 1;
+                continue;
+            }
+            if let d @ Decided::Take { tokens, grow, .. } = self.decide(slot, budget) {
+                growth += grow;
+                budget -= tokens;
+                self.streak.plan.push((slot, d));
+            }
+        }
+        Some((budget, growth))
     }
 
     /// The members of boundary bucket `bucket` each take a block for this step's token.
@@ -336,8 +343,16 @@ impl Engine {
 
     /// A step goes in flight with the streak's members in it, if any.
     pub(super) fn streak_launch(&mut self, c: &Compose) -> (u32, u64) {
-        let step = self.streak.dispatched;
-        self.streak.dispatched += (c.streak > 0) as u64;
+        let s = &mut self.streak;
+        let step = s.dispatched;
+        if c.streak > 0 {
+            s.dispatched += 1;
+            s.bucket += 1;
+            if s.bucket == self.cfg.block_tokens as usize {
+                s.bucket = 0;
+            }
+        }
+        debug_assert_eq!(s.bucket as u64, s.dispatched % self.cfg.block_tokens as u64);
         (c.streak, step)
     }
 

@@ -30,8 +30,8 @@ pub use profiles::{
     LLAMA31_8B_B200, LLAMA31_8B_H100, LLAMA31_8B_H200, PROFILES,
 };
 pub use roofline::{
-    Fitted, Gpu, ModelShape, Roofline, Shares, A100_80GB, B200_SXM, H100_SXM, H200_SXM, MBU_KV_PCT,
-    MBU_PCT, MFU_ATTN_PCT, MFU_PCT,
+    Fitted, Gpu, ModelShape, Prepared, Roofline, Shares, A100_80GB, B200_SXM, H100_SXM, H200_SXM,
+    MBU_KV_PCT, MBU_PCT, MFU_ATTN_PCT, MFU_PCT,
 };
 pub use table::{StepTable, TableError, TABLE_ROWS_MAX};
 
@@ -110,6 +110,35 @@ impl StepModel {
             StepModel::Linear(c) => c.step_ns(shape),
             StepModel::Roofline(r) => r.step_ns(shape),
             StepModel::Table(t) => t.step_ns(shape),
+        }
+    }
+}
+
+/// A step model ready to cost one replica's steps: a roofline's work that no step changes done
+/// once (`Roofline::prepare`). The same times as `StepModel::step_ns`.
+#[derive(Clone, Debug)]
+pub struct Costing {
+    model: StepModel,
+    prepared: Option<Prepared>,
+}
+
+impl Costing {
+    pub fn new(model: &StepModel) -> Costing {
+        let prepared = match model {
+            StepModel::Roofline(r) => Some(r.prepare()),
+            _ => None,
+        };
+        Costing {
+            model: model.clone(),
+            prepared,
+        }
+    }
+
+    #[inline]
+    pub fn step_ns(&self, shape: StepShape) -> u64 {
+        match (&self.model, &self.prepared) {
+            (StepModel::Roofline(r), Some(p)) => r.step_ns_prepared(shape, p),
+            (model, _) => model.step_ns(shape),
         }
     }
 }

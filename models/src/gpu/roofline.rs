@@ -287,17 +287,31 @@ impl Roofline {
         }
     }
 
+    /// What every step of this roofline shares, worked out once (`step_ns_prepared`).
+    pub fn prepare(&self) -> Prepared {
+        Prepared {
+            flops: Rate::of(self.achieved_flops),
+            attn: Rate::of(self.achieved_attn_flops),
+            kv: Rate::of(self.achieved_kv_bytes_per_s),
+            weight_ns: Rate::of(self.achieved_bytes_per_s).ns(self.weight_bytes as u128),
+        }
+    }
+
     /// The compute and memory times of a step, in ns, before they are joined.
     pub fn terms_ns(&self, s: super::StepShape) -> (u64, u64) {
+        self.terms_prepared(s, &self.prepare())
+    }
+
+    /// `terms_ns`, with what every step shares worked out (`prepare`).
+    #[inline]
+    pub fn terms_prepared(&self, s: super::StepShape, p: &Prepared) -> (u64, u64) {
         let tokens = (s.prefill_tokens + s.decode_seqs) as u128;
         let pairs = (s.prefill_pairs + s.kv_tokens_read) as u128;
         let moved = (s.kv_tokens_read + s.prefill_ctx_tokens) as u128 + tokens;
         let kv_bytes = moved * self.kv_bytes as u128;
-        let ns = |num: u128, per_s: u64| div_ceil_ns(num * 1_000_000_000, per_s);
-        let compute_ns = ns(tokens * self.linear_flops as u128, self.achieved_flops)
-            + ns(pairs * self.pair_flops as u128, self.achieved_attn_flops);
-        let memory_ns = ns(self.weight_bytes as u128, self.achieved_bytes_per_s)
-            + ns(kv_bytes, self.achieved_kv_bytes_per_s);
+        let compute_ns = p.flops.ns(tokens * self.linear_flops as u128)
+            + p.attn.ns(pairs * self.pair_flops as u128);
+        let memory_ns = p.weight_ns + p.kv.ns(kv_bytes);
         (
             u64::try_from(compute_ns).unwrap_or(u64::MAX),
             u64::try_from(memory_ns).unwrap_or(u64::MAX),
@@ -305,7 +319,13 @@ impl Roofline {
     }
 
     pub fn step_ns(&self, s: super::StepShape) -> u64 {
-        let (c, m) = self.terms_ns(s);
+        self.step_ns_prepared(s, &self.prepare())
+    }
+
+    /// `step_ns`, with what every step shares worked out (`prepare`): the same time.
+    #[inline]
+    pub fn step_ns_prepared(&self, s: super::StepShape, p: &Prepared) -> u64 {
+        let (c, m) = self.terms_prepared(s, p);
         let joined = if c.max(m) < 1 << 31 {
             // Both squares and their sum fit a u64: the same root, in 64-bit arithmetic.
             isqrt_below_2_63(c * c + m * m)
@@ -320,13 +340,45 @@ impl Roofline {
     }
 }
 
-/// `num / per_s`, rounded up: in 64-bit arithmetic when `num` fits (a step's terms nearly always
-/// do), which gives the same quotient as the 128-bit division without its library call.
-#[inline]
-pub(super) fn div_ceil_ns(num: u128, per_s: u64) -> u128 {
-    match u64::try_from(num) {
-        Ok(n) => n.div_ceil(per_s) as u128,
-        Err(_) => num.div_ceil(per_s as u128),
+/// What every step of a roofline shares (`Roofline::prepare`): its rates, and the time of its
+/// weights, which no step changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prepared {
+    flops: Rate,
+    attn: Rate,
+    kv: Rate,
+    weight_ns: u128,
+}
+
+/// A rate of `per_s` a second as the fraction a quantity's nanoseconds are: `x · 10⁹ / per_s`,
+/// reduced by the two's greatest common divisor. The same rational, so the same quotient, and
+/// the numerator mostly fits 64 bits where `x · 10⁹` would not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Rate {
+    mul: u64,
+    div: u64,
+}
+
+impl Rate {
+    pub(super) fn of(per_s: u64) -> Rate {
+        const NS_PER_S: u64 = 1_000_000_000;
+        let (mut a, mut b) = (NS_PER_S, per_s);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        Rate {
+            mul: NS_PER_S / a,
+            div: per_s / a,
+        }
+    }
+
+    /// `x · 10⁹ / per_s` ns, rounded up: `div_ceil_ns(x · 10⁹, per_s)`.
+    #[inline]
+    pub(super) fn ns(self, x: u128) -> u128 {
+        match u64::try_from(x).ok().and_then(|x| x.checked_mul(self.mul)) {
+            Some(n) => n.div_ceil(self.div) as u128,
+            None => (x * self.mul as u128).div_ceil(self.div as u128),
+        }
     }
 }
 

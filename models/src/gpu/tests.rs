@@ -439,26 +439,60 @@ fn sixty_four_bit_shortcuts_match_the_wide_arithmetic() {
             kv_tokens_read: (x >> 20) % 2_000_000 * (i % 2),
         };
         let (c, m) = r.terms_ns(shape);
+        assert_eq!((c, m), terms_as_written(&r, shape), "{shape:?}");
         wide_terms += (c.max(m) >= 1 << 31) as u32;
         let wide = ((c as u128) * (c as u128) + (m as u128) * (m as u128)).isqrt() as u64;
         let want = r.overhead_ns + shape.decode_seqs * r.per_seq_ns + wide;
         assert_eq!(r.step_ns(shape), want, "{shape:?}");
     }
-    // The quotient, on both sides of u64::MAX.
+    // The float-seeded root at perfect squares, one either side, and up to just below 2^63.
+    isqrt_matches_the_library();
+    assert!(wide_terms > 100, "the wide root ran {wide_terms} times");
+}
+
+/// A roofline's terms as written: each quantity's ns at its rate, in 128 bits, rounded up.
+fn terms_as_written(r: &Roofline, shape: StepShape) -> (u64, u64) {
+    let ns = |num: u128, per_s: u64| (num * 1_000_000_000).div_ceil(per_s as u128) as u64;
+    let tokens = (shape.prefill_tokens + shape.decode_seqs) as u128;
+    let pairs = (shape.prefill_pairs + shape.kv_tokens_read) as u128;
+    let moved = (shape.kv_tokens_read + shape.prefill_ctx_tokens) as u128 + tokens;
+    (
+        ns(tokens * r.linear_flops as u128, r.achieved_flops)
+            + ns(pairs * r.pair_flops as u128, r.achieved_attn_flops),
+        ns(r.weight_bytes as u128, r.achieved_bytes_per_s)
+            + ns(moved * r.kv_bytes as u128, r.achieved_kv_bytes_per_s),
+    )
+}
+
+#[test]
+fn a_reduced_rate_gives_the_quotient_as_written() {
+    // A quantity's ns at a rate, reduced or not, on both sides of u64::MAX.
     for num in [
         0u128,
         1,
+        u64::MAX as u128 / 1_000_000_000,
         u64::MAX as u128 - 1,
         u64::MAX as u128,
         u64::MAX as u128 + 1,
-        1 << 100,
+        1 << 90,
     ] {
-        for per_s in [1u64, 3, 1_000_000_007, u64::MAX] {
-            let got = super::roofline::div_ceil_ns(num, per_s);
-            assert_eq!(got, num.div_ceil(per_s as u128), "{num} / {per_s}");
+        for per_s in [
+            1u64,
+            3,
+            500_000_000,
+            1_000_000_007,
+            2_646_500_000_000,
+            831_096_000_000_000,
+            u64::MAX,
+        ] {
+            let got = super::roofline::Rate::of(per_s).ns(num);
+            let want = (num * 1_000_000_000).div_ceil(per_s as u128);
+            assert_eq!(got, want, "{num} / {per_s}");
         }
     }
-    // The float-seeded root at perfect squares, one either side, and up to just below 2^63.
+}
+
+fn isqrt_matches_the_library() {
     for r in [
         0u64,
         1,
@@ -485,7 +519,6 @@ fn sixty_four_bit_shortcuts_match_the_wide_arithmetic() {
     }
     let top = (1u64 << 63) - 1;
     assert_eq!(super::roofline::isqrt_below_2_63(top), top.isqrt());
-    assert!(wide_terms > 100, "the wide root ran {wide_terms} times");
     // The largest terms the narrow root takes: its sum stays below 2^63.
     let c = (1u64 << 31) - 1;
     let x = c * c + c * c;

@@ -380,17 +380,30 @@ impl<E: Copy> EventQueue<E> {
     }
 
     fn insert(&mut self, time_ns: u64, class: Class, event: E, weak: bool) -> Key {
-        let seq = self.seq_next;
-        assert!(seq <= SEQ_MAX, "event sequence space exhausted");
-        self.seq_next = seq + 1;
-        let key = Key {
-            time_ns,
-            order: ((class as u64) << CLASS_SHIFT) | seq,
-        };
+        let key = self.key(time_ns, class);
         let rank = key.rank(weak);
         self.heap.push(Entry { rank, event });
         self.strong += !weak as usize;
         key
+    }
+
+    /// Whether an event is pending at the tick of the last one popped. (Unlike `peek_time_ns`,
+    /// this moves nothing: an event may still be pushed at that tick after it.)
+    #[inline]
+    pub fn pending_at_last_tick(&self) -> bool {
+        self.heap.now.len() > 0
+    }
+
+    /// The key of an event scheduled now at `time_ns`: the next sequence number is its.
+    #[inline]
+    pub fn key(&mut self, time_ns: u64, class: Class) -> Key {
+        let seq = self.seq_next;
+        assert!(seq <= SEQ_MAX, "event sequence space exhausted");
+        self.seq_next = seq + 1;
+        Key {
+            time_ns,
+            order: ((class as u64) << CLASS_SHIFT) | seq,
+        }
     }
 
     #[inline]

@@ -101,7 +101,7 @@ pub(crate) struct Accounts {
     /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
     /// requests leave: folded into the run hash, so two runs whose events coincide but whose
     /// outcomes differ (a killed sibling under a flat step cost) never share a hash.
-    outcomes: blake3::Hasher,
+    outcomes: crate::kernel::BufferedHasher,
 }
 
 impl Accounts {
@@ -136,7 +136,7 @@ impl Accounts {
                 stop_requests: 0,
                 token_steps_left: 0,
             },
-            outcomes: blake3::Hasher::new(),
+            outcomes: crate::kernel::BufferedHasher::default(),
         }
     }
 
@@ -332,11 +332,13 @@ impl Accounts {
         if let Some(intent_ns) = q.cancel().intent_ns() {
             self.cancelled_left(q, state, intent_ns, finish_and_discard);
         }
-        self.outcomes.update(&q.id.to_le_bytes());
-        self.outcomes.update(&[state as u8]);
-        self.outcomes.update(&q.chunks.digest().to_le_bytes());
-        self.outcomes.update(&q.life.tokens().to_le_bytes());
-        self.outcomes.update(&q.chunks.admitted().to_le_bytes());
+        let mut outcome = [0u8; 25];
+        outcome[..8].copy_from_slice(&q.id.to_le_bytes());
+        outcome[8] = state as u8;
+        outcome[9..17].copy_from_slice(&q.chunks.digest().to_le_bytes());
+        outcome[17..21].copy_from_slice(&q.life.tokens().to_le_bytes());
+        outcome[21..].copy_from_slice(&q.chunks.admitted().to_le_bytes());
+        self.outcomes.update(&outcome);
         self.t.little.in_system -= 1;
         self.t.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
         self.t.little.sojourns += 1;

@@ -33,7 +33,7 @@ pub(crate) struct Arrivals {
     /// Those of arrivals waiting in a shared queue at the router, until they reach a replica
     /// (at most the router queue's bound of them).
     held_prefix: BTreeMap<u64, Box<[u64]>>,
-    hasher: blake3::Hasher,
+    hasher: crate::kernel::BufferedHasher,
 }
 
 impl Arrivals {
@@ -44,7 +44,7 @@ impl Arrivals {
             pending_prefix: Box::default(),
             taken_prefix: (u64::MAX, Box::default()),
             held_prefix: BTreeMap::new(),
-            hasher: blake3::Hasher::new(),
+            hasher: crate::kernel::BufferedHasher::default(),
         })
     }
 
@@ -113,10 +113,12 @@ impl Arrivals {
 
     /// Fold an arrival into the workload hash: equal across runs that share a workload.
     pub fn hash(&mut self, a: &Arrival) {
-        self.hasher.update(&a.id.to_le_bytes());
-        self.hasher.update(&a.time_ns.to_le_bytes());
-        self.hasher.update(&a.prompt_tokens.to_le_bytes());
-        self.hasher.update(&a.output_tokens.to_le_bytes());
+        let mut arrival = [0u8; 24];
+        arrival[..8].copy_from_slice(&a.id.to_le_bytes());
+        arrival[8..16].copy_from_slice(&a.time_ns.to_le_bytes());
+        arrival[16..20].copy_from_slice(&a.prompt_tokens.to_le_bytes());
+        arrival[20..].copy_from_slice(&a.output_tokens.to_le_bytes());
+        self.hasher.update(&arrival);
         let ids = match &self.taken_prefix {
             (taken, ids) if *taken == a.id => &ids[..],
             _ => &[],

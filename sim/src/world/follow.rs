@@ -63,6 +63,19 @@ impl Follow {
         self.asked.push((When::WeakAfter(delay_ns), ev));
     }
 
+    /// The event asked for last, if it is a scheduler pass at this tick: taken back, for the
+    /// world to run at once or schedule itself.
+    #[inline]
+    pub fn take_last_pass(&mut self) -> Option<Event> {
+        match self.asked.last() {
+            Some(&(When::After(0), ev @ Event::SchedulePass { .. })) => {
+                self.asked.pop();
+                Some(ev)
+            }
+            _ => None,
+        }
+    }
+
     /// Into the kernel, in the order asked; empty after, even when a limit stops it.
     pub fn schedule(&mut self, k: &mut Kernel<Event>) -> Result<(), LimitError> {
         let mut scheduled = Ok(());

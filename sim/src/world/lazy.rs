@@ -68,17 +68,22 @@ impl Lazy {
         log.trim_at = 2 * log.shares.len();
     }
 
-    /// The shares of `replica`'s streak steps `from..from + count`, in order.
-    fn shares(
-        &self,
-        replica: u32,
-        from: u64,
-        count: u32,
-    ) -> Option<impl Iterator<Item = f64> + '_> {
+    /// The shares of `replica`'s streak steps `from..from + count`, in order, in two parts.
+    fn shares(&self, replica: u32, from: u64, count: u32) -> Option<[&[f64]; 2]> {
         let log = self.logs.get(replica as usize)?;
         let i = from.checked_sub(log.base)? as usize;
         let end = i + count as usize;
-        (end <= log.shares.len()).then(|| log.shares.range(i..end).copied())
+        if end > log.shares.len() {
+            return None;
+        }
+        let (a, b) = log.shares.as_slices();
+        Some(if end <= a.len() {
+            [&a[i..end], &[]]
+        } else if i >= a.len() {
+            [&b[i - a.len()..end - a.len()], &[]]
+        } else {
+            [&a[i..], &b[..end - a.len()]]
+        })
     }
 }
 

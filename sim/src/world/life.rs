@@ -277,14 +277,18 @@ impl Cost {
     }
 
     /// One token in each of several steps, its share of each in `own_ns`, in order: `stepped`
-    /// for each.
-    pub fn stepped_each(&mut self, own_ns: impl Iterator<Item = f64>) {
+    /// for each. The shares were checked not negative as they were kept (`Lazy::record`).
+    pub fn stepped_each(&mut self, own_ns: [&[f64]; 2]) {
         let c = self.get_mut();
-        for ns in own_ns {
-            assert!(ns >= 0.0, "a negative GPU share: {ns}");
-            c.token_steps += 1;
-            c.gpu_ns += ns;
+        let mut gpu_ns = c.gpu_ns;
+        for part in own_ns {
+            c.token_steps += part.len() as u64;
+            for &ns in part {
+                debug_assert!(ns >= 0.0, "a negative GPU share: {ns}");
+                gpu_ns += ns;
+            }
         }
+        c.gpu_ns = gpu_ns;
     }
 
     /// GPU work after its intent, before or after the backend observed the cancel.

@@ -263,11 +263,8 @@ impl<'s> World<'s> {
             self.sample_until(self.kernel.now_ns());
             self.follow.open(self.kernel.now_ns());
             self.dispatch(event).map_err(|e| self.stopped(e))?;
-            self.follow.schedule(&mut self.kernel)?;
-            if self.kernel.events_dispatched() % crate::record::PROGRESS_EVERY_EVENTS == 0 {
-                self.recorder
-                    .progress(self.accounts.tally().counts.scheduled);
-            }
+            self.progress();
+            self.follow_up()?;
         }
         let now = self.kernel.now_ns();
         self.sample_until(now.saturating_add(1));
@@ -278,6 +275,38 @@ impl<'s> World<'s> {
         );
         self.finish()
             .map_err(|e| e.into_run_error(seed, &label, events))
+    }
+
+    /// What the event asked for, into the kernel. A scheduler pass asked for last at this tick
+    /// when nothing else is due at it is the event the kernel would pop next: it runs at once
+    /// (`Kernel::dispatch_now`: the same sequence number and run hash record), and so on. The
+    /// clock does not move, so no sample or occupancy changes in between.
+    #[inline]
+    fn follow_up(&mut self) -> Result<(), RunError> {
+        loop {
+            let pass = self.follow.take_last_pass();
+            self.follow.schedule(&mut self.kernel)?;
+            let Some(pass) = pass else {
+                return Ok(());
+            };
+            if self.kernel.pending_now() {
+                self.kernel.schedule_in(0, pass.class(), pass)?;
+                return Ok(());
+            }
+            let pass = self.kernel.dispatch_now(pass.class(), pass)?;
+            self.follow.open(self.kernel.now_ns());
+            self.dispatch(pass).map_err(|e| self.stopped(e))?;
+            self.progress();
+        }
+    }
+
+    /// Every so many events, the progress callback hears how many requests arrived.
+    #[inline]
+    fn progress(&self) {
+        if self.kernel.events_dispatched() % crate::record::PROGRESS_EVERY_EVENTS == 0 {
+            self.recorder
+                .progress(self.accounts.tally().counts.scheduled);
+        }
     }
 
     fn sample_until(&mut self, now_ns: u64) {

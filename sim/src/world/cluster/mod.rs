@@ -357,8 +357,14 @@ impl Cluster {
     }
 
     /// What `replica`'s cache stored and evicted just now goes out to a KV-aware router.
-    #[inline]
+    #[inline(always)]
     fn publish(&mut self, replica: u32, now_ns: u64) {
+        if self.kv.is_some() {
+            self.publish_kv(replica, now_ns);
+        }
+    }
+
+    fn publish_kv(&mut self, replica: u32, now_ns: u64) {
         // Only the replicas it scores publish.
         if let Some(kv) = self.kv.as_mut().filter(|kv| kv.views(replica)) {
             kv.collect(replica, &mut self.replicas[replica as usize], now_ns);
