@@ -410,6 +410,13 @@ pub trait Scheduler {
     fn make_explicit(&mut self, _tag: u32) -> Option<Implicit> {
         None
     }
+    /// Process step `step`, which ends now, and run the pass right after it at once, if that
+    /// step and pass would give the caller nothing but the next step's dispatch (a streak step
+    /// after a streak step, with nothing else in either): `step_done`, `checkpoint` and
+    /// `dispatch` in one. `None`, and nothing done, otherwise.
+    fn turn(&mut self, _now_ns: u64, _step: u64) -> Option<(StepReport, Dispatch)> {
+        None
+    }
     /// The earliest streak step whose tokens are not handed over yet (the caller may forget the
     /// shares of those before), if the scheduler has a streak.
     fn streak_floor(&self) -> Option<u64> {

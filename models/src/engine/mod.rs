@@ -545,6 +545,10 @@ impl Scheduler for Engine {
             .flatten()
     }
 
+    fn turn(&mut self, now_ns: u64, step: u64) -> Option<(StepReport, Dispatch)> {
+        Engine::turn(self, now_ns, step)
+    }
+
     fn streak_floor(&self) -> Option<u64> {
         Some(Engine::streak_floor(self))
     }

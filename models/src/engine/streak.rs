@@ -30,7 +30,8 @@ use std::collections::BinaryHeap;
 use super::compose::{Compose, Decided};
 use super::seq::{Entry, Phase, Run, Step};
 use super::Engine;
-use crate::protocol::Implicit;
+use crate::gpu::StepShape;
+use crate::protocol::{Dispatch, Implicit, StepReport};
 
 /// `Streak::flags` bits.
 const LAZY: u8 = 1;
@@ -212,6 +213,70 @@ impl Engine {
             }
         }
         Some((budget, growth))
+    }
+
+    /// Step `step`, in flight, a streak step with nothing else in it, ends now, and the pass
+    /// right after it composes the next streak step the same way: what `step_done`,
+    /// `checkpoint` and `dispatch` would do in turn, when they give the caller nothing but that
+    /// step's dispatch (no output, release, hand-over or start). `None`, and nothing done,
+    /// where that is not plain at once (then the caller goes the long way).
+    pub(super) fn turn(&mut self, now_ns: u64, step: u64) -> Option<(StepReport, Dispatch)> {
+        let s = self.inflight.front()?;
+        let members = self.streak.members;
+        let d = self.streak.dispatched;
+        let quiet = s.id == step
+            && s.end_ns == now_ns
+            && s.entries.is_empty()
+            && s.streak > 0
+            && self.streak.drains.is_empty()
+            && self.pending_aborts.is_empty()
+            && self.ideal_pending == 0
+            && self.inflight.len() as u32 == self.cfg.window
+            && self.cfg.chunked_prefill
+            && self.waiting.len() == 0
+            && self.taint.blocks() == 0
+            && self.running.len() == members as usize
+            && members <= self.cfg.max_num_batched_tokens
+            && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d);
+        let bucket = self.streak.bucket;
+        let growth = self.streak.boundary.get(bucket).map_or(0, |b| b.len()) as u64;
+        if !quiet || growth > self.pool.clean_blocks() {
+            return None;
+        }
+        let s = self.inflight.pop_front().expect("a step in flight");
+        assert_eq!(
+            s.streak_step, self.streak.processed,
+            "streak steps end in order"
+        );
+        self.streak.processed += 1;
+        self.stats.tokens_delivered += s.streak as u64;
+        self.taint.step_ended(step);
+        // `step_done` marks a boundary; the pass's checkpoint, with no abort pending, takes it.
+        self.at_boundary = false;
+        let report = StepReport {
+            step,
+            duration_ns: s.duration_ns,
+            tokens: s.streak as u64,
+            streak: Some(s.streak_step),
+        };
+        self.streak_grow(bucket, now_ns);
+        let kv = self.streak.kv_base + (members as u64 * (d + 1)) as i64;
+        assert!(kv >= 0, "the streak reads a negative KV");
+        let mut c = Compose {
+            entries: s.entries,
+            shape: StepShape {
+                decode_seqs: members as u64,
+                kv_tokens_read: kv as u64,
+                ..StepShape::default()
+            },
+            budget: self.cfg.max_num_batched_tokens - members,
+            preempted: false,
+            streak: members,
+        };
+        // No one waits: this only forgets the waiting front's run, as the pass's does.
+        self.admit_waiting(now_ns, &mut c);
+        debug_assert!(c.entries.is_empty() && self.started.is_empty());
+        Some((report, self.launch(now_ns, c)))
     }
 
     /// The members of boundary bucket `bucket` each take a block for this step's token.

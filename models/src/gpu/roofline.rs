@@ -305,6 +305,27 @@ impl Roofline {
     /// `terms_ns`, with what every step shares worked out (`prepare`).
     #[inline]
     pub fn terms_prepared(&self, s: super::StepShape, p: &Prepared) -> (u64, u64) {
+        if let Some(terms) = self.terms_narrow(s, p) {
+            return terms;
+        }
+        self.terms_wide(s, p)
+    }
+
+    /// The terms in 64-bit arithmetic, if every number fits: a step's nearly always do.
+    #[inline]
+    fn terms_narrow(&self, s: super::StepShape, p: &Prepared) -> Option<(u64, u64)> {
+        let tokens = s.prefill_tokens.checked_add(s.decode_seqs)?;
+        let pairs = s.prefill_pairs.checked_add(s.kv_tokens_read)?;
+        let moved = (s.kv_tokens_read.checked_add(s.prefill_ctx_tokens)?).checked_add(tokens)?;
+        let compute = p.flops.ns_narrow(tokens.checked_mul(self.linear_flops)?)?;
+        let attn = p.attn.ns_narrow(pairs.checked_mul(self.pair_flops)?)?;
+        let kv = p.kv.ns_narrow(moved.checked_mul(self.kv_bytes)?)?;
+        let weight = u64::try_from(p.weight_ns).ok()?;
+        Some((compute.checked_add(attn)?, weight.checked_add(kv)?))
+    }
+
+    #[inline(never)]
+    fn terms_wide(&self, s: super::StepShape, p: &Prepared) -> (u64, u64) {
         let tokens = (s.prefill_tokens + s.decode_seqs) as u128;
         let pairs = (s.prefill_pairs + s.kv_tokens_read) as u128;
         let moved = (s.kv_tokens_read + s.prefill_ctx_tokens) as u128 + tokens;
@@ -370,6 +391,12 @@ impl Rate {
             mul: NS_PER_S / a,
             div: per_s / a,
         }
+    }
+
+    /// `ns`, where `x · mul` fits 64 bits.
+    #[inline]
+    fn ns_narrow(self, x: u64) -> Option<u64> {
+        Some(x.checked_mul(self.mul)?.div_ceil(self.div))
     }
 
     /// `x · 10⁹ / per_s` ns, rounded up: `div_ceil_ns(x · 10⁹, per_s)`.

@@ -97,6 +97,11 @@ pub(crate) fn drive_full(
         let Some(now) = now else { return traces };
         if t_step == Some(now) {
             let d = inflight.remove(0);
+            let alone = ![t_arr, t_abort, t_explicit].contains(&Some(now))
+                && inflight.first().is_none_or(|x| x.end_ns != now);
+            if alone && turned(rep, (now, d.step), &mut inflight, &mut streak_ns) {
+                continue;
+            }
             let report = rep.step_done(now, d.step, &mut out);
             if let Some(j) = report.streak {
                 assert_eq!(j as usize, streak_ns.len(), "streak steps in order");
@@ -141,6 +146,23 @@ pub(crate) fn drive_full(
         }
     }
     panic!("did not go idle");
+}
+
+/// Alone at its tick, a step and the pass after it may be one call (`turn`): true if they were.
+fn turned(
+    rep: &mut impl Scheduler,
+    (now, step): (u64, u64),
+    inflight: &mut Vec<Dispatch>,
+    streak_ns: &mut Vec<u64>,
+) -> bool {
+    let Some((report, next)) = rep.turn(now, step) else {
+        return false;
+    };
+    let j = report.streak.expect("a turn is a streak step's");
+    assert_eq!(j as usize, streak_ns.len(), "streak steps in order");
+    streak_ns.push(now);
+    inflight.push(next);
+    true
 }
 
 /// A step's outputs, at its end `now`.

@@ -64,6 +64,9 @@ impl World<'_> {
     /// A step ends: each output is costed, tokens go on to the sink, and released requests may
     /// leave.
     pub(super) fn on_step_done(&mut self, replica: u32, step: u64) -> Step {
+        if self.turned(replica, step)? {
+            return Ok(());
+        }
         let now_ns = self.kernel.now_ns();
         let (report, mut out) = self.cluster.step_done(replica, step, now_ns);
         let prefill = self.cluster.is_prefill(replica);
@@ -93,6 +96,32 @@ impl World<'_> {
         self.cluster.recycle(out);
         self.cluster.request_pass(&mut self.follow, replica);
         self.receive_on(replica)
+    }
+
+    /// A streak step that changes nothing outside its replica ended, and the pass right after
+    /// it would run at once (nothing else is due at this tick) and only dispatch the next one:
+    /// the replica does both in one call (`Cluster::turn`), and the kernel dispatches the pass
+    /// as it would have (`Kernel::dispatch_now`). False, with nothing done, if not.
+    fn turned(&mut self, replica: u32, step: u64) -> Step<bool> {
+        if self.kernel.pending_now() || !self.cluster.turns(replica) {
+            return Ok(false);
+        }
+        let now_ns = self.kernel.now_ns();
+        let Some((report, d)) = self.cluster.turn(replica, step, now_ns) else {
+            return Ok(false);
+        };
+        let streak_step = report.streak.expect("a turn is a streak step's");
+        self.streak_step(replica, streak_step, Shares::of(&report, now_ns).unit());
+        let pass = Event::SchedulePass { replica };
+        self.kernel.dispatch_now(pass.class(), pass)?;
+        self.progress();
+        self.recorder.step(replica, &d);
+        let done = Event::StepDone {
+            replica,
+            step: d.step,
+        };
+        self.follow.at(d.end_ns, done);
+        Ok(true)
     }
 
     /// A scheduler pass: the checkpoint's observations and releases, then steps dispatched until

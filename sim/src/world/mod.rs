@@ -145,6 +145,8 @@ pub struct World<'s> {
     recover: Recover,
     /// The slab's occupancy over time: Little's L, measured apart from the books' λ and W.
     occupancy: Occupancy,
+    /// Events dispatched at which the progress callback next hears.
+    progress_at: u64,
 }
 
 /// The integral of a count over virtual time, advanced before each event (the count is constant
@@ -214,6 +216,7 @@ impl<'s> World<'s> {
             recorder: Recorder::new(Recording::default()),
             recover: Recover::new(scenario.cancellation.as_ref().and_then(|c| c.window_s)),
             occupancy: Occupancy::default(),
+            progress_at: crate::record::PROGRESS_EVERY_EVENTS,
         })
     }
 
@@ -302,8 +305,10 @@ impl<'s> World<'s> {
 
     /// Every so many events, the progress callback hears how many requests arrived.
     #[inline]
-    fn progress(&self) {
-        if self.kernel.events_dispatched() % crate::record::PROGRESS_EVERY_EVENTS == 0 {
+    pub(super) fn progress(&mut self) {
+        if self.kernel.events_dispatched() >= self.progress_at {
+            let every = crate::record::PROGRESS_EVERY_EVENTS;
+            self.progress_at = (self.kernel.events_dispatched() / every + 1) * every;
             self.recorder
                 .progress(self.accounts.tally().counts.scheduled);
         }

@@ -356,6 +356,24 @@ impl Cluster {
         (report, out)
     }
 
+    /// Whether a step of `replica` and the pass after it may be one call (`turn`): nothing of
+    /// the cluster's own waits on the pass (no pass already asked for, no KV-aware router to
+    /// publish to, no wedge, no graph to receive on).
+    #[inline]
+    pub fn turns(&self, replica: u32) -> bool {
+        self.kv.is_none()
+            && self.pools.is_none()
+            && !self.pass_pending[replica as usize]
+            && self.wedged_since[replica as usize].is_none()
+    }
+
+    /// Step `step` of `replica` ends now and its pass runs at once, in one call, if the two
+    /// would give the world nothing but the next step (`Scheduler::turn`).
+    #[inline]
+    pub fn turn(&mut self, replica: u32, step: u64, now_ns: u64) -> Option<(StepReport, Dispatch)> {
+        self.replicas[replica as usize].turn(now_ns, step)
+    }
+
     /// What `replica`'s cache stored and evicted just now goes out to a KV-aware router.
     #[inline(always)]
     fn publish(&mut self, replica: u32, now_ns: u64) {
