@@ -42,7 +42,7 @@ use compose::Compose;
 use pool::Pool;
 use seq::{BoundedIds, Ended, Entry, Phase, RuntimeIndex, Seq, Step, Taint};
 pub use seq::{EngineStats, TOMBSTONES_MAX};
-use streak::Streak;
+use streak::{Extra, Streak};
 use waiting::Waiting;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +71,10 @@ pub struct EngineConfig {
     /// abort for a finished id is recognised and ignored. Without, ids are the client's and may be
     /// reused (vLLM, SGLang).
     pub tombstones: bool,
+    /// A lazy request's output tokens whose index is a multiple of this still come out as
+    /// outputs in the streak, each after a hand-over of those before it (its caller makes
+    /// something of every such token: an audio chunk that waits for its writer); 0 for none.
+    pub lazy_output_every: u32,
 }
 
 pub struct Engine {
@@ -230,10 +234,65 @@ impl Engine {
         }
     }
 
-    /// The running order of an entry's request (`Run::run_order`).
+    /// The entries of step `s` and its streak's extras, in running order (both are sorted):
+    /// the tokens of its entries, and whether a request finished.
+    fn process_step(
+        &mut self,
+        s: &Step,
+        extra: &[Extra],
+        now_ns: u64,
+        out: &mut Outbox,
+    ) -> (u64, bool) {
+        let (mut tokens, mut finished_any) = (0, false);
+        let (mut i, mut j) = (0, 0);
+        while i < s.entries.len() || j < extra.len() {
+            let e = match extra.get(j) {
+                Some(&x)
+                    if i == s.entries.len()
+                        || self.run_order(x.slot()) < self.run_order(s.entries[i].slot) =>
+                {
+                    j += 1;
+                    match x {
+                        Extra::Drain(e) => e,
+                        Extra::Note { slot, index } => {
+                            self.note(slot, index, &mut out.outputs);
+                            continue;
+                        }
+                    }
+                }
+                _ => {
+                    i += 1;
+                    tokens += s.entries[i - 1].tokens as u64;
+                    s.entries[i - 1]
+                }
+            };
+            let (finished, leaves) = self.process_entry(&e, now_ns, &mut out.outputs);
+            finished_any |= finished;
+            // A request appears at most once per step, so it is retired at most once here.
+            if leaves {
+                self.try_retire(e.slot, out);
+            }
+        }
+        (tokens, finished_any)
+    }
+
+    /// The running order of a request (`Run::run_order`).
     #[inline]
-    fn run_order(&self, e: Entry) -> u64 {
-        self.seqs[e.slot as usize].run_order
+    fn run_order(&self, slot: u32) -> u64 {
+        self.seqs[slot as usize].run_order
+    }
+
+    /// A streak member's token `index` comes out as an output (`streak.rs`: its notes).
+    fn note(&self, slot: u32, index: u32, outputs: &mut Vec<StepOutput>) {
+        let seq = &self.seqs[slot as usize];
+        debug_assert!(index < seq.output && !seq.corrupted);
+        outputs.push(StepOutput {
+            id: seq.id,
+            tag: seq.tag,
+            corrupted: false,
+            tokens: 1,
+            outcome: Outcome::Token { index, last: false },
+        });
     }
 
     /// Leave the engine once finished or aborted and no step in flight uses the request.
@@ -341,32 +400,11 @@ impl Scheduler for Engine {
         assert_eq!(s.id, step, "steps complete in dispatch order");
         self.at_boundary = true;
         assert_eq!(s.end_ns, now_ns, "step processed at its end time");
-        let (quiet, drained) = self.streak_done(&s);
-        let mut tokens_total = s.streak as u64;
+        let (quiet, extra) = self.streak_done(&s, &mut out.implicit);
         self.stats.tokens_delivered += quiet as u64;
-        let mut finished_any = false;
-        // The entries and the drained members' tokens, in running order (both are sorted).
-        let (mut i, mut j) = (0, 0);
-        while i < s.entries.len() || j < drained.len() {
-            let take_drained = j < drained.len()
-                && (i == s.entries.len()
-                    || self.run_order(drained[j]) < self.run_order(s.entries[i]));
-            let e = if take_drained {
-                j += 1;
-                &drained[j - 1]
-            } else {
-                i += 1;
-                tokens_total += s.entries[i - 1].tokens as u64;
-                &s.entries[i - 1]
-            };
-            let (finished, leaves) = self.process_entry(e, now_ns, &mut out.outputs);
-            finished_any |= finished;
-            // A request appears at most once per step, so it is retired at most once here.
-            if leaves {
-                self.try_retire(e.slot, out);
-            }
-        }
-        self.streak_recycle(drained);
+        let (tokens, finished_any) = self.process_step(&s, &extra, now_ns, out);
+        let tokens_total = tokens + s.streak as u64;
+        self.streak_recycle(extra);
         self.taint.step_ended(step);
         if finished_any {
             let seqs = &self.seqs;

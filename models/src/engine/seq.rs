@@ -87,6 +87,8 @@ pub(super) struct Run {
     /// Which of its joins of the streak this is (the streak's join count then), so an end
     /// planned for an earlier one is told apart.
     pub(super) streak_stamp: u64,
+    /// In the streak: its tokens of streak steps from this one on are not handed over yet.
+    pub(super) lazy_from: u64,
 }
 
 impl Run {
@@ -117,6 +119,7 @@ static RUN_NONE: Run = Run {
     run_order: 0,
     streak_from: 0,
     streak_stamp: 0,
+    lazy_from: 0,
 };
 
 impl std::ops::Deref for Seq {

@@ -11,7 +11,9 @@
 //! own is found by step number, never by looking at every member:
 //! - a new block when its context reaches a block boundary (`boundary`, by the boundary's
 //!   phase in the block);
-//! - its last token, composed as an entry again (`ends`), so it finishes as any request does.
+//! - its last token, composed as an entry again (`ends`), so it finishes as any request does;
+//! - a token whose index is a multiple of `lazy_output_every` (`notes`, by that phase), which
+//!   comes out as an output all the same, after a hand-over of the tokens before it.
 //!
 //! A streak step is the step that composing one request at a time would make: the same
 //! requests, tokens, blocks and shape, so the same time. Where that cannot be shown cheaply
@@ -65,13 +67,35 @@ pub(super) struct Streak {
     /// step's composing. An entry whose member left since is skipped.
     ends: BinaryHeap<Reverse<(u64, u32, u64)>>,
     drains: Vec<Drain>,
+    /// With `lazy_output_every` k: members by the phase of their tokens that come out as
+    /// outputs, bucket `b` those whose token of streak steps ≡ b (mod k) is one.
+    notes: Vec<Vec<u32>>,
     /// Joins so far: each member's stamp.
     joins: u64,
     /// `dispatched` modulo the block size: the boundary bucket of the next streak step.
     bucket: usize,
     /// Scratch: the entries a streak step composes, in running order.
     plan: Vec<(u32, Decided)>,
-    drained: Vec<Entry>,
+    extra: Vec<Extra>,
+}
+
+/// What a streak step's end does for a member beyond its quiet token, by running order
+/// (`Engine::streak_done`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Extra {
+    /// A member that left while the step was in flight: its token there is an entry.
+    Drain(Entry),
+    /// A member's token that comes out as an output: token `index`.
+    Note { slot: u32, index: u32 },
+}
+
+impl Extra {
+    pub(super) fn slot(&self) -> u32 {
+        match *self {
+            Extra::Drain(e) => e.slot,
+            Extra::Note { slot, .. } => slot,
+        }
+    }
 }
 
 impl Engine {
@@ -237,7 +261,8 @@ impl Engine {
             && self.taint.blocks() == 0
             && self.running.len() == members as usize
             && members <= self.cfg.max_num_batched_tokens
-            && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d);
+            && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d)
+            && self.no_notes(s.streak_step);
         let bucket = self.streak.bucket;
         let growth = self.streak.boundary.get(bucket).map_or(0, |b| b.len()) as u64;
         if !quiet || growth > self.pool.clean_blocks() {
@@ -277,6 +302,17 @@ impl Engine {
         self.admit_waiting(now_ns, &mut c);
         debug_assert!(c.entries.is_empty() && self.started.is_empty());
         Some((report, self.launch(now_ns, c)))
+    }
+
+    /// Whether no member's token of streak step `j` can come out as an output.
+    fn no_notes(&self, j: u64) -> bool {
+        let k = self.cfg.lazy_output_every as u64;
+        k == 0
+            || self
+                .streak
+                .notes
+                .get((j % k) as usize)
+                .is_none_or(Vec::is_empty)
     }
 
     /// The members of boundary bucket `bucket` each take a block for this step's token.
@@ -326,22 +362,39 @@ impl Engine {
         let output = seq.output;
         let run = &mut **seq;
         run.streak_from = d;
+        run.lazy_from = d;
         run.streak_stamp = self.streak.joins;
-        let ctx = run.ctx as u64;
+        let (ctx, sched_out) = (run.ctx as u64, run.sched_out);
         // Its streak step `j` reads a context of ctx + (j − d) before its token, which needs
         // a block when that is a whole number of blocks.
         let bucket = ((d % bt + bt - ctx % bt) % bt) as usize;
-        let last = d + (output - run.sched_out - 1) as u64;
+        let last = d + (output - sched_out - 1) as u64;
+        let note = self.note_bucket(d, sched_out);
         let s = &mut self.streak;
         if s.boundary.len() < bt as usize {
             s.boundary.resize_with(bt as usize, Vec::new);
         }
         s.boundary[bucket].push(slot);
+        if let Some(b) = note {
+            if s.notes.len() <= b {
+                s.notes
+                    .resize_with(self.cfg.lazy_output_every as usize, Vec::new);
+            }
+            s.notes[b].push(slot);
+        }
         s.ends.push(Reverse((last, slot, s.joins)));
         s.joins += 1;
         s.kv_base += ctx as i64 - d as i64;
         s.members += 1;
         s.flags[slot as usize] |= MEMBER;
+    }
+
+    /// The notes bucket of a member joining at streak step `from` with `sched_out` tokens
+    /// sampled: its token of streak step `j` is token `sched_out + j − from + 1`, an output when
+    /// that is a multiple of k. `None` without `lazy_output_every`.
+    fn note_bucket(&self, from: u64, sched_out: u32) -> Option<usize> {
+        let k = self.cfg.lazy_output_every as u64;
+        (k > 0).then(|| ((from % k + k - (sched_out as u64 + 1) % k) % k) as usize)
     }
 
     /// The member in `slot` leaves the streak: its counts take in the streak steps since it
@@ -360,6 +413,7 @@ impl Engine {
         let ctx = run.ctx as u64;
         let d = dispatched - from;
         let p = processed.saturating_sub(from).min(d);
+        let (lazy_from, sched0) = (run.lazy_from, run.sched_out);
         for k in p..d {
             let entry = Entry {
                 slot,
@@ -374,14 +428,20 @@ impl Engine {
         run.sched_out += d as u32;
         run.done_out += p as u32;
         run.inflight += (d - p) as u32;
-        if p > 0 {
-            let count = p as u32;
+        // Its processed tokens since the last one handed over (or came out as an output).
+        let count = (from + p - lazy_from) as u32;
+        if count > 0 {
             implicit.push(Implicit {
                 id,
                 tag,
-                from,
+                from: lazy_from,
                 count,
             });
+        }
+        if let Some(b) = self.note_bucket(from, sched0) {
+            let notes = &mut self.streak.notes[b];
+            let at = notes.iter().position(|&x| x == slot);
+            notes.swap_remove(at.expect("a member is in its notes bucket"));
         }
         let s = &mut self.streak;
         let bucket = &mut s.boundary[((from % bt + bt - ctx % bt) % bt) as usize];
@@ -421,36 +481,76 @@ impl Engine {
         (c.streak, step)
     }
 
-    /// Step `s` ended: its members' tokens are processed (the drained ones are entries, in
-    /// `drained`, sorted by running order). Returns the members whose token needs no entry.
-    pub(super) fn streak_done(&mut self, s: &Step) -> (u32, Vec<Entry>) {
-        let mut drained = std::mem::take(&mut self.streak.drained);
-        drained.clear();
+    /// Step `s` ended: its members' tokens are processed. Returns how many need nothing more,
+    /// and the rest by running order (`Extra`): the drained members' entries, and the tokens
+    /// that come out as outputs, each after its member's hand-over (into `implicit`).
+    pub(super) fn streak_done(
+        &mut self,
+        s: &Step,
+        implicit: &mut Vec<Implicit>,
+    ) -> (u32, Vec<Extra>) {
+        let mut extra = std::mem::take(&mut self.streak.extra);
+        extra.clear();
         if s.streak == 0 {
-            return (0, drained);
+            return (0, extra);
         }
-        assert_eq!(
-            s.streak_step, self.streak.processed,
-            "streak steps end in order"
-        );
+        let j = s.streak_step;
+        assert_eq!(j, self.streak.processed, "streak steps end in order");
         self.streak.processed += 1;
         if !self.streak.drains.is_empty() {
-            let step = s.streak_step;
             self.streak.drains.retain(|d| {
-                if d.step == step {
-                    drained.push(d.entry);
+                if d.step == j {
+                    extra.push(Extra::Drain(d.entry));
                 }
-                d.step != step
+                d.step != j
             });
-            let seqs = &self.seqs;
-            drained.sort_by_key(|e| seqs[e.slot as usize].run_order);
         }
-        (s.streak - drained.len() as u32, drained)
+        let drained = extra.len() as u32;
+        self.notes_done(j, &mut extra, implicit);
+        if extra.len() > 1 {
+            let seqs = &self.seqs;
+            extra.sort_by_key(|x| seqs[x.slot() as usize].run_order);
+        }
+        (s.streak - drained, extra)
     }
 
-    /// Give the drained entries' scratch back.
-    pub(super) fn streak_recycle(&mut self, drained: Vec<Entry>) {
-        self.streak.drained = drained;
+    /// The members whose token of streak step `j` comes out as an output: each hands over
+    /// what it had not, then its token goes into `extra`.
+    fn notes_done(&mut self, j: u64, extra: &mut Vec<Extra>, implicit: &mut Vec<Implicit>) {
+        let k = self.cfg.lazy_output_every as u64;
+        if k == 0 {
+            return;
+        }
+        let Some(notes) = self.streak.notes.get((j % k) as usize) else {
+            return;
+        };
+        for &slot in notes {
+            let seq = &mut self.seqs[slot as usize];
+            let (id, tag) = (seq.id, seq.tag);
+            let run = &mut **seq;
+            if run.streak_from > j {
+                continue; // it joined after this step was dispatched
+            }
+            let index = run.sched_out + (j - run.streak_from) as u32 + 1;
+            debug_assert_eq!(index as u64 % k, 0);
+            let count = (j - run.lazy_from) as u32;
+            if count > 0 {
+                let from = run.lazy_from;
+                implicit.push(Implicit {
+                    id,
+                    tag,
+                    from,
+                    count,
+                });
+            }
+            run.lazy_from = j + 1;
+            extra.push(Extra::Note { slot, index });
+        }
+    }
+
+    /// Give the scratch back.
+    pub(super) fn streak_recycle(&mut self, extra: Vec<Extra>) {
+        self.streak.extra = extra;
     }
 
     /// The caller needs every output of the request in `slot` from now on.
@@ -470,7 +570,7 @@ impl Engine {
         let seqs = &self.seqs;
         (self.running.iter())
             .filter(|&&s| self.is_member(s))
-            .map(|&s| seqs[s as usize].streak_from)
+            .map(|&s| seqs[s as usize].lazy_from)
             .min()
             .unwrap_or(self.streak.dispatched)
     }

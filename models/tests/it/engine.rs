@@ -37,6 +37,7 @@ pub(crate) fn cfg(window: u32) -> EngineConfig {
         release: ReleaseMode::Fenced,
         unknown_abort: UnknownAbort::Ignore,
         tombstones: false,
+        lazy_output_every: 0,
     }
 }
 

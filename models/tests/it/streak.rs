@@ -25,10 +25,15 @@ fn config() -> impl Strategy<Value = EngineConfig> {
     (
         (1u32..4, any::<bool>(), any::<bool>(), 8u64..400),
         (4u32..200, 1u32..12, 0u64..3, any::<bool>()),
-        (0u32..4, any::<bool>(), prop_oneof![Just(4u32), Just(16)]),
+        (
+            0u32..4,
+            any::<bool>(),
+            prop_oneof![Just(4u32), Just(16)],
+            0u32..5,
+        ),
     )
         .prop_map(
-            |((window, chunked, cache, blocks), (budget, seqs, wm, tomb), (ck, imm, bt))| {
+            |((window, chunked, cache, blocks), (budget, seqs, wm, tomb), (ck, imm, bt, every))| {
                 EngineConfig {
                     max_num_seqs: seqs,
                     max_num_batched_tokens: budget,
@@ -55,6 +60,7 @@ fn config() -> impl Strategy<Value = EngineConfig> {
                     },
                     unknown_abort: UnknownAbort::Ignore,
                     tombstones: tomb,
+                    lazy_output_every: every,
                 }
             },
         )

@@ -71,10 +71,8 @@ impl World<'_> {
         let (report, mut out) = self.cluster.step_done(replica, step, now_ns);
         let prefill = self.cluster.is_prefill(replica);
         let shares = Shares::of(&report, now_ns);
-        if let Some(streak_step) = report.streak {
-            self.streak_step(replica, streak_step, shares.unit());
-        }
-        self.implicit_all(&mut out.implicit)?;
+        // The share first (the hand-overs of this step may count it), the log's trim after them.
+        self.implicit_all_with(&mut out.implicit, (replica, report.streak, shares.unit()))?;
         for &o in &out.outputs {
             let (cost, cancel) = self.requests[o.tag].cost_and_cancel();
             self.accounts.step_share(cost, cancel, &o, &shares);

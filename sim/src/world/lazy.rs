@@ -6,9 +6,9 @@
 //! only when differs, and nothing reads it until the hand-over.
 //!
 //! A request is lazy when nothing can happen to it between its tokens but its own tokens: no
-//! cancel plan, no client timer, no stop string, no conversation or job, a sink that admits a
-//! chunk as it is made (a writer's wait would make each chunk an event of the run), and a
-//! colocated replica. Whatever would still need its outputs (a cancel intent) asks the replica
+//! cancel plan, no client timer, no stop string, no conversation or job, and a colocated
+//! replica. Where the sink's chunks wait for their writer, each is an event of the run: the
+//! token that makes one still comes out as an output (`EngineConfig::lazy_output_every`). Whatever would still need its outputs (a cancel intent) asks the replica
 //! for them first (`World::make_explicit`); the replica's own records of it (a release, an
 //! abort observed) come after its hand-over in the same outbox.
 //!
@@ -96,7 +96,6 @@ impl World<'_> {
             && (w.deadline_ms.is_some() || w.disconnect_ms.is_some());
         self.handoff.is_none()
             && self.jobs.is_none()
-            && self.sink.admits_at_once()
             && !timers
             && q.conv().is_none()
             && q.cancel().plan().is_none()
@@ -104,6 +103,8 @@ impl World<'_> {
     }
 
     /// A streak step of `replica` ended, each member's token costing `share`.
+    /// The log is trimmed here only if nothing handed over is still unread: call it once the
+    /// outbox's hand-overs were processed (`implicit_all`).
     pub(super) fn streak_step(&mut self, replica: u32, step: u64, share: f64) {
         if self.lazy.record(replica, step, share) {
             let floor = self.cluster.streak_floor(replica);
@@ -157,6 +158,11 @@ impl World<'_> {
         if self.sink.tokens(&mut q.chunks, i.count) == 0 {
             return Ok(());
         }
+        if !self.sink.admits_at_once() {
+            // A chunk that waits for its writer is made by an output, never handed over.
+            let what = "a chunk made by tokens handed over, with a writer's wait";
+            return Err(Stop::broken(vec![i.id], what));
+        }
         let who = q.chunk_owner();
         self.owners_for(i.tag)?;
         if self
@@ -166,6 +172,23 @@ impl World<'_> {
             return Ok(());
         }
         self.hold_next_chunk(i.tag)
+    }
+
+    /// A step of `replica` ended (streak step `streak`, each member's token costing `share`):
+    /// its share into the log, every hand-over in `implicit`, then the log's trim if due.
+    pub(super) fn implicit_all_with(
+        &mut self,
+        implicit: &mut Vec<Implicit>,
+        (replica, streak, share): (u32, Option<u64>, f64),
+    ) -> Step {
+        let trim = streak.is_some_and(|step| self.lazy.record(replica, step, share));
+        self.implicit_all(implicit)?;
+        if trim {
+            let floor = self.cluster.streak_floor(replica);
+            self.lazy
+                .trim(replica, floor.expect("a replica with a streak"));
+        }
+        Ok(())
     }
 
     /// Every hand-over in `implicit`, first thing, then none.

@@ -86,6 +86,12 @@ fn configured(s: &Scenario, c: &ClusterSpec, table: Option<&Arc<StepTable>>) -> 
                 AfterCompletion::Fault(r) => UnknownAbort::Fault(radius(r)),
             },
             tombstones: s.adapter.identity == IdentityMode::ServerGenerated,
+            // A chunk that waits for its writer is an event of the run: the token that makes
+            // it comes out as an output (`lazy.rs`).
+            lazy_output_every: match s.playback.writer_wait_ms == crate::dist::Dist::Constant(0.0) {
+                true => 0,
+                false => s.playback.chunk_tokens,
+            },
         }),
         Scheduler::Dynamic {
             max_batch_size,
