@@ -287,7 +287,7 @@ impl World<'_> {
             kv_ready,
             length_capped: q.stop_detect_ns().is_none()
                 && workload::length_capped(&self.scenario.workload, self.seed, q.id),
-            lazy: false,
+            lazy: self.lazy_ok(tag),
         }
     }
 

@@ -6,11 +6,13 @@
 //! only when differs, and nothing reads it until the hand-over.
 //!
 //! A request is lazy when nothing can happen to it between its tokens but its own tokens: no
-//! cancel plan, no client timer, no stop string, no conversation or job, and a colocated
-//! replica. Where the sink's chunks wait for their writer, each is an event of the run: the
-//! token that makes one still comes out as an output (`EngineConfig::lazy_output_every`). Whatever would still need its outputs (a cancel intent) asks the replica
-//! for them first (`World::make_explicit`); the replica's own records of it (a release, an
-//! abort observed) come after its hand-over in the same outbox.
+//! cancel plan, no client timer, no stop string, no conversation or job. (A prefill replica's
+//! request samples one token, so it never rides a streak; its decode replica's may.) Where the
+//! sink's chunks wait for their writer, each is an event of the run: the token that makes one
+//! still comes out as an output (`EngineConfig::lazy_output_every`). Whatever would still need
+//! its outputs (a cancel intent) asks the replica for them first (`World::make_explicit`); the
+//! replica's own records of it (a release, an abort observed) come after its hand-over in the
+//! same outbox.
 //!
 //! Each replica's streak steps are shared out as any step is: the world keeps each streak
 //! step's share of a token (`ShareLog`), back to the earliest one a member may still hand over.
@@ -94,8 +96,7 @@ impl World<'_> {
         let w = &self.scenario.workload;
         let timers = self.cancel.policy().is_some()
             && (w.deadline_ms.is_some() || w.disconnect_ms.is_some());
-        self.handoff.is_none()
-            && self.jobs.is_none()
+        self.jobs.is_none()
             && !timers
             && q.conv().is_none()
             && q.cancel().plan().is_none()
