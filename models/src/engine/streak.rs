@@ -4,7 +4,7 @@
 //! A running request joins as it is composed, when nothing about its next tokens needs a
 //! record one by one: its caller said so (`NewRequest::lazy`), it decodes, has sampled a token
 //! and its next one is not its last, holds the blocks its context needs and no fenced ones, is
-//! neither marked nor corrupted, and shares nothing through the prefix cache. From then on
+//! neither marked nor corrupted, and puts no more blocks in the prefix cache. From then on
 //! every step with the streak in it (a streak step, numbered from 0) gives each member one
 //! decode token. A member's counts are its `Run`'s as of its first streak step, plus the
 //! streak steps since, added when it leaves (`eject`). What still happens to a member on its
@@ -351,7 +351,18 @@ impl Engine {
             && run.sched_out + 1 < seq.output
             && run.fenced_blocks == 0
             && run.blocks == self.pool.blocks_for(run.ctx as u64)
-            && !(self.pool.has_cache() && seq.content.may_share())
+            && !self.registers(seq)
+    }
+
+    /// Whether a decoding request would still put blocks it fills in the prefix cache: only
+    /// while its next block is shared (a conversation's stream carried on). A trace's shared
+    /// prompt blocks are all in the cache, or no longer can be, by the end of its prefill.
+    fn registers(&self, seq: &super::seq::Seq) -> bool {
+        let bt = self.cfg.block_tokens as u64;
+        self.pool.has_cache()
+            && seq.content.may_share()
+            && seq.caching
+            && seq.content.is_shared(bt, seq.cached as u64)
     }
 
     /// The running request in `slot` joins: its first streak step is the next one dispatched.

@@ -6,8 +6,11 @@
 
 use cancelsim_models::engine::{Engine, EngineConfig};
 use cancelsim_models::gpu::{StepCost, StepModel};
+use cancelsim_models::kv::KvPool;
+use cancelsim_models::prefix::StreamKey;
 use cancelsim_models::protocol::{
-    Abort, BlastRadius, Checkpoint, NewRequest, ReleaseMode, Scheduler, Scope, UnknownAbort,
+    Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest,
+    Outbox, Rejection, ReleaseMode, ReplicaStats, Scheduler, Scope, StepReport, UnknownAbort,
 };
 use proptest::prelude::*;
 
@@ -121,9 +124,72 @@ fn world() -> impl Strategy<Value = World> {
         })
 }
 
+/// The engine, with two requests in three sharing blocks with others through the prefix cache:
+/// a trace's block ids (as a Mooncake row has), or a conversation's stream.
+struct Sharing(Engine);
+
+impl Scheduler for Sharing {
+    fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
+        self.0.enqueue(now_ns, r)?;
+        if r.id % 3 == 0 {
+            let ids: Vec<u64> = (0..1 + r.id % 4).map(|i| 7 * i + r.id % 2).collect();
+            self.0.share_prefix(r.tag, &ids, 16);
+        } else if r.id % 3 == 1 {
+            // A conversation's stream, carried on past its history: its output blocks are
+            // shared too, so it puts them in the cache as they fill.
+            let key = StreamKey {
+                id: r.id % 2,
+                bounds: vec![r.prompt_tokens as u64 / 2].into(),
+                whole: r.id % 2 == 1,
+            };
+            self.0.share_stream(r.tag, key);
+        }
+        Ok(())
+    }
+    fn dispatch(&mut self, now_ns: u64, out: &mut Outbox) -> Option<Dispatch> {
+        self.0.dispatch(now_ns, out)
+    }
+    fn step_done(&mut self, now_ns: u64, step: u64, out: &mut Outbox) -> StepReport {
+        self.0.step_done(now_ns, step, out)
+    }
+    fn abort(&mut self, a: Abort) {
+        self.0.abort(a)
+    }
+    fn checkpoint(&mut self, now_ns: u64, out: &mut Outbox) -> CheckpointReport {
+        self.0.checkpoint(now_ns, out)
+    }
+    fn mark_intent(&mut self, now_ns: u64, tag: u32) {
+        self.0.mark_intent(now_ns, tag)
+    }
+    fn timer_ns(&self) -> Option<u64> {
+        self.0.timer_ns()
+    }
+    fn gauges(&self) -> Gauges {
+        self.0.gauges()
+    }
+    fn load(&self) -> u64 {
+        self.0.load()
+    }
+    fn is_idle(&self) -> bool {
+        self.0.is_idle()
+    }
+    fn kv(&self) -> &KvPool {
+        self.0.kv()
+    }
+    fn totals(&self) -> ReplicaStats {
+        self.0.totals()
+    }
+    fn make_explicit(&mut self, tag: u32) -> Option<Implicit> {
+        self.0.make_explicit(tag)
+    }
+    fn turn(&mut self, now_ns: u64, step: u64) -> Option<(StepReport, Dispatch)> {
+        self.0.turn(now_ns, step)
+    }
+}
+
 /// What a run of `w` shows: every request's trace, the engine's counters and pool totals.
 fn run(w: &World, lazy: bool) -> String {
-    let mut e = Engine::new(w.cfg.clone());
+    let mut e = Sharing(Engine::new(w.cfg.clone()));
     let arrivals: Vec<(u64, NewRequest)> = (w.arrivals.iter())
         .map(|&(t, r)| (t, NewRequest { lazy, ..r }))
         .collect();
@@ -131,7 +197,7 @@ fn run(w: &World, lazy: bool) -> String {
     let kv = e.kv();
     format!(
         "{traces:#?}\n{:?}\n{} {} {} {}",
-        e.stats(),
+        e.0.stats(),
         kv.allocated_total(),
         kv.freed_total(),
         kv.in_use(),

@@ -68,6 +68,12 @@ impl Lazy {
         log.shares.drain(..drop as usize);
         log.base += drop;
         log.trim_at = 2 * log.shares.len();
+        // A long request's shares made room that the next ones may not need: give it back, so
+        // a long run's memory follows what is in flight, not the longest it ever had.
+        let keep = 2 * log.trim_at.max(TRIM_AT_LEAST);
+        if log.shares.capacity() > 2 * keep {
+            log.shares.shrink_to(keep);
+        }
     }
 
     /// The shares of `replica`'s streak steps `from..from + count`, in order, in two parts.
