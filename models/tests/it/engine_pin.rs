@@ -6,7 +6,7 @@ use cancelsim_models::engine::Engine;
 use cancelsim_models::prefix::{Content, Sharing};
 use cancelsim_models::protocol::{Outbox, Scheduler};
 
-use super::engine::{cfg, req};
+use crate::driver::{cfg, req};
 
 /// The keys of the first `n` 16-token blocks of a prompt of `prompt` tokens whose first 64
 /// tokens are the shared block id 7.

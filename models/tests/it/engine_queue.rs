@@ -5,7 +5,8 @@ use cancelsim_models::engine::Engine;
 use cancelsim_models::gpu::{StepCost, StepModel};
 use cancelsim_models::protocol::{Abort, NewRequest, Outbox, Scheduler, Scope};
 
-use super::engine::{abort, cfg, drive, drive_aborts, req, MS};
+use super::engine::abort;
+use crate::driver::{cfg, drive, drive_aborts, req, MS};
 
 #[test]
 fn aborts_deep_in_the_queue_keep_its_order_and_reused_slots_do_not_jump_it() {
@@ -194,7 +195,7 @@ fn a_preempted_request_reuses_its_cached_blocks_and_finishes_sooner() {
         warm_stats.prefix_query_tokens
     );
     assert!(warm_stats.prefill_tokens < cold_stats.prefill_tokens);
-    let last = |t: &std::collections::BTreeMap<u64, super::engine::Trace>| {
+    let last = |t: &std::collections::BTreeMap<u64, crate::driver::Trace>| {
         *t[&2].tokens_ns.last().unwrap()
     };
     assert!(

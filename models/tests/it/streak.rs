@@ -14,7 +14,7 @@ use cancelsim_models::protocol::{
 };
 use proptest::prelude::*;
 
-use crate::engine::{drive_full, req, MS};
+use crate::driver::{drive_full, req, MS};
 
 #[derive(Clone, Debug)]
 struct World {
@@ -218,7 +218,7 @@ proptest! {
 /// one piece, with an output only for its first token (the prefill's) and its last.
 #[test]
 fn a_quiet_decode_rides_the_streak() {
-    let mut e = Engine::new(crate::engine::cfg(1));
+    let mut e = Engine::new(crate::driver::cfg(1));
     let lazy = NewRequest {
         lazy: true,
         ..req(1, 20, 50)

@@ -120,10 +120,7 @@ fn fmt_s(ns: u64) -> String {
 /// ended on a whole record (16,375 bytes) left its chunks out of step, for a third of the
 /// speed. The bytes hashed, so the digest, are the same either way.
 pub struct RunHasher {
-    hasher: blake3::Hasher,
-    buf: Box<[u8; RunHasher::BUF_LEN]>,
-    /// Bytes of `buf` in use; always below `BUF_LEN` between calls.
-    len: usize,
+    b: BufferedHasher,
 }
 
 impl Default for RunHasher {
@@ -134,30 +131,28 @@ impl Default for RunHasher {
 
 impl RunHasher {
     const RECORD_LEN: usize = 25;
-    const BUF_LEN: usize = 16 * 1024;
 
     pub fn new() -> Self {
         RunHasher {
-            hasher: blake3::Hasher::new(),
-            buf: Box::new([0; Self::BUF_LEN]),
-            len: 0,
+            b: BufferedHasher::default(),
         }
     }
 
     #[inline]
     pub fn record(&mut self, time_ns: u64, seq: u64, kind: u8, entity: u64) {
-        let end = self.len + Self::RECORD_LEN;
-        if end >= Self::BUF_LEN {
+        let b = &mut self.b;
+        let end = b.len + Self::RECORD_LEN;
+        if end >= BufferedHasher::BUF_LEN {
             return self.record_across(time_ns, seq, kind, entity);
         }
         // Straight into the buffer: a record built on the stack and copied was read back
         // before its narrow stores had landed, a stall of a tenth of the kernel's time.
-        let b = &mut self.buf[self.len..end];
-        b[0..8].copy_from_slice(&time_ns.to_le_bytes());
-        b[8..16].copy_from_slice(&seq.to_le_bytes());
-        b[16] = kind;
-        b[17..25].copy_from_slice(&entity.to_le_bytes());
-        self.len = end;
+        let r = &mut b.buf[b.len..end];
+        r[0..8].copy_from_slice(&time_ns.to_le_bytes());
+        r[8..16].copy_from_slice(&seq.to_le_bytes());
+        r[16] = kind;
+        r[17..25].copy_from_slice(&entity.to_le_bytes());
+        b.len = end;
     }
 
     /// The record fills the buffer: what fits ends it, the buffer is hashed, the rest begins
@@ -169,23 +164,13 @@ impl RunHasher {
         rec[8..16].copy_from_slice(&seq.to_le_bytes());
         rec[16] = kind;
         rec[17..25].copy_from_slice(&entity.to_le_bytes());
-        let room = Self::BUF_LEN - self.len;
-        self.buf[self.len..].copy_from_slice(&rec[..room]);
-        self.hasher.update(&self.buf[..]);
-        self.len = Self::RECORD_LEN - room;
-        self.buf[..self.len].copy_from_slice(&rec[room..]);
-        debug_assert!(self.len < Self::BUF_LEN);
+        self.b.update(&rec);
+        debug_assert!(self.b.len < BufferedHasher::BUF_LEN);
     }
 
-    fn flush(&mut self) {
-        self.hasher.update(&self.buf[..self.len]);
-        self.len = 0;
-    }
-
-    /// Hex digest of everything recorded so far (does not consume the hasher).
+    /// Hex digest of everything recorded so far (more may follow).
     pub fn hex(&mut self) -> String {
-        self.flush();
-        self.hasher.finalize().to_hex().to_string()
+        self.b.finalize().to_hex().to_string()
     }
 }
 

@@ -1,112 +1,28 @@
 //! The serving side: replicas behind a router, each with its scheduler pass and batcher timer.
 //! It holds the scratch buffers a replica fills, so a pass allocates nothing.
 
+mod configure;
 mod routing;
+
+use configure::configured;
+pub(crate) use configure::radius;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use cancelsim_models::batcher::BatcherConfig;
-use cancelsim_models::engine::EngineConfig;
 use cancelsim_models::gpu::StepTable;
 use cancelsim_models::protocol::{
-    Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest,
-    Outbox, Rejection, ReleaseMode, ReplicaStats, StepReport, UnknownAbort,
+    Abort, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest, Outbox, Rejection,
+    ReplicaStats, StepReport,
 };
-use cancelsim_models::replica::{self, Replica};
+use cancelsim_models::replica::Replica;
 use cancelsim_models::topology::PrefillDecode;
 
 use super::event::Event;
 use super::follow::Follow;
 use super::kv_router::{KvRouter, KvRouterStats, Scored};
-use crate::dist::ms_to_ns;
-use crate::scenario::{
-    AfterCompletion, CheckpointConfig, Cluster as ClusterSpec, IdentityMode, Radius, Release,
-    Router, Scenario, Scheduler,
-};
+use crate::scenario::{Router, Scenario};
 use cancelsim_models::prefix::Content;
-
-pub(crate) fn radius(r: Radius) -> BlastRadius {
-    match r {
-        Radius::Request => BlastRadius::Request,
-        Radius::Batch => BlastRadius::Batch,
-        Radius::Engine => BlastRadius::Engine,
-    }
-}
-
-/// One replica as the scenario configures it.
-fn configured(s: &Scenario, c: &ClusterSpec, table: Option<&Arc<StepTable>>) -> Replica {
-    let batched = match &c.scheduler {
-        Scheduler::Continuous {
-            max_num_batched_tokens,
-            ..
-        } => *max_num_batched_tokens,
-        Scheduler::Dynamic { .. } => None,
-    };
-    let (cost, kv_tokens, profile) = c.step_costs(batched, table);
-    let blocks = |block_tokens: u32, explicit: Option<u64>| {
-        explicit.unwrap_or_else(|| (kv_tokens / block_tokens as u64).max(1))
-    };
-    let b = &s.backend;
-    match &c.scheduler {
-        Scheduler::Continuous {
-            max_num_seqs,
-            max_num_batched_tokens,
-            chunked_prefill,
-            block_tokens,
-            kv_blocks,
-            window,
-            watermark,
-            prefix_caching,
-        } => replica::continuous(EngineConfig {
-            max_num_seqs: max_num_seqs
-                .or(profile.map(|p| p.max_num_seqs))
-                .unwrap_or(256),
-            max_num_batched_tokens: max_num_batched_tokens
-                .or(profile.map(|p| p.max_num_batched_tokens))
-                .unwrap_or(2048),
-            chunked_prefill: *chunked_prefill,
-            block_tokens: *block_tokens,
-            kv_blocks: blocks(*block_tokens, *kv_blocks),
-            watermark_blocks: (blocks(*block_tokens, *kv_blocks) as f64 * watermark) as u64,
-            prefix_caching: *prefix_caching,
-            window: *window,
-            cost,
-            checkpoint: match b.checkpoint {
-                CheckpointConfig::EveryStep => Checkpoint::EveryPasses(1),
-                CheckpointConfig::EveryKSteps(f) => Checkpoint::EveryPasses(f),
-                CheckpointConfig::Never => Checkpoint::Never,
-            },
-            release: match b.release {
-                Release::Fenced => ReleaseMode::Fenced,
-                Release::Immediate => ReleaseMode::Immediate,
-            },
-            unknown_abort: match b.cancel_after_completion {
-                AfterCompletion::Ignore => UnknownAbort::Ignore,
-                AfterCompletion::Fault(r) => UnknownAbort::Fault(radius(r)),
-            },
-            tombstones: s.adapter.identity == IdentityMode::ServerGenerated,
-            // A chunk that waits for its writer is an event of the run: the token that makes
-            // it comes out as an output (`lazy.rs`).
-            lazy_output_every: match s.playback.writer_wait_ms == crate::dist::Dist::Constant(0.0) {
-                true => 0,
-                false => s.playback.chunk_tokens,
-            },
-        }),
-        Scheduler::Dynamic {
-            max_batch_size,
-            max_queue_delay_ms,
-            block_tokens,
-            kv_blocks,
-        } => replica::dynamic(BatcherConfig {
-            max_batch_size: *max_batch_size,
-            max_queue_delay_ns: ms_to_ns(*max_queue_delay_ms),
-            block_tokens: *block_tokens,
-            kv_blocks: blocks(*block_tokens, *kv_blocks),
-            cost,
-        }),
-    }
-}
 
 /// The replicas a KV-aware router scores: every colocated one; on a prefill/decode graph, the
 /// entry's (prefill, and colocated beside), and the decode ones if their pools cache prefixes
