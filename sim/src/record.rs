@@ -256,6 +256,18 @@ pub struct Extras {
     pub admission_bins_ms: Vec<(f64, f64)>,
     /// What the trace kept, when a trace was recorded.
     pub trace: Option<TraceLog>,
+    /// What rode the replicas' streaks: how fast, never what (no answer depends on it).
+    pub streak: StreakCounts,
+}
+
+/// Tokens a replica advanced in its streak and handed over later (`Implicit`), rather than
+/// one output each. A check that the fast path ran, never part of a summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreakCounts {
+    /// Tokens handed over, all hand-overs together.
+    pub tokens: u64,
+    /// Of those, tokens handed over because a cancel intent asked for them.
+    pub tokens_at_intent: u64,
 }
 
 /// Recording options of a run. The sinks are borrowed: whoever opened them closes them.

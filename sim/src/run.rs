@@ -46,6 +46,9 @@ pub struct RunOptions<'a> {
     pub trace_events_max: u64,
     /// Told how many requests have arrived, per run (a progress bar); never changes a run.
     pub progress: Option<crate::record::Progress>,
+    /// No request rides a replica's streak: every token is an output of its step, as before
+    /// the streak. The same answers and run hashes, slower: a check of the fast path.
+    pub no_streak: bool,
     /// Broken variants of the policy runs (never set by a scenario or a flag).
     #[cfg(feature = "broken-variants")]
     pub hooks: Hooks,
@@ -74,6 +77,7 @@ pub fn run(
     let intents = has_intent_sources(scenario);
     let steps = read_once(scenario)?;
     let cf_table = intents.then_some(&mut table);
+    let no_streak = opts.no_streak;
     let world = World::new(
         scenario,
         seed,
@@ -81,7 +85,7 @@ pub fn run(
         cf_table,
         inputs(scenario, &steps)?,
     )?;
-    let (counterfactual, first) = world
+    let (counterfactual, first) = with_streak(world, no_streak)
         .with_recording(recording(0, &mut opts))
         .run_recorded()?;
     let mut extras = vec![first];
@@ -103,6 +107,7 @@ pub fn run(
             None,
             inputs(scenario, &steps)?,
         )?;
+        let world = with_streak(world, no_streak);
         #[cfg(feature = "broken-variants")]
         let world = world.with_hooks(opts.hooks);
         let world = world.with_recording(recording(i as u32 + 1, &mut opts));
@@ -113,7 +118,7 @@ pub fn run(
     let ideal = if intents && ideal_baseline(scenario) {
         let mode = Mode::Policy(&Policy::Ideal, &table);
         let world = World::new(scenario, seed, mode, None, inputs(scenario, &steps)?)?;
-        let ideal = world.run()?;
+        let ideal = with_streak(world, no_streak).run()?;
         for p in &mut policies {
             p.capacity_cost = Some(CapacityCost::of(p, &ideal));
         }
@@ -125,6 +130,15 @@ pub fn run(
         assemble(scenario, seed, counterfactual, policies, ideal),
         extras,
     ))
+}
+
+/// `world`, with no streak if `no_streak` (`RunOptions::no_streak`).
+fn with_streak(world: World<'_>, no_streak: bool) -> World<'_> {
+    if no_streak {
+        world.without_streak()
+    } else {
+        world
+    }
 }
 
 /// Whether the report runs the ideal cancel as a baseline.

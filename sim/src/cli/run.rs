@@ -34,6 +34,10 @@ pub struct RunOpts {
     /// Gauges sampling interval for timeseries.csv, in virtual milliseconds (at least 0.001).
     #[arg(long, default_value_t = 100.0, value_parser = sample_ms)]
     pub sample_ms: f64,
+    /// Every token an output of its step (no replica's streak): the same report and run hash,
+    /// slower. A check of the fast path (`cancelsim diff` the two run directories).
+    #[arg(long)]
+    pub no_streak: bool,
 }
 
 /// The smallest sampling interval: 1 µs of virtual time.
@@ -135,6 +139,7 @@ fn run_with(
     if opts.no_write {
         let run_opts = RunOptions {
             progress,
+            no_streak: opts.no_streak,
             ..RunOptions::default()
         };
         let (report, _) = run::run(scenario, seed, run_opts).map_err(fail)?;
@@ -156,6 +161,7 @@ fn run_with(
         trace: trace.as_deref_mut(),
         trace_events_max: opts.trace_events,
         progress,
+        no_streak: opts.no_streak,
         ..RunOptions::default()
     };
     let (report, extras) = run::run(scenario, seed, run_opts).map_err(fail)?;

@@ -5,8 +5,10 @@
 //! its chunks through the controller), so the books and every request's outcome are the same;
 //! only when differs, and nothing reads it until the hand-over.
 //!
-//! A request is lazy when nothing can happen to it between its tokens but its own tokens: no
-//! cancel plan, no client timer, no stop string, no conversation or job. (A prefill replica's
+//! A request is lazy when nothing reads its tokens one by one: no stop string, no conversation
+//! or job, and no cancel intent yet. A storm target or a request with a client timer may be
+//! lazy: every stage its plan waits for is an output (its first and last tokens) or an event,
+//! and its intent, when it comes, asks for its tokens first. (A prefill replica's
 //! request samples one token, so it never rides a streak; its decode replica's may.) Where the
 //! sink's chunks wait for their writer, each is an event of the run: the token that makes one
 //! still comes out as an output (`EngineConfig::lazy_output_every`). Whatever would still need
@@ -20,6 +22,8 @@
 use std::collections::VecDeque;
 
 use cancelsim_models::protocol::Implicit;
+
+use crate::record::StreakCounts;
 
 use super::error::{Step, Stop};
 use super::requests::Tag;
@@ -41,9 +45,21 @@ const TRIM_AT_LEAST: usize = 256;
 #[derive(Default)]
 pub(crate) struct Lazy {
     logs: Vec<ShareLog>,
+    /// No request rides a streak (`World::without_streak`).
+    off: bool,
+    counts: StreakCounts,
 }
 
 impl Lazy {
+    /// Every request steps one output a token: the engine as it was before the streak.
+    pub fn turn_off(&mut self) {
+        self.off = true;
+    }
+
+    pub fn counts(&self) -> StreakCounts {
+        self.counts
+    }
+
     /// Streak step `step` of `replica` ended: each member's token in it costs `share`. True if
     /// the log should be trimmed (`trim`).
     pub fn record(&mut self, replica: u32, step: u64, share: f64) -> bool {
@@ -99,13 +115,10 @@ impl World<'_> {
     /// Whether request `tag`, entering a replica, may ride its streak (see the module).
     pub(super) fn lazy_ok(&self, tag: Tag) -> bool {
         let q = &self.requests[tag];
-        let w = &self.scenario.workload;
-        let timers = self.cancel.policy().is_some()
-            && (w.deadline_ms.is_some() || w.disconnect_ms.is_some());
-        self.jobs.is_none()
-            && !timers
+        !self.lazy.off
+            && self.jobs.is_none()
             && q.conv().is_none()
-            && q.cancel().plan().is_none()
+            && q.cancel().intent_ns().is_none()
             && q.stop_detect_ns().is_none()
     }
 
@@ -128,7 +141,10 @@ impl World<'_> {
             return Ok(());
         }
         match self.cluster.make_explicit(q.replica, tag) {
-            Some(i) => self.on_implicit(i),
+            Some(i) => {
+                self.lazy.counts.tokens_at_intent += i.count as u64;
+                self.on_implicit(i)
+            }
             None => Ok(()),
         }
     }
@@ -156,6 +172,7 @@ impl World<'_> {
         );
         cost.stepped_each(shares);
         self.accounts.implicit_tokens(i.count);
+        self.lazy.counts.tokens += i.count as u64;
         let last = q.life.tokens() + i.count;
         assert!(
             last < q.output && !q.life.terminal(),

@@ -239,6 +239,13 @@ impl<'s> World<'s> {
         self
     }
 
+    /// No request rides a replica's streak: each token is an output of its step, as before the
+    /// streak. The same answers and run hash, slower (`RunOptions::no_streak`).
+    pub fn without_streak(mut self) -> Self {
+        self.lazy.turn_off();
+        self
+    }
+
     /// Run to completion and summarise.
     pub fn run(self) -> Result<Summary, RunError> {
         self.run_recorded().map(|(s, _)| s)
@@ -504,6 +511,7 @@ impl<'s> World<'s> {
         let mut extras = self.recorder.finish();
         extras.sibling_ttft_ms = pairs;
         extras.admission_bins_ms = self.recover.bins_ms();
+        extras.streak = self.lazy.counts();
         let (router, router_decode) = self.cluster.kv_stats();
         let books = summary::Books {
             scenario: self.scenario,

@@ -494,3 +494,29 @@ fn a_bad_step_table_is_one_line_naming_its_line_and_column() {
         String::from_utf8_lossy(&ok.stderr)
     );
 }
+
+#[test]
+fn no_streak_prints_the_same_report_and_run_hash() {
+    let dir = scratch("no-streak");
+    let storm = GOOD.replace(
+        "    cluster:",
+        "    cancellation: (fraction: 0.3, stage: Random),\n    cluster:",
+    );
+    std::fs::write(dir.join("s.ron"), storm).unwrap();
+    let fast = cancelsim(&["run", "s.ron", "--no-write"], &dir);
+    let slow = cancelsim(&["run", "s.ron", "--no-write", "--no-streak"], &dir);
+    assert!(
+        fast.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fast.stderr)
+    );
+    assert!(
+        slow.status.success(),
+        "{}",
+        String::from_utf8_lossy(&slow.stderr)
+    );
+    let text = String::from_utf8_lossy(&fast.stdout);
+    assert!(text.contains("run_hash="), "{text}");
+    assert!(text.contains("requests.cancelled"), "{text}");
+    assert_eq!(fast.stdout, slow.stdout);
+}

@@ -22,6 +22,7 @@ mod queueing;
 mod replay;
 mod schema;
 mod scratch;
+mod streak;
 mod sweep;
 mod topology;
 mod validation;
