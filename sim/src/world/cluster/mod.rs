@@ -51,6 +51,10 @@ pub(crate) struct Drained {
 
 pub(crate) struct Cluster {
     replicas: Vec<Replica>,
+    /// Each replica's `load()`, as of the last call that could change it (`settle`): the
+    /// router reads a thousand replicas' loads per arrival from one array, not through a
+    /// thousand boxes.
+    loads: Vec<u64>,
     router: Router,
     rr_next: u32,
     /// In a prefill/decode graph, replicas `0..prefill_n` prefill and the rest decode; 0 when
@@ -117,6 +121,7 @@ impl Cluster {
             _ => None,
         };
         Cluster {
+            loads: replicas.iter().map(|r| r.load()).collect(),
             replicas,
             kv,
             router: s.cluster.router,
@@ -139,6 +144,29 @@ impl Cluster {
             held: VecDeque::new(),
             held_max: s.limits.max_queue_len,
         }
+    }
+
+    /// `replica` may have taken or let go of a request: its load as the router reads it.
+    #[inline]
+    fn settle(&mut self, replica: u32) {
+        let r = replica as usize;
+        self.loads[r] = self.replicas[r].load();
+    }
+
+    /// Every replica's load, as the router reads it (`assert_loads` first).
+    #[inline]
+    pub(super) fn loads(&self) -> &[u64] {
+        self.assert_loads();
+        &self.loads
+    }
+
+    /// With debug assertions: the loads the router reads are the replicas' own.
+    #[inline]
+    pub(super) fn assert_loads(&self) {
+        debug_assert!(
+            (self.loads.iter().zip(&self.replicas)).all(|(&l, r)| l == r.load()),
+            "a replica's load changed with no `settle`"
+        );
     }
 
     /// Whether `replica` is a decode replica of a prefill/decode graph (not a prefill one, nor
@@ -178,11 +206,14 @@ impl Cluster {
     /// Take blocks of `replica`'s pool for a handoff, holding the leading run of `keys` that its
     /// prefix cache has: the run's length, or `None` if the blocks are not free.
     pub fn pin_cached(&mut self, replica: u32, keys: &[u64], blocks: u64) -> Option<u64> {
-        self.replicas[replica as usize].pin_cached(keys, blocks)
+        let held = self.replicas[replica as usize].pin_cached(keys, blocks);
+        self.settle(replica);
+        held
     }
 
     pub fn unpin_cached(&mut self, replica: u32, held: &[u64], blocks: u64) {
         self.replicas[replica as usize].unpin_cached(held, blocks);
+        self.settle(replica);
     }
 
     /// Whether `replica`'s prefix cache holds a block of content `key` now.
@@ -193,7 +224,7 @@ impl Cluster {
     /// The requests on the least loaded prefill replica: how long the prefill stage's queue is.
     pub fn prefill_queue(&self) -> u64 {
         let p = self.prefill_n as usize;
-        let least = self.replicas[..p].iter().map(|r| r.load()).min();
+        let least = self.loads()[..p].iter().copied().min();
         least.expect("a prefill stage")
     }
 
@@ -220,7 +251,9 @@ impl Cluster {
     }
 
     pub fn enqueue(&mut self, replica: u32, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
-        self.replicas[replica as usize].enqueue(now_ns, r)
+        let taken = self.replicas[replica as usize].enqueue(now_ns, r);
+        self.settle(replica);
+        taken
     }
 
     /// Request `tag`, just enqueued on `replica`, continues a conversation's token stream.
@@ -231,6 +264,7 @@ impl Cluster {
         key: cancelsim_models::prefix::StreamKey,
     ) {
         self.replicas[replica as usize].share_stream(tag, key);
+        self.settle(replica);
     }
 
     /// Request `tag`, just enqueued on `replica`, shares a prompt prefix: `ids` are a trace's
@@ -239,6 +273,7 @@ impl Cluster {
         if !ids.is_empty() {
             let tokens = crate::workload::trace::MOONCAKE_BLOCK_TOKENS;
             self.replicas[replica as usize].share_prefix(tag, ids, tokens);
+            self.settle(replica);
         }
     }
 
@@ -266,6 +301,7 @@ impl Cluster {
         self.pass_pending[r] = false;
         let mut out = self.lend();
         let report = self.replicas[r].checkpoint(now_ns, &mut out);
+        self.settle(replica);
         self.publish(replica, now_ns);
         (report, out)
     }
@@ -274,6 +310,7 @@ impl Cluster {
     pub fn step_done(&mut self, replica: u32, step: u64, now_ns: u64) -> (StepReport, Box<Outbox>) {
         let mut out = self.lend();
         let report = self.replicas[replica as usize].step_done(now_ns, step, &mut out);
+        self.settle(replica);
         self.publish(replica, now_ns);
         (report, out)
     }
@@ -293,7 +330,9 @@ impl Cluster {
     /// would give the world nothing but the next step (`Scheduler::turn`).
     #[inline]
     pub fn turn(&mut self, replica: u32, step: u64, now_ns: u64) -> Option<(StepReport, Dispatch)> {
-        self.replicas[replica as usize].turn(now_ns, step)
+        let turned = self.replicas[replica as usize].turn(now_ns, step);
+        self.settle(replica);
+        turned
     }
 
     /// What `replica`'s cache stored and evicted just now goes out to a KV-aware router.
@@ -308,6 +347,7 @@ impl Cluster {
         // Only the replicas it scores publish.
         if let Some(kv) = self.kv.as_mut().filter(|kv| kv.views(replica)) {
             kv.collect(replica, &mut self.replicas[replica as usize], now_ns);
+            self.settle(replica);
         }
     }
 
@@ -377,6 +417,7 @@ impl Cluster {
             return None;
         }
         let d = self.replicas[replica as usize].dispatch(now_ns, out);
+        self.settle(replica);
         self.publish(replica, now_ns);
         d
     }
@@ -412,13 +453,16 @@ impl Cluster {
     /// An abort reaches `replica`'s backend; it acts at its next checkpoint.
     pub fn abort(&mut self, f: &mut Follow, replica: u32, abort: Abort) {
         self.replicas[replica as usize].abort(abort);
+        self.settle(replica);
         self.request_pass(f, replica)
     }
 
     /// The world needs every output of lazy request `tag` on `replica` from now on: its tokens
     /// not handed over yet, if any.
     pub fn make_explicit(&mut self, replica: u32, tag: u32) -> Option<Implicit> {
-        self.replicas[replica as usize].make_explicit(tag)
+        let handed = self.replicas[replica as usize].make_explicit(tag);
+        self.settle(replica);
+        handed
     }
 
     /// The earliest streak step of `replica` whose tokens may still be handed over.
@@ -430,6 +474,7 @@ impl Cluster {
     pub fn intent(&mut self, replica: u32, now_ns: u64, tag: u32) {
         self.intent_epoch[replica as usize] += 1;
         self.replicas[replica as usize].mark_intent(now_ns, tag);
+        self.settle(replica);
     }
 
     /// A request between a prefill and a decode stage, last at `replica`, got a cancel intent:

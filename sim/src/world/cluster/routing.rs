@@ -2,7 +2,6 @@
 //! decode replica a prefilled request goes to.
 
 use cancelsim_models::protocol::NewRequest;
-use cancelsim_models::replica::Replica;
 use cancelsim_models::topology::Role;
 
 use super::{Cluster, Scored};
@@ -27,14 +26,15 @@ impl Cluster {
     /// The least loaded entry replica below a shared queue's bound, if any (always the least
     /// loaded for other routers).
     fn below_bound(&self) -> Option<u32> {
-        let load = |&r: &u32| (self.replicas[r as usize].load(), r);
+        let loads = self.loads();
+        let load = |&r: &u32| (loads[r as usize], r);
         let r = match &self.entry_beside {
             Some(list) => list.iter().copied().min_by_key(load)?,
             None => self.entry().min_by_key(load)?,
         };
         match self.router {
             Router::SharedQueue { max_outstanding } => {
-                (self.replicas[r as usize].load() < max_outstanding as u64).then_some(r)
+                (loads[r as usize] < max_outstanding as u64).then_some(r)
             }
             _ => Some(r),
         }
@@ -93,9 +93,10 @@ impl Cluster {
             if let (Router::Session, Some(key)) = (self.router, session) {
                 return list[rendezvous(key, 0..list.len() as u32) as usize];
             }
+            self.assert_loads();
             return pick(
                 self.router,
-                &self.replicas,
+                &self.loads,
                 list.iter().copied(),
                 &mut self.rr_next,
             );
@@ -107,8 +108,8 @@ impl Cluster {
         if let (Router::Session, Some(key)) = (self.router, session) {
             return rendezvous(key, 0..n);
         }
-        let rr = &mut self.rr_next;
-        pick(self.router, &self.replicas, 0..n, rr)
+        self.assert_loads();
+        pick(self.router, &self.loads, 0..n, &mut self.rr_next)
     }
 
     /// The decode replica a prefilled request goes to, chosen when it reaches the decode stage:
@@ -158,7 +159,8 @@ impl Cluster {
                 return Some((s.replica, Some(s)));
             }
         }
-        let r = pick(self.router, &self.replicas, candidates, &mut self.rr_decode);
+        self.assert_loads();
+        let r = pick(self.router, &self.loads, candidates, &mut self.rr_decode);
         Some((r, None))
     }
 
@@ -181,7 +183,7 @@ impl Cluster {
 
 /// The router's choice among `candidates`: a range of replicas, or a list (the decode pools a
 /// request may go to).
-fn pick<C>(router: Router, replicas: &[Replica], candidates: C, rr: &mut u32) -> u32
+fn pick<C>(router: Router, loads: &[u64], candidates: C, rr: &mut u32) -> u32
 where
     C: IntoIterator<Item = u32>,
     C::IntoIter: ExactSizeIterator + Clone,
@@ -201,10 +203,22 @@ where
         Router::LeastLoaded
         | Router::Session
         | Router::SharedQueue { .. }
-        | Router::KvAware { .. } => candidates
-            .min_by_key(|&r| (replicas[r as usize].load(), r))
-            .expect("at least one replica"),
+        | Router::KvAware { .. } => least_loaded(loads, candidates),
     }
+}
+
+/// The candidate of least load, the lowest numbered of those: the least `(load, replica)`.
+/// A thousand replicas are a thousand reads of one array and a compare each.
+fn least_loaded(loads: &[u64], candidates: impl Iterator<Item = u32>) -> u32 {
+    let (mut load, mut least) = (u64::MAX, u32::MAX);
+    for r in candidates {
+        let l = loads[r as usize];
+        if l < load || (l == load && r < least) {
+            (load, least) = (l, r);
+        }
+    }
+    assert!(least != u32::MAX, "at least one replica");
+    least
 }
 
 /// Rendezvous (highest random weight) hashing: the replica whose hash with `key` is highest. A
