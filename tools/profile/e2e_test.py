@@ -11,8 +11,8 @@ that the simulated step times match the measured ones within the table's interpo
    context grows by a token (off the grid, between kv 0 and 512).
 3. The prefill step must equal the table's point (to the trace's 1 µs), and each decode step
    the straight line between the table's points (0, 1, 0) and (0, 1, 512). Each decode step is
-   also timed again directly (`profile.py --at 0,1,K`) and must lie within the interpolation bound:
-   between two grid points a step time that grows with its context differs from the straight
+   also timed again directly (`profile.py --at 0,1,K`, the median of three) and must lie within
+   the interpolation bound: between two grid points a step time that grows with its context differs from the straight
    line by at most the cell's rise, plus the measurement's own spread (the same point timed
    four times: its range), plus 0.05 ms.
 
@@ -92,7 +92,9 @@ def main():
         if abs(sim_ms - line) > 0.002:
             fail(f"decode at context {ctx}: simulated {sim_ms} ms, the table's straight line "
                  f"between its points {line:.4f} ms")
-        measured = at(0, 1, ctx)
+        # The median of three timings: a spike of a shared machine passes, a model that is off
+        # does not.
+        measured = sorted(at(0, 1, ctx) for _ in range(3))[1]
         worst = max(worst, abs(sim_ms - measured))
         print(f"decode at context {ctx}: simulated {sim_ms:.4f} ms, measured {measured:.4f} ms")
         if abs(sim_ms - measured) > bound:
