@@ -24,6 +24,9 @@ use cancelsim::run::{Report, RunOptions};
 use cancelsim::scenario::{Scenario, Source};
 use rayon::prelude::*;
 
+#[path = "it/library.rs"]
+mod library;
+
 const DATA: &str = "tests/data/differential.txt";
 /// Requests each benchmark is cut to.
 const BENCH_REQUESTS: u64 = 1_500;
@@ -49,19 +52,7 @@ impl RequestSink for CsvHash {
 /// The corpus: (name, scenario, seed).
 fn corpus(whole: bool) -> Vec<(String, Scenario, u64)> {
     let mut out = Vec::new();
-    let lib = repo().join("scenarios/library");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&lib)
-        .expect("the library")
-        .map(|e| e.expect("an entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "ron"))
-        .collect();
-    files.sort();
-    assert!(
-        files.len() >= 30,
-        "the library has {} scenarios",
-        files.len()
-    );
-    for p in files {
+    for p in library::files() {
         let s = Scenario::load(&p).unwrap_or_else(|e| panic!("{e}"));
         let name = format!("library/{}", p.file_name().unwrap().to_string_lossy());
         out.push((name, s.clone(), s.seed));

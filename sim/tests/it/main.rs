@@ -12,6 +12,7 @@ mod hardening;
 mod jobs;
 mod kv_decode;
 mod kv_routing;
+mod library;
 mod model;
 mod outputs;
 mod overload;

@@ -66,16 +66,8 @@ fn repo() -> PathBuf {
 
 #[test]
 fn every_library_scenario_answers_the_same_without_the_streak() {
-    let lib = repo().join("scenarios/library");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&lib)
-        .expect("the library")
-        .map(|e| e.expect("an entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "ron"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 30, "{} library scenarios", files.len());
     let mut total = StreakCounts::default();
-    for p in &files {
+    for p in &crate::library::files() {
         let s = Scenario::load(p).unwrap_or_else(|e| panic!("{e}"));
         let c = same_both_ways(&p.display().to_string(), &s);
         total.tokens += c.tokens;

@@ -153,13 +153,6 @@ impl Cluster {
         self.loads[r] = self.replicas[r].load();
     }
 
-    /// Every replica's load, as the router reads it (`assert_loads` first).
-    #[inline]
-    pub(super) fn loads(&self) -> &[u64] {
-        self.assert_loads();
-        &self.loads
-    }
-
     /// With debug assertions: the loads the router reads are the replicas' own.
     #[inline]
     pub(super) fn assert_loads(&self) {
@@ -224,7 +217,8 @@ impl Cluster {
     /// The requests on the least loaded prefill replica: how long the prefill stage's queue is.
     pub fn prefill_queue(&self) -> u64 {
         let p = self.prefill_n as usize;
-        let least = self.loads()[..p].iter().copied().min();
+        self.assert_loads();
+        let least = self.loads[..p].iter().copied().min();
         least.expect("a prefill stage")
     }
 

@@ -26,7 +26,8 @@ impl Cluster {
     /// The least loaded entry replica below a shared queue's bound, if any (always the least
     /// loaded for other routers).
     fn below_bound(&self) -> Option<u32> {
-        let loads = self.loads();
+        self.assert_loads();
+        let loads = &self.loads;
         let load = |&r: &u32| (loads[r as usize], r);
         let r = match &self.entry_beside {
             Some(list) => list.iter().copied().min_by_key(load)?,
