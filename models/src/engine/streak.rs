@@ -173,9 +173,7 @@ impl Engine {
         };
         let bucket = self.streak.bucket;
         let growth = growth + self.streak.boundary.get(bucket).map_or(0, |b| b.len()) as u64;
-        // Enough blocks with no content: every allocation succeeds and evicts nothing, in any
-        // order, as one at a time would.
-        if growth > self.pool.clean_blocks() {
+        if !self.streak_fits(growth, !self.streak.plan.is_empty()) {
             return false;
         }
         let plan = std::mem::take(&mut self.streak.plan);
@@ -265,7 +263,7 @@ impl Engine {
             && self.no_notes(s.streak_step);
         let bucket = self.streak.bucket;
         let growth = self.streak.boundary.get(bucket).map_or(0, |b| b.len()) as u64;
-        if !quiet || growth > self.pool.clean_blocks() {
+        if !quiet || !self.streak_fits(growth, false) {
             return None;
         }
         let s = self.inflight.pop_front().expect("a step in flight");
@@ -302,6 +300,18 @@ impl Engine {
         self.admit_waiting(now_ns, &mut c);
         debug_assert!(c.entries.is_empty() && self.started.is_empty());
         Some((report, self.launch(now_ns, c)))
+    }
+
+    /// Whether the streak step's `growth` blocks can be taken in its order (the `planned`
+    /// entries, then the members in the boundary bucket) to the same effect as in the running
+    /// order. Either every allocation takes a block with no content, evicting nothing; or, with
+    /// no entry planned (so nothing is cached between the allocations), every allocation
+    /// succeeds and the cache evicts its oldest blocks: the same ones in the same order
+    /// whichever member asks first (blocks are counts: which request holds which is not kept).
+    /// A planned entry could cache a block that an earlier allocation, one at a time, would
+    /// have evicted first.
+    fn streak_fits(&self, growth: u64, planned: bool) -> bool {
+        growth <= self.pool.clean_blocks() || (!planned && growth <= self.pool.free_blocks())
     }
 
     /// Whether no member's token of streak step `j` can come out as an output.

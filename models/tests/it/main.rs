@@ -4,6 +4,7 @@ mod driver;
 mod engine;
 mod engine_pin;
 mod engine_queue;
+mod prefix;
 mod properties;
 mod reference;
 mod streak;
