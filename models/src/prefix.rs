@@ -34,7 +34,13 @@ pub struct Content {
 /// The shared part of a request's content.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sharing {
-    pub shared: Box<[u64]>,
+    /// The trace's block ids it shares (`ids`), one per `shared_tokens` tokens.
+    ids: Box<[u64]>,
+    /// Each id as a block's key starts from it (`mix` of the shared namespace and the id),
+    /// worked out once here, not at every key: a long prompt's blocks are keyed thousands of
+    /// times in its life (cached, looked up, released), and a key is then one finaliser, not
+    /// two in a row (a tenth of a prefix-caching run's time).
+    id_keys: Box<[u64]>,
     pub shared_tokens: u64,
     /// A conversation's token stream that the request continues (its history), if any.
     pub stream: Option<StreamKey>,
@@ -55,6 +61,32 @@ pub struct StreamKey {
     /// output the next turn's history holds); the others' own tokens are their own.
     pub whole: bool,
 }
+
+impl Sharing {
+    pub fn new(ids: &[u64], shared_tokens: u64, stream: Option<StreamKey>) -> Sharing {
+        let mut s = Sharing {
+            shared_tokens,
+            stream,
+            ..Sharing::default()
+        };
+        s.set_ids(ids);
+        s
+    }
+
+    /// The trace's block ids it shares.
+    pub fn ids(&self) -> &[u64] {
+        &self.ids
+    }
+
+    pub fn set_ids(&mut self, ids: &[u64]) {
+        self.ids = ids.into();
+        self.id_keys = ids.iter().map(|&id| mix(SHARED_NAMESPACE, id)).collect();
+    }
+}
+
+/// What a block key in a trace's shared prefix, or in a request's own tokens, starts from.
+const SHARED_NAMESPACE: u64 = 0x5348_4152;
+const OWN_NAMESPACE: u64 = 0x4f57_4e00;
 
 impl StreamKey {
     fn in_stream(&self, end: u64) -> bool {
@@ -88,7 +120,7 @@ impl Content {
         if sh.stream.as_ref().is_some_and(|s| s.in_stream(end)) {
             return true;
         }
-        end <= self.prompt_tokens && (end - 1) / sh.shared_tokens.max(1) < sh.shared.len() as u64
+        end <= self.prompt_tokens && (end - 1) / sh.shared_tokens.max(1) < sh.ids.len() as u64
     }
 
     /// Its shared part, made empty if it had none.
@@ -106,13 +138,13 @@ impl Content {
         {
             return key;
         }
-        let shared_id = sh.and_then(|sh| {
-            sh.shared
+        let id_key = sh.and_then(|sh| {
+            sh.id_keys
                 .get(((end - 1) / sh.shared_tokens.max(1)) as usize)
         });
-        match shared_id {
-            Some(&id) if end <= self.prompt_tokens => mix(mix(0x5348_4152, id), index),
-            _ => mix(mix(0x4f57_4e00, self.own), index),
+        match id_key {
+            Some(&k) if end <= self.prompt_tokens => mix(k, index),
+            _ => mix(mix(OWN_NAMESPACE, self.own), index),
         }
     }
 }
@@ -477,11 +509,7 @@ mod tests {
         let content = |own, shared: &[u64], prompt| Content {
             own,
             prompt_tokens: prompt,
-            sharing: Some(Box::new(Sharing {
-                shared: shared.into(),
-                shared_tokens: 512,
-                stream: None,
-            })),
+            sharing: Some(Box::new(Sharing::new(shared, 512, None))),
         };
         let k = |own, shared: &[u64], i| content(own, shared, 4096).key(16, i);
         assert_eq!(

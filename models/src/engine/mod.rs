@@ -404,7 +404,7 @@ impl Scheduler for Engine {
         let seq = &mut self.seqs[slot as usize];
         if seq.tag == tag && seq.ctx == 0 {
             let sh = seq.content.sharing_mut();
-            sh.shared = ids.into();
+            sh.set_ids(ids);
             sh.shared_tokens = tokens_per_id;
         }
     }

@@ -14,11 +14,7 @@ fn keys(prompt: u64, n: u64) -> Vec<u64> {
     let content = Content {
         own: 0,
         prompt_tokens: prompt,
-        sharing: Some(Box::new(Sharing {
-            shared: [7].into(),
-            shared_tokens: 64,
-            stream: None,
-        })),
+        sharing: Some(Box::new(Sharing::new(&[7], 64, None))),
     };
     (0..n).map(|i| content.key(16, i)).collect()
 }

@@ -26,11 +26,11 @@ impl World<'_> {
         if let Some(sh) = self.handoff.as_ref().and_then(|h| h.sharing(id)) {
             return sh.clone();
         }
-        Sharing {
-            shared: self.arrivals.prefix_of(id).into(),
-            shared_tokens: crate::workload::trace::MOONCAKE_BLOCK_TOKENS,
-            stream: self.stream_of(id, conv),
-        }
+        Sharing::new(
+            self.arrivals.prefix_of(id),
+            crate::workload::trace::MOONCAKE_BLOCK_TOKENS,
+            self.stream_of(id, conv),
+        )
     }
 
     /// The conversation stream request `id` continues, if its turns carry their history (a
@@ -71,11 +71,11 @@ impl World<'_> {
             .as_mut()
             .filter(|h| keeps && h.sharing(id).is_none())
         {
-            if !sh.shared.is_empty() || sh.stream.is_some() {
+            if !sh.ids().is_empty() || sh.stream.is_some() {
                 h.remember_sharing(id, sh.clone());
             }
         }
-        self.cluster.share_prefix(replica, tag, &sh.shared);
+        self.cluster.share_prefix(replica, tag, sh.ids());
         if let Some(key) = sh.stream {
             self.cluster.share_stream(replica, tag, key);
         }
