@@ -185,8 +185,10 @@ struct Lru {
     stamp_next: u32,
 }
 
-/// Stale entries a ring may hold beyond its live ones before it is swept: the ring is at most
-/// twice its live entries and this, and a sweep costs one pass per that many hits.
+/// Stale entries a ring may hold beyond its live ones before a hit sweeps it. Only a hit makes
+/// an entry stale, so the stale entries are at most the live ones at the last hit and this,
+/// and the ring at most twice the pool's blocks and this; a sweep costs one pass per that many
+/// hits.
 const LRU_STALE_SLACK: u64 = 64;
 
 impl Lru {

@@ -11,10 +11,10 @@ that the simulated step times match the measured ones within the table's interpo
    context grows by a token (off the grid, between kv 0 and 512).
 3. The prefill step must equal the table's point (to the trace's 1 µs), and each decode step
    the straight line between the table's points (0, 1, 0) and (0, 1, 512). Each decode step is
-   also timed again directly (`profile.py --at 0,1,K`, the median of three) and must lie within
-   the interpolation bound: between two grid points a step time that grows with its context differs from the straight
-   line by at most the cell's rise, plus the measurement's own spread (the same point timed
-   four times: its range), plus 0.05 ms.
+   also timed again directly (`profile.py --at 0,1,K`, the median of three) and must lie
+   within the interpolation bound: between two grid points a step time that grows with its
+   context differs from the straight line by at most the cell's rise, plus the measurement's
+   own spread (the same point timed four times: its range), plus 0.05 ms.
 
 Exits non-zero with one line naming what differs; refuses a missing binary.
 """

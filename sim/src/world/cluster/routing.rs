@@ -27,15 +27,13 @@ impl Cluster {
     /// loaded for other routers).
     fn below_bound(&self) -> Option<u32> {
         self.assert_loads();
-        let loads = &self.loads;
-        let load = |&r: &u32| (loads[r as usize], r);
         let r = match &self.entry_beside {
-            Some(list) => list.iter().copied().min_by_key(load)?,
-            None => self.entry().min_by_key(load)?,
+            Some(list) => least_loaded(&self.loads, list.iter().copied())?,
+            None => least_loaded(&self.loads, self.entry())?,
         };
         match self.router {
             Router::SharedQueue { max_outstanding } => {
-                (loads[r as usize] < max_outstanding as u64).then_some(r)
+                (self.loads[r as usize] < max_outstanding as u64).then_some(r)
             }
             _ => Some(r),
         }
@@ -204,22 +202,22 @@ where
         Router::LeastLoaded
         | Router::Session
         | Router::SharedQueue { .. }
-        | Router::KvAware { .. } => least_loaded(loads, candidates),
+        | Router::KvAware { .. } => least_loaded(loads, candidates).expect("at least one replica"),
     }
 }
 
-/// The candidate of least load, the lowest numbered of those: the least `(load, replica)`.
-/// A thousand replicas are a thousand reads of one array and a compare each.
-fn least_loaded(loads: &[u64], candidates: impl Iterator<Item = u32>) -> u32 {
-    let (mut load, mut least) = (u64::MAX, u32::MAX);
+/// The candidate of least load, the lowest numbered of those: the least `(load, replica)`;
+/// `None` if there is no candidate. A thousand replicas are a thousand reads of one array and a
+/// compare each.
+fn least_loaded(loads: &[u64], candidates: impl Iterator<Item = u32>) -> Option<u32> {
+    let mut least: Option<(u64, u32)> = None;
     for r in candidates {
         let l = loads[r as usize];
-        if l < load || (l == load && r < least) {
-            (load, least) = (l, r);
+        if least.is_none_or(|m| (l, r) < m) {
+            least = Some((l, r));
         }
     }
-    assert!(least != u32::MAX, "at least one replica");
-    least
+    least.map(|(_, r)| r)
 }
 
 /// Rendezvous (highest random weight) hashing: the replica whose hash with `key` is highest. A
