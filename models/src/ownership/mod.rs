@@ -18,6 +18,7 @@ mod retention;
 mod tests;
 mod types;
 
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::hash::Hash;
 
@@ -103,11 +104,16 @@ impl<K: Identity> Owners<K> {
         if !identity.is_valid() {
             return Err(OwnershipError::InvalidIdentity);
         }
-        if self.rows.contains_key(&identity) || self.tombstones.is_evicted(&identity) {
+        if self.tombstones.is_evicted(&identity) {
             return Err(OwnershipError::ReusedIdentity);
         }
-        self.rows.insert(identity, Row::new(generation));
-        Ok(())
+        match self.rows.entry(identity) {
+            Entry::Occupied(_) => Err(OwnershipError::ReusedIdentity),
+            Entry::Vacant(row) => {
+                row.insert(Row::new(generation));
+                Ok(())
+            }
+        }
     }
 
     /// First terminal disposition wins. Returns the state after the call, or `Ok(None)` when the

@@ -253,3 +253,40 @@ fn up(o: &mut Owners<u64>, rev: u64, fin: bool) {
         Ok(UpdateClass::Accepted)
     );
 }
+
+#[test]
+fn evicted_identities_are_forgotten_oldest_first() {
+    // Against a queue of tombstones and a queue of remembered identities: ids drawn from a
+    // small range come back while remembered (refused) and after they were forgotten
+    // (started again), across many sweeps of the remembered ones.
+    use std::collections::VecDeque;
+    let (tombstones_max, evicted_max) = (3, 7);
+    let mut o: Owners<u64> = Owners::new(Retention {
+        tombstones_max,
+        tombstone_age_ns_max: None,
+        evicted_max,
+        until_retired: false,
+    });
+    let (mut tombs, mut evicted) = (VecDeque::new(), VecDeque::new());
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..20_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let id = x % 24;
+        let fresh = !tombs.contains(&id) && !evicted.contains(&id);
+        assert_eq!(o.start(id, 0).is_ok(), fresh, "start {id}");
+        if fresh {
+            o.finish(&id, Disposition::Completed).unwrap();
+            tombs.push_back(id);
+            if tombs.len() > tombstones_max {
+                if evicted.len() == evicted_max {
+                    evicted.pop_front();
+                }
+                evicted.push_back(tombs.pop_front().unwrap());
+            }
+        }
+        let probe = (x >> 32) % 24;
+        assert_eq!(o.is_evicted(&probe), evicted.contains(&probe), "{probe}");
+    }
+}
