@@ -22,6 +22,7 @@
 mod abort;
 mod compose;
 mod ending;
+mod ids;
 mod pool;
 mod run;
 mod seq;
@@ -39,9 +40,11 @@ use crate::protocol::{
 };
 
 use compose::Compose;
+pub use ids::TOMBSTONES_MAX;
+use ids::{BoundedIds, RuntimeIndex};
 use pool::Pool;
-use seq::{BoundedIds, Entry, Phase, RuntimeIndex, Seq, Step, Taint};
-pub use seq::{EngineStats, TOMBSTONES_MAX};
+pub use seq::EngineStats;
+use seq::{Entry, Phase, Seq, Step, Taint};
 use streak::Streak;
 use waiting::Waiting;
 
