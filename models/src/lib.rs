@@ -11,6 +11,7 @@ pub mod kv;
 pub mod ownership;
 pub mod prefix;
 pub mod protocol;
+pub mod recent;
 pub mod replica;
 pub mod sparse;
 pub mod topology;

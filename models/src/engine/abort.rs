@@ -76,7 +76,7 @@ impl Engine {
         let mut fault = a.fault;
         if reached == 0 {
             if let Scope::Request(rid) = a.scope {
-                if self.cfg.tombstones && self.tombstones.contains(rid) {
+                if self.cfg.tombstones && self.tombstones.contains(&rid) {
                     report.tombstoned += 1;
                     self.stats.aborts_tombstoned += 1;
                     return;

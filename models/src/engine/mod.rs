@@ -38,10 +38,11 @@ use crate::protocol::{
     fits, Abort, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest, Outbox,
     Rejection, ReleaseMode, ReplicaStats, Scheduler, StepReport, UnknownAbort,
 };
+use crate::recent::Recent;
 
 use compose::Compose;
+use ids::RuntimeIndex;
 pub use ids::TOMBSTONES_MAX;
-use ids::{BoundedIds, RuntimeIndex};
 use pool::Pool;
 pub use seq::EngineStats;
 use seq::{Entry, Phase, Seq, Step, Taint};
@@ -106,9 +107,9 @@ pub struct Engine {
     at_boundary: bool,
     taint: Taint,
     /// Terminated runtime ids (with `tombstones`).
-    tombstones: BoundedIds,
+    tombstones: Recent<u64>,
     /// Idempotency keys of the aborts handled so far.
-    abort_keys: BoundedIds,
+    abort_keys: Recent<u64>,
     /// Engine slot of each caller tag, for `mark_intent`.
     slot_of_tag: Vec<u32>,
     /// Blocks taken from the pool for work outside the engine (a KV transfer's buffers).
@@ -167,8 +168,8 @@ impl Engine {
             passes: 0,
             at_boundary: false,
             taint: Taint::default(),
-            tombstones: BoundedIds::default(),
-            abort_keys: BoundedIds::default(),
+            tombstones: Recent::new(TOMBSTONES_MAX),
+            abort_keys: Recent::new(TOMBSTONES_MAX),
             slot_of_tag: Vec::new(),
             pinned_blocks: 0,
             started: Vec::new(),

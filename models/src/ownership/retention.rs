@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::hash::Hash;
 
-use rustc_hash::FxHashMap;
+use crate::recent::Recent;
 
 /// How long terminal records stay to answer late evidence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,15 +53,9 @@ pub(super) struct Tombstones<K> {
     pub(super) retention: Retention,
     /// Terminal records with the retention clock at their transition.
     order: VecDeque<(K, u64)>,
-    /// Identities whose records were evicted, each with the number of its eviction: one is
-    /// remembered while that number is among the last `evicted_max`, the order a queue of them
-    /// would forget it in. Only the identity is kept, so it is never reused and late evidence
-    /// for it is recognised. The forgotten ones are swept out when the map passes one and a half
-    /// times the bound: one map operation an eviction, not two (each a cache miss in a map of
-    /// thousands).
-    evicted: FxHashMap<K, u64>,
-    /// Identities remembered so far: the next one's number.
-    remembered: u64,
+    /// Identities whose records were evicted, the last `evicted_max` of them. Only the identity
+    /// is kept, so it is never reused and late evidence for it is recognised.
+    evicted: Recent<K>,
     pub(super) evictions: u64,
     pub(super) clock_ns: u64,
 }
@@ -75,8 +69,7 @@ impl<K: Clone + Eq + Hash> Tombstones<K> {
         Tombstones {
             retention,
             order: VecDeque::new(),
-            evicted: FxHashMap::default(),
-            remembered: 0,
+            evicted: Recent::new(retention.evicted_max),
             evictions: 0,
             clock_ns: 0,
         }
@@ -87,9 +80,7 @@ impl<K: Clone + Eq + Hash> Tombstones<K> {
     }
 
     pub(super) fn is_evicted(&self, id: &K) -> bool {
-        self.evicted
-            .get(id)
-            .is_some_and(|&n| self.remembered - n <= self.retention.evicted_max as u64)
+        self.evicted.contains(id)
     }
 
     /// `id` became terminal now. Returns the identities whose records must go (count bound).
@@ -117,28 +108,10 @@ impl<K: Clone + Eq + Hash> Tombstones<K> {
         self.evictions - before
     }
 
-    /// `id`'s record was evicted: it is remembered, and the one evicted `evicted_max` before
-    /// it is forgotten.
-    fn remember(&mut self, id: K) {
-        let max = self.retention.evicted_max as u64;
-        debug_assert!(
-            !self.is_evicted(&id),
-            "an identity remembered is never reused"
-        );
-        self.evicted.insert(id, self.remembered);
-        self.remembered += 1;
-        if self.evicted.len() as u64 > max.saturating_add(max / 2) {
-            let remembered = self.remembered;
-            self.evicted.retain(|_, n| remembered - *n <= max);
-            debug_assert_eq!(self.evicted.len() as u64, max);
-        }
-    }
-
     fn evict_oldest(&mut self, evict: &mut impl FnMut(K)) {
         let (id, _) = self.order.pop_front().expect("a tombstone to evict");
-        if self.retention.evicted_max > 0 {
-            self.remember(id.clone());
-        }
+        let fresh = self.evicted.insert(id.clone());
+        debug_assert!(fresh, "an identity remembered is never reused");
         self.evictions += 1;
         evict(id);
     }
