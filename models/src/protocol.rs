@@ -413,7 +413,8 @@ pub trait Scheduler {
     /// Process step `step`, which ends now, and run the pass right after it at once, if that
     /// step and pass would give the caller nothing but the next step's dispatch (a streak step
     /// after a streak step, with nothing else in either): `step_done`, `checkpoint` and
-    /// `dispatch` in one. `None`, and nothing done, otherwise.
+    /// `dispatch` in one. `None`, and nothing done, otherwise. Either way it admits and retires
+    /// nothing: `load` is the same after (the caller does not read it again).
     fn turn(&mut self, _now_ns: u64, _step: u64) -> Option<(StepReport, Dispatch)> {
         None
     }

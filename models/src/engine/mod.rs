@@ -50,6 +50,7 @@ use streak::Streak;
 use waiting::Waiting;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct EngineConfig {
     pub max_num_seqs: u32,
     pub max_num_batched_tokens: u32,
@@ -64,7 +65,6 @@ pub struct EngineConfig {
     /// In-flight window W: 1 for a synchronous loop, 2 for async scheduling, or the pipeline
     /// depth.
     pub window: u32,
-    pub cost: StepModel,
     /// Where pending aborts are observed.
     pub checkpoint: Checkpoint,
     /// How an aborted request's blocks go back to the pool.
@@ -79,33 +79,51 @@ pub struct EngineConfig {
     /// outputs in the streak, each after a hand-over of those before it (its caller makes
     /// something of every such token: an audio chunk that waits for its writer); 0 for none.
     pub lazy_output_every: u32,
+    /// Last: the scalars above are what a step reads (`Engine`'s layout).
+    pub cost: StepModel,
 }
 
+/// In C order, what a streak step reads (`turn`, `launch`, `admit_waiting`) first, each part's
+/// hottest fields at its head: a fleet's thousand replicas do not fit a core's caches, so each
+/// cache line a step touches is a miss. Fewer lines, not one: the config, the rates and the
+/// pool's counts lie further on.
+#[repr(C, align(64))]
 pub struct Engine {
+    gpu_free_ns: u64,
+    step_next: u64,
+    inflight: VecDeque<Step>,
+    pending_aborts: Vec<Abort>,
+    running: Vec<u32>,
+    /// Pending aborts of the ideal cancel (handled at once): counted, so a pass with none
+    /// pending never scans the pending aborts (a backend that rarely checks piles them up).
+    ideal_pending: u32,
+    /// A step ended since the last checkpoint: the engine loop is between steps.
+    at_boundary: bool,
+    /// Without chunked prefill: the last step of running requests preempted one, and none has
+    /// run since without. New prompts wait until one does, or the preempted request would be
+    /// admitted again at once, and preempted again, for ever.
+    preempted_last: bool,
+    waiting: Waiting,
+    taint: Taint,
+    /// Decoding requests advanced without an entry each (`streak.rs`).
+    streak: Streak,
+    stats: EngineStats,
     cfg: EngineConfig,
     /// `cfg.cost`, ready to cost steps.
     costing: Costing,
     /// The KV blocks, the prefix cache and the counts that follow the blocks.
     pool: Pool,
     seqs: Vec<Seq>,
+    /// The waiting front's cached run, kept between steps (`run.rs`).
+    run_memo: run::RunMemo,
     free_slots: Vec<u32>,
-    waiting: Waiting,
     /// The serial of the next request enqueued.
     serial_next: u64,
     /// Slots not yet freed, by runtime id: a request-scope abort finds its request here.
     by_runtime: RuntimeIndex,
-    running: Vec<u32>,
-    inflight: VecDeque<Step>,
     spare_entries: Vec<Vec<Entry>>,
-    gpu_free_ns: u64,
-    step_next: u64,
     live: u64,
-    stats: EngineStats,
-    pending_aborts: Vec<Abort>,
     passes: u64,
-    /// A step ended since the last checkpoint: the engine loop is between steps.
-    at_boundary: bool,
-    taint: Taint,
     /// Terminated runtime ids (with `tombstones`).
     tombstones: Recent<u64>,
     /// Idempotency keys of the aborts handled so far.
@@ -116,17 +134,6 @@ pub struct Engine {
     pinned_blocks: u64,
     /// Tags of requests dispatched for the first time, drained by `take_started`.
     started: Vec<u32>,
-    /// Without chunked prefill: the last step of running requests preempted one, and none has
-    /// run since without. New prompts wait until one does, or the preempted request would be
-    /// admitted again at once, and preempted again, for ever.
-    preempted_last: bool,
-    /// Pending aborts of the ideal cancel (handled at once): counted, so a pass with none
-    /// pending never scans the pending aborts (a backend that rarely checks piles them up).
-    ideal_pending: u32,
-    /// The waiting front's cached run, kept between steps (`run.rs`).
-    run_memo: run::RunMemo,
-    /// Decoding requests advanced without an entry each (`streak.rs`).
-    streak: Streak,
     /// The running order the next request to run takes (`Run::run_order`).
     run_order_next: u64,
 }

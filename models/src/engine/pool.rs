@@ -8,16 +8,18 @@ use super::Engine;
 use crate::kv::KvPool;
 use crate::prefix::PrefixCache;
 
+/// In C order, the counts a step reads before the cache (`Engine`'s layout).
+#[repr(C)]
 pub(super) struct Pool {
     kv: KvPool,
-    /// With `prefix_caching`.
-    cache: Option<PrefixCache>,
     block_tokens: u64,
     /// Blocks held by marked requests, now, and the most at once.
     marked: u64,
     marked_peak: u64,
     /// Sum of the fenced blocks of all requests (blocks on their way back to the pool).
     fenced: u64,
+    /// With `prefix_caching`.
+    cache: Option<PrefixCache>,
 }
 
 impl Pool {

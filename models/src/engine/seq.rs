@@ -331,7 +331,9 @@ pub(super) struct Step {
 }
 
 /// Counters of one engine, for reports and conservation checks.
+/// In C order: a step adds to the first six.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
 pub struct EngineStats {
     pub steps: u64,
     pub busy_ns: u64,

@@ -47,33 +47,35 @@ struct Drain {
     entry: Entry,
 }
 
+/// In C order, what every streak step reads first (`Engine`'s layout).
 #[derive(Default)]
+#[repr(C)]
 pub(super) struct Streak {
     /// Streak steps dispatched, and processed.
     dispatched: u64,
     processed: u64,
-    members: u32,
-    /// Live requests whose caller lets them ride the streak.
-    lazy_live: u64,
     /// Σ over members of (context at its first streak step − that step's number): the KV a
     /// streak step `d` reads is this plus members × (d + 1).
     kv_base: i64,
-    /// `LAZY` and `MEMBER`, by slot.
-    flags: Vec<u8>,
-    /// Members by the phase of their block boundaries: bucket `b` holds those that need a new
-    /// block at streak steps ≡ b (mod block size).
-    boundary: Vec<Vec<u32>>,
+    /// `dispatched` modulo the block size: the boundary bucket of the next streak step.
+    bucket: usize,
+    members: u32,
+    drains: Vec<Drain>,
     /// (streak step of its last token, slot, its join's stamp): out of the streak at that
     /// step's composing. An entry whose member left since is skipped.
     ends: BinaryHeap<Reverse<(u64, u32, u64)>>,
-    drains: Vec<Drain>,
+    /// Members by the phase of their block boundaries: bucket `b` holds those that need a new
+    /// block at streak steps ≡ b (mod block size).
+    boundary: Vec<Vec<u32>>,
     /// With `lazy_output_every` k: members by the phase of their tokens that come out as
     /// outputs, bucket `b` those whose token of streak steps ≡ b (mod k) is one.
     notes: Vec<Vec<u32>>,
+    /// `LAZY` and `MEMBER`, by slot.
+    flags: Vec<u8>,
+    /// Live requests whose caller lets them ride the streak.
+    lazy_live: u64,
     /// Joins so far: each member's stamp.
     joins: u64,
-    /// `dispatched` modulo the block size: the boundary bucket of the next streak step.
-    bucket: usize,
     /// Scratch: the entries a streak step composes, in running order.
     plan: Vec<(u32, Decided)>,
     extra: Vec<Extra>,

@@ -104,6 +104,13 @@ impl World<'_> {
         if self.kernel.pending_now() || !self.cluster.turns(replica) {
             return Ok(false);
         }
+        // Requests waiting to receive on a decode replica may get blocks after its step and
+        // after its pass (`receive_on`): the long way. With none waiting, both are no-ops.
+        if let Some(h) = self.handoff.as_mut() {
+            if self.cluster.is_decode(replica) && h.next_receiving(replica).is_some() {
+                return Ok(false);
+            }
+        }
         let now_ns = self.kernel.now_ns();
         let Some((report, d)) = self.cluster.turn(replica, step, now_ns) else {
             return Ok(false);

@@ -311,11 +311,10 @@ impl Cluster {
 
     /// Whether a step of `replica` and the pass after it may be one call (`turn`): nothing of
     /// the cluster's own waits on the pass (no pass already asked for, no KV-aware router to
-    /// publish to, no wedge, no graph to receive on).
+    /// publish to, no wedge). A decode replica's receiving is the world's (`World::turned`).
     #[inline]
     pub fn turns(&self, replica: u32) -> bool {
         self.kv.is_none()
-            && self.pools.is_none()
             && !self.pass_pending[replica as usize]
             && self.wedged_since[replica as usize].is_none()
     }
@@ -324,8 +323,14 @@ impl Cluster {
     /// would give the world nothing but the next step (`Scheduler::turn`).
     #[inline]
     pub fn turn(&mut self, replica: u32, step: u64, now_ns: u64) -> Option<(StepReport, Dispatch)> {
-        let turned = self.replicas[replica as usize].turn(now_ns, step);
-        self.settle(replica);
+        let r = &mut self.replicas[replica as usize];
+        let turned = r.turn(now_ns, step);
+        // No `settle`: a turn admits and retires nothing, so the load stays (`Scheduler::turn`).
+        debug_assert_eq!(
+            r.load(),
+            self.loads[replica as usize],
+            "a turn moved a load"
+        );
         turned
     }
 
