@@ -79,18 +79,18 @@ impl Follow {
     /// Into the kernel, in the order asked; empty after, even when a limit stops it.
     pub fn schedule(&mut self, k: &mut Kernel<Event>) -> Result<(), LimitError> {
         let mut scheduled = Ok(());
-        for (when, ev) in self.asked.drain(..) {
-            if scheduled.is_err() {
-                continue;
-            }
+        for &(when, ev) in &self.asked {
             let class = ev.class();
             scheduled = match when {
                 When::At(t) => k.schedule_at(t, class, ev),
                 When::After(d) => k.schedule_in(d, class, ev),
                 When::WeakAfter(d) => k.schedule_weak_in(d, class, ev),
             };
+            if scheduled.is_err() {
+                break;
+            }
         }
-        debug_assert!(self.asked.is_empty());
+        self.asked.clear();
         scheduled
     }
 
@@ -139,6 +139,34 @@ mod tests {
             Event::LeaseCheck { replica: 0 },
         ];
         assert_eq!(order, want);
+    }
+
+    #[test]
+    fn a_limit_stops_scheduling_and_leaves_nothing_asked() {
+        let limits = Limits {
+            queue_len_max: 2,
+            ..Limits::default()
+        };
+        let mut k: Kernel<Event> = Kernel::new(limits);
+        let mut f = Follow::default();
+        for request in 1..=4 {
+            f.after(request, Event::Arrival { request });
+        }
+        assert!(matches!(
+            f.schedule(&mut k),
+            Err(LimitError::QueueLen { limit: 2, .. })
+        ));
+        assert_eq!(f.asked(), 0, "a stopped schedule left events asked for");
+        f.open(0); // and a new tick may open over it
+        let mut order = Vec::new();
+        while let Some(ev) = k.next_event_or(|| true).unwrap() {
+            order.push(ev);
+        }
+        let want = [Event::Arrival { request: 1 }, Event::Arrival { request: 2 }];
+        assert_eq!(
+            order, want,
+            "the events asked for before the limit, in order"
+        );
     }
 
     #[test]
