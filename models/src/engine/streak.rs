@@ -329,10 +329,10 @@ impl Engine {
 
     /// The members of boundary bucket `bucket` each take a block for this step's token.
     fn streak_grow(&mut self, bucket: usize, now_ns: u64) {
-        let Some(slots) = self.streak.boundary.get_mut(bucket) else {
-            return;
+        let slots = match self.streak.boundary.get_mut(bucket) {
+            Some(slots) if !slots.is_empty() => std::mem::take(slots),
+            _ => return,
         };
-        let slots = std::mem::take(slots);
         for &slot in &slots {
             let taken = self.pool.take(1);
             assert!(taken, "the clean blocks were counted");
