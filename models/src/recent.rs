@@ -33,9 +33,10 @@ impl<K: Eq + Hash> Recent<K> {
         }
     }
 
-    /// Whether the insertion numbered `n` is among the last `bound`.
-    fn recent(&self, n: u64) -> bool {
-        self.inserted - n <= self.bound
+    /// Whether the insertion numbered `n` is among the last `bound` of `inserted`: the one
+    /// rule of membership, for a lookup, a refusal and a sweep alike.
+    fn kept(inserted: u64, n: u64, bound: u64) -> bool {
+        inserted - n <= bound
     }
 
     /// Remember `id`; false, and nothing changed, if it is remembered already.
@@ -43,7 +44,7 @@ impl<K: Eq + Hash> Recent<K> {
         let n = self.inserted;
         match self.numbers.entry(id) {
             Entry::Occupied(mut e) => {
-                if n - *e.get() <= self.bound {
+                if Self::kept(n, *e.get(), self.bound) {
                     return false;
                 }
                 e.insert(n);
@@ -55,14 +56,17 @@ impl<K: Eq + Hash> Recent<K> {
         self.inserted = n + 1;
         if self.numbers.len() as u64 > self.bound.saturating_add(self.bound / 2) {
             let (inserted, bound) = (self.inserted, self.bound);
-            self.numbers.retain(|_, n| inserted - *n <= bound);
+            self.numbers.retain(|_, n| Self::kept(inserted, *n, bound));
             debug_assert_eq!(self.numbers.len() as u64, bound);
         }
         true
     }
 
     pub fn contains(&self, id: &K) -> bool {
-        self.numbers.get(id).is_some_and(|&n| self.recent(n))
+        let (inserted, bound) = (self.inserted, self.bound);
+        self.numbers
+            .get(id)
+            .is_some_and(|&n| Self::kept(inserted, n, bound))
     }
 }
 

@@ -79,7 +79,7 @@ pub struct EngineConfig {
     /// outputs in the streak, each after a hand-over of those before it (its caller makes
     /// something of every such token: an audio chunk that waits for its writer); 0 for none.
     pub lazy_output_every: u32,
-    /// Last: the scalars above are what a step reads (`Engine`'s layout).
+    /// Last: a step reads some of the fields above, none of this (`Engine`'s layout).
     pub cost: StepModel,
 }
 
