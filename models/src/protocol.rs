@@ -423,6 +423,12 @@ pub trait Scheduler {
     fn streak_floor(&self) -> Option<u64> {
         None
     }
+    /// The turns ahead if nothing reaches the scheduler: the end of the step in flight, then
+    /// of each step a quiet `turn` launches, at most `turns_max` turns (`Engine::coast_ends`).
+    /// Empty where none is known to be quiet.
+    fn coast_ends(&mut self, _turns_max: u32, ends: &mut Vec<u64>) {
+        ends.clear();
+    }
 }
 
 /// Whether a request can ever fit a pool of `kv`: its prompt plus output in blocks. Returns the

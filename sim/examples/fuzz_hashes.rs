@@ -1,7 +1,8 @@
-//! Prints `tier seed run_hash summary_hash` (or the run's error) for the fuzzer's drawn
-//! scenarios: the corpus of a differential check. `summary_hash` is the BLAKE3 of the whole
-//! report as `summary.json` holds it, less the commit it was built from, so a summary field that
-//! changes while the event stream does not still shows. Build it at two commits and `diff` the
+//! Prints `tier seed run_hash summary_hash answers_hash` (or the run's error) for the fuzzer's
+//! drawn scenarios: the corpus of a differential check. `summary_hash` is the BLAKE3 of the
+//! whole report as `summary.json` holds it, less the commit it was built from, so a summary
+//! field that changes while the event stream does not still shows; `answers_hash` the same
+//! less every run hash in it, for a change of the event stream by design (coasting). Build it at two commits and `diff` the
 //! outputs; a refactor that claims "hashes unchanged" must print the same lines.
 //!
 //!     cargo run --release --example fuzz_hashes -- SMALL_SEEDS BIG_SEEDS > hashes.txt
@@ -20,9 +21,24 @@ fn line(tier: Tier, seed: u64) -> String {
             r.commit.clear();
             let json = serde_json::to_string(&r).expect("a report serialises");
             let summary = blake3::hash(json.as_bytes()).to_hex();
-            format!("{tier:?} {seed} {} {summary}", r.run_hash)
+            let mut v = serde_json::to_value(&r).expect("a report serialises");
+            strip_run_hashes(&mut v);
+            let answers = blake3::hash(v.to_string().as_bytes()).to_hex();
+            format!("{tier:?} {seed} {} {summary} {answers}", r.run_hash)
         }
         Err(e) => format!("{tier:?} {seed} error: {e}"),
+    }
+}
+
+/// Every run's hash out of the report (each policy's and baseline's too), for the answers alone.
+fn strip_run_hashes(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            o.remove("run_hash");
+            o.values_mut().for_each(strip_run_hashes);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_run_hashes),
+        _ => {}
     }
 }
 

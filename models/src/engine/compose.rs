@@ -250,6 +250,12 @@ impl Engine {
     /// Put the composed step in flight: it ends when the GPU is free plus its duration.
     pub(super) fn launch(&mut self, now_ns: u64, c: Compose) -> Dispatch {
         let duration_ns = self.costing.step_ns(c.shape);
+        self.launch_timed(now_ns, c, duration_ns)
+    }
+
+    /// `launch`, with the step's time (`costing.step_ns` of its shape) known.
+    #[inline]
+    pub(super) fn launch_timed(&mut self, now_ns: u64, c: Compose, duration_ns: u64) -> Dispatch {
         let start_ns = now_ns.max(self.gpu_free_ns);
         let end_ns = start_ns + duration_ns;
         self.gpu_free_ns = end_ns;

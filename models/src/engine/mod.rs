@@ -471,6 +471,10 @@ impl Scheduler for Engine {
         Some(Engine::streak_floor(self))
     }
 
+    fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
+        Engine::coast_ends(self, turns_max, ends)
+    }
+
     fn totals(&self) -> ReplicaStats {
         let s = self.stats();
         ReplicaStats {

@@ -29,6 +29,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+mod coast;
+
 use super::compose::{Compose, Decided};
 use super::seq::{Entry, Phase, Run, Step};
 use super::Engine;
@@ -79,6 +81,8 @@ pub(super) struct Streak {
     /// Scratch: the entries a streak step composes, in running order.
     plan: Vec<(u32, Decided)>,
     extra: Vec<Extra>,
+    /// The steps a coast found ahead (`coast_ends`), in order, each shape with its time.
+    ahead: std::collections::VecDeque<(StepShape, u64)>,
 }
 
 /// What a streak step's end does for a member beyond its quiet token, by running order
@@ -250,17 +254,7 @@ impl Engine {
         let d = self.streak.dispatched;
         let quiet = s.id == step
             && s.end_ns == now_ns
-            && s.entries.is_empty()
-            && s.streak > 0
-            && self.streak.drains.is_empty()
-            && self.pending_aborts.is_empty()
-            && self.ideal_pending == 0
-            && self.inflight.len() as u32 == self.cfg.window
-            && self.cfg.chunked_prefill
-            && self.waiting.len() == 0
-            && self.taint.blocks() == 0
-            && self.running.len() == members as usize
-            && members <= self.cfg.max_num_batched_tokens
+            && self.turn_still(s)
             && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d)
             && self.no_notes(s.streak_step);
         let bucket = self.streak.bucket;
@@ -301,30 +295,8 @@ impl Engine {
         // No one waits: this only forgets the waiting front's run, as the pass's does.
         self.admit_waiting(now_ns, &mut c);
         debug_assert!(c.entries.is_empty() && self.started.is_empty());
-        Some((report, self.launch(now_ns, c)))
-    }
-
-    /// Whether the streak step's `growth` blocks can be taken in its order (the `planned`
-    /// entries, then the members in the boundary bucket) to the same effect as in the running
-    /// order. Either every allocation takes a block with no content, evicting nothing; or, with
-    /// no entry planned (so nothing is cached between the allocations), every allocation
-    /// succeeds and the cache evicts its oldest blocks: the same ones in the same order
-    /// whichever member asks first (blocks are counts: which request holds which is not kept).
-    /// A planned entry could cache a block that an earlier allocation, one at a time, would
-    /// have evicted first.
-    fn streak_fits(&self, growth: u64, planned: bool) -> bool {
-        growth <= self.pool.clean_blocks() || (!planned && growth <= self.pool.free_blocks())
-    }
-
-    /// Whether no member's token of streak step `j` can come out as an output.
-    fn no_notes(&self, j: u64) -> bool {
-        let k = self.cfg.lazy_output_every as u64;
-        k == 0
-            || self
-                .streak
-                .notes
-                .get((j % k) as usize)
-                .is_none_or(Vec::is_empty)
+        let duration_ns = self.step_ns_ahead(c.shape);
+        Some((report, self.launch_timed(now_ns, c, duration_ns)))
     }
 
     /// The members of boundary bucket `bucket` each take a block for this step's token.

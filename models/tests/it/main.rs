@@ -1,5 +1,6 @@
 //! The models' integration tests, in one binary (one link instead of three).
 
+mod coast;
 mod driver;
 mod engine;
 mod engine_pin;

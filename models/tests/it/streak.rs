@@ -17,11 +17,11 @@ use proptest::prelude::*;
 use crate::driver::{drive_full, req, MS};
 
 #[derive(Clone, Debug)]
-struct World {
-    cfg: EngineConfig,
-    arrivals: Vec<(u64, NewRequest)>,
-    aborts: Vec<(u64, Abort)>,
-    explicit: Vec<(u64, u32)>,
+pub(crate) struct World {
+    pub(crate) cfg: EngineConfig,
+    pub(crate) arrivals: Vec<(u64, NewRequest)>,
+    pub(crate) aborts: Vec<(u64, Abort)>,
+    pub(crate) explicit: Vec<(u64, u32)>,
 }
 
 fn config() -> impl Strategy<Value = EngineConfig> {
@@ -69,7 +69,7 @@ fn config() -> impl Strategy<Value = EngineConfig> {
         )
 }
 
-fn world() -> impl Strategy<Value = World> {
+pub(crate) fn world() -> impl Strategy<Value = World> {
     let request = (0u64..400, 1u32..120, 1u32..90, any::<bool>());
     let abort = (0u64..600, 0u64..30, 0u8..6, any::<bool>());
     (
@@ -126,7 +126,7 @@ fn world() -> impl Strategy<Value = World> {
 
 /// The engine, with two requests in three sharing blocks with others through the prefix cache:
 /// a trace's block ids (as a Mooncake row has), or a conversation's stream.
-struct Sharing(Engine);
+pub(crate) struct Sharing(pub(crate) Engine);
 
 impl Scheduler for Sharing {
     fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
@@ -184,6 +184,9 @@ impl Scheduler for Sharing {
     }
     fn turn(&mut self, now_ns: u64, step: u64) -> Option<(StepReport, Dispatch)> {
         self.0.turn(now_ns, step)
+    }
+    fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
+        self.0.coast_ends(turns_max, ends)
     }
 }
 

@@ -34,8 +34,9 @@ pub struct RunOpts {
     /// Gauges sampling interval for timeseries.csv, in virtual milliseconds (at least 0.001).
     #[arg(long, default_value_t = 100.0, value_parser = sample_ms)]
     pub sample_ms: f64,
-    /// Every token an output of its step (no replica's streak): the same report and run hash,
-    /// slower. A check of the fast path (`cancelsim diff` the two run directories).
+    /// Every token an output of its step (no replica's streak, so no coasting): the same
+    /// report but its run hash (more events), slower. A check of the fast path (`cancelsim
+    /// diff` the two run directories).
     #[arg(long)]
     pub no_streak: bool,
 }

@@ -4,8 +4,11 @@
 //! gets them back in `(time, class, seq)` order, with the clock advanced and every dispatch
 //! folded into the run hash.
 
+mod pending;
 pub mod queue;
 pub mod rng;
+
+use pending::PendingTimes;
 
 use std::fmt;
 
@@ -225,6 +228,8 @@ pub struct Kernel<E> {
     hasher: RunHasher,
     limits: Limits,
     events_dispatched: u64,
+    /// The ticks of the pending events, where a world coasts (`track_times`).
+    pending: Option<PendingTimes>,
 }
 
 impl<E: Traced + Copy> Kernel<E> {
@@ -236,7 +241,42 @@ impl<E: Traced + Copy> Kernel<E> {
             hasher: RunHasher::new(),
             limits,
             events_dispatched: 0,
+            pending: None,
         }
+    }
+
+    /// Count the pending events' ticks from now on (`pending_at`); before anything is pushed.
+    pub fn track_times(&mut self) {
+        assert!(self.queue.is_empty(), "times tracked from the start");
+        self.pending = Some(PendingTimes::default());
+    }
+
+    /// Whether an event is pending at `time_ns` (`track_times` first).
+    pub fn pending_at(&self, time_ns: u64) -> bool {
+        let p = self
+            .pending
+            .as_ref()
+            .expect("the pending ticks are counted");
+        p.any_at(time_ns)
+    }
+
+    /// The tick of the next event, if any; events may still be pushed from now on.
+    pub fn next_time_ns(&self) -> Option<u64> {
+        self.queue.min_time_ns()
+    }
+
+    /// `n` events dispatched without the queue (a coast's steps and passes, `world/coast.rs`):
+    /// counted toward the limit as if each had been popped.
+    pub fn count_dispatched(&mut self, n: u64) -> Result<(), LimitError> {
+        let events = self.events_dispatched.saturating_add(n);
+        if events > self.limits.events_max {
+            return Err(LimitError::Events {
+                limit: self.limits.events_max,
+                time_ns: self.now_ns,
+            });
+        }
+        self.events_dispatched = events;
+        Ok(())
     }
 
     #[inline]
@@ -266,6 +306,9 @@ impl<E: Traced + Copy> Kernel<E> {
         );
         self.check_room()?;
         self.queue.push(time_ns, class, event);
+        if let Some(p) = self.pending.as_mut() {
+            p.add(time_ns);
+        }
         Ok(())
     }
 
@@ -281,6 +324,9 @@ impl<E: Traced + Copy> Kernel<E> {
         self.check_room()?;
         let at = self.now_ns.saturating_add(delay_ns);
         self.queue.push_weak(at, class, event);
+        if let Some(p) = self.pending.as_mut() {
+            p.add(at);
+        }
         Ok(())
     }
 
@@ -320,6 +366,9 @@ impl<E: Traced + Copy> Kernel<E> {
         let Some((key, event)) = self.queue.pop() else {
             return Ok(None);
         };
+        if let Some(p) = self.pending.as_mut() {
+            p.remove(key.time_ns);
+        }
         self.advance(key, event).map(Some)
     }
 

@@ -325,6 +325,23 @@ impl<E: Copy> Radix<E> {
         self.now.peek()
     }
 
+    /// The earliest pending time, leaving `last_ns` where it is (`peek` may move it up to that
+    /// time, after which nothing earlier may be pushed): the current tick, or the earliest
+    /// time in the lowest occupied bucket.
+    fn min_time_ns(&self) -> Option<u64> {
+        if self.now.len() > 0 {
+            return Some(self.last_ns);
+        }
+        if self.positions == 0 {
+            return None;
+        }
+        let p = self.positions.trailing_zeros() as usize;
+        let words = &self.occupied[p];
+        let w = words.iter().position(|&w| w != 0)?;
+        let d = w * 64 + words[w].trailing_zeros() as usize;
+        self.buckets[p][d].iter().map(Self::time_ns).min()
+    }
+
     fn len(&self) -> usize {
         self.len
     }
@@ -420,6 +437,12 @@ impl<E: Copy> EventQueue<E> {
 
     pub fn peek_time_ns(&mut self) -> Option<u64> {
         self.heap.peek().map(|e| Key::of(e.rank).time_ns)
+    }
+
+    /// The earliest pending time, where a push at any time from the last popped one on stays
+    /// allowed (unlike after `peek_time_ns`).
+    pub fn min_time_ns(&self) -> Option<u64> {
+        self.heap.min_time_ns()
     }
 }
 

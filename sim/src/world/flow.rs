@@ -42,13 +42,15 @@ impl World<'_> {
         let runtime_id = self.handle(tag).runtime_id;
         let q = &mut self.requests[tag];
         q.abort_at_stop();
+        let replica = q.replica;
+        self.reach(replica)?;
         let abort = Abort {
             scope: Scope::Request(runtime_id),
             fault: None,
             key: request | 1 << 63,
             ideal: false,
         };
-        self.cluster.abort(&mut self.follow, q.replica, abort);
+        self.cluster.abort(&mut self.follow, replica, abort);
         Ok(())
     }
 
@@ -64,6 +66,7 @@ impl World<'_> {
     /// A step ends: each output is costed, tokens go on to the sink, and released requests may
     /// leave.
     pub(super) fn on_step_done(&mut self, replica: u32, step: u64) -> Step {
+        self.reach(replica)?; // a coast's wake-up: its turns first
         if self.turned(replica, step)? {
             return Ok(());
         }
@@ -121,17 +124,20 @@ impl World<'_> {
         self.kernel.dispatch_now(pass.class(), pass)?;
         self.progress();
         self.recorder.step(replica, &d);
-        let done = Event::StepDone {
-            replica,
-            step: d.step,
-        };
-        self.follow.at(d.end_ns, done);
+        if !self.coasts.on() || !self.coast_from(replica, &d) {
+            let done = Event::StepDone {
+                replica,
+                step: d.step,
+            };
+            self.follow.at(d.end_ns, done);
+        }
         Ok(true)
     }
 
     /// A scheduler pass: the checkpoint's observations and releases, then steps dispatched until
     /// the window is full, then the requests that started.
     pub(super) fn on_schedule_pass(&mut self, replica: u32) -> Step {
+        debug_assert!(!self.coasting(replica), "a pass of a coasting replica");
         let now_ns = self.kernel.now_ns();
         let (report, mut out) = self.cluster.checkpoint(replica, now_ns);
         self.cancel.checkpoint_report(report.unknown, report.faults);
@@ -287,6 +293,7 @@ impl World<'_> {
             lazy: false,
             ..new
         };
+        self.reach(replica)?;
         let fits = !prefill || self.cluster.decode_accepts(replica, &whole);
         if !fits || self.cluster.enqueue(replica, now_ns, new).is_err() {
             return self.reject(tag);

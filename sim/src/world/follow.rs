@@ -94,6 +94,14 @@ impl Follow {
         scheduled
     }
 
+    /// The ticks of the events asked for, in the order asked, onto `out`.
+    pub fn ticks(&self, out: &mut Vec<u64>) {
+        out.extend(self.asked.iter().map(|&(when, _)| match when {
+            When::At(t) => t,
+            When::After(d) | When::WeakAfter(d) => self.now_ns.saturating_add(d),
+        }));
+    }
+
     #[cfg(test)]
     fn asked(&self) -> usize {
         self.asked.len()

@@ -64,6 +64,11 @@ impl World<'_> {
         if self.invalidate(tag, cause)? {
             self.turn_over(tag)?;
         }
+        let q = &self.requests[tag];
+        if q.life.enqueued() && !q.life.engine_released() {
+            let replica = q.replica;
+            self.reach(replica)?; // a coasting replica comes up to now first
+        }
         let q = &mut self.requests[tag];
         if !q.life.enqueued() {
             // Never reached a backend; if it waits in the router's queue, it leaves it now.

@@ -56,6 +56,10 @@ impl Lazy {
         self.off = true;
     }
 
+    pub fn is_off(&self) -> bool {
+        self.off
+    }
+
     pub fn counts(&self) -> StreakCounts {
         self.counts
     }
@@ -140,7 +144,9 @@ impl World<'_> {
         if !q.life.enqueued() || q.life.engine_released() {
             return Ok(());
         }
-        match self.cluster.make_explicit(q.replica, tag) {
+        let replica = q.replica;
+        self.reach(replica)?;
+        match self.cluster.make_explicit(replica, tag) {
             Some(i) => {
                 self.lazy.counts.tokens_at_intent += i.count as u64;
                 self.on_implicit(i)

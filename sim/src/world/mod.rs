@@ -20,6 +20,7 @@ mod baseline;
 mod cancel;
 mod cancel_state;
 mod cluster;
+mod coast;
 mod conditional;
 mod conversations;
 mod delivery;
@@ -41,6 +42,7 @@ mod kv_router;
 mod lazy;
 mod leave;
 mod life;
+mod occupancy;
 mod playback;
 mod recorder;
 mod recovery;
@@ -76,6 +78,7 @@ use conversations::Conversations;
 use error::{Step, Stop};
 use follow::Follow;
 use handoff::Handoff;
+use occupancy::Occupancy;
 use playback::PlaybackSink;
 use recorder::Recorder;
 use recovery::Recover;
@@ -147,21 +150,7 @@ pub struct World<'s> {
     occupancy: Occupancy,
     /// Events dispatched at which the progress callback next hears.
     progress_at: u64,
-}
-
-/// The integral of a count over virtual time, advanced before each event (the count is constant
-/// between events).
-#[derive(Default)]
-struct Occupancy {
-    last_ns: u64,
-    area_ns: u128,
-}
-
-impl Occupancy {
-    fn advance(&mut self, now_ns: u64, count: u64) {
-        self.area_ns += (now_ns - self.last_ns) as u128 * count as u128;
-        self.last_ns = now_ns;
-    }
+    coasts: coast::Coasts,
 }
 
 /// What a run reads from outside, opened at the edge (`run.rs`) and handed in: the world itself
@@ -217,6 +206,7 @@ impl<'s> World<'s> {
             recover: Recover::new(scenario.cancellation.as_ref().and_then(|c| c.window_s)),
             occupancy: Occupancy::default(),
             progress_at: crate::record::PROGRESS_EVERY_EVENTS,
+            coasts: coast::Coasts::default(),
         })
     }
 
@@ -253,6 +243,7 @@ impl<'s> World<'s> {
 
     /// Run to completion; the summary and what was recorded.
     pub fn run_recorded(mut self) -> Result<(Summary, Extras), RunError> {
+        self.start_coasts();
         self.follow.open(self.kernel.now_ns());
         let first_job_ns = self.jobs.as_ref().map_or(0, |j| j.first_start_ns());
         let started = self
@@ -261,23 +252,36 @@ impl<'s> World<'s> {
         started.map_err(|e| self.stopped(e))?;
         self.follow.schedule(&mut self.kernel)?;
         loop {
+            if self.coasts.on() {
+                self.wake_due().map_err(|e| self.stopped(e))?;
+            }
             let (accounts, handoff, cancel) = (&self.accounts, &self.handoff, &self.cancel);
-            let go_on =
-                || cancel.awaiting() > 0 || disagg::waits_on_leases(accounts, handoff.as_ref());
+            let waking = self.coasts.waking();
+            let go_on = || {
+                waking
+                    || cancel.awaiting() > 0
+                    || disagg::waits_on_leases(accounts, handoff.as_ref())
+            };
             let event = self.kernel.next_event_or(go_on)?;
             let Some(event) = event else {
                 break;
             };
             self.occupancy
                 .advance(self.kernel.now_ns(), self.requests.live_count());
-            self.sample_until(self.kernel.now_ns());
+            self.sample_until(self.kernel.now_ns())
+                .map_err(|e| self.stopped(e))?;
             self.follow.open(self.kernel.now_ns());
             self.dispatch(event).map_err(|e| self.stopped(e))?;
             self.progress();
             self.follow_up()?;
         }
+        if self.coasts.any() {
+            let e = Stop::broken(vec![], "a replica coasts past the end of the run");
+            return Err(self.stopped(e));
+        }
         let now = self.kernel.now_ns();
-        self.sample_until(now.saturating_add(1));
+        self.sample_until(now.saturating_add(1))
+            .map_err(|e| self.stopped(e))?;
         let (seed, label, events) = (
             self.seed,
             self.label.clone(),
@@ -295,6 +299,9 @@ impl<'s> World<'s> {
     fn follow_up(&mut self) -> Result<(), RunError> {
         loop {
             let pass = self.follow.take_last_pass();
+            if self.coasts.on() {
+                self.reach_asked().map_err(|e| self.stopped(e))?;
+            }
             self.follow.schedule(&mut self.kernel)?;
             let Some(pass) = pass else {
                 return Ok(());
@@ -321,12 +328,17 @@ impl<'s> World<'s> {
         }
     }
 
-    fn sample_until(&mut self, now_ns: u64) {
-        if self.recorder.sampling() {
-            let cluster = &self.cluster;
-            let in_flight = self.cancel.in_flight();
-            self.recorder.sample_until(now_ns, cluster, in_flight);
+    /// Samples of the gauges at every boundary before `now_ns`: the state between events.
+    fn sample_until(&mut self, now_ns: u64) -> Step {
+        let in_flight = self.cancel.in_flight();
+        while self.recorder.sample_due(now_ns) {
+            if self.coasts.on() {
+                // The turns coasted up to the boundary, as their events were before it.
+                self.catch_up_all(self.recorder.next_sample_ns() + 1)?;
+            }
+            self.recorder.sample_once(&self.cluster, in_flight);
         }
+        Ok(())
     }
 
     /// A component's stop, as the run's error: a broken invariant names the seed, the policy and
@@ -446,6 +458,7 @@ impl<'s> World<'s> {
         if self.handoff_abort(request, replica, &abort)? {
             return Ok(());
         }
+        self.reach(replica)?;
         self.cluster.abort(&mut self.follow, replica, abort);
         Ok(())
     }

@@ -65,44 +65,53 @@ impl<'r> Recorder<'r> {
         self.opts.sample_ns > 0
     }
 
-    /// Samples of the gauges at every boundary before `now_ns`: the state between events.
-    pub fn sample_until(&mut self, now_ns: u64, cluster: &Cluster, in_flight: u64) {
+    /// Whether `sample_until(now_ns)` would take a sample.
+    pub fn sample_due(&self, now_ns: u64) -> bool {
+        self.sampling()
+            && self.next_sample_ns < now_ns
+            && self.extras.timeseries.len() < SAMPLES_MAX
+    }
+
+    /// The boundary the next sample is taken at.
+    pub fn next_sample_ns(&self) -> u64 {
+        self.next_sample_ns
+    }
+
+    /// The sample at the next boundary (`sample_due`), of the gauges as they are: the state
+    /// between the events before the boundary and those after.
+    pub fn sample_once(&mut self, cluster: &Cluster, in_flight: u64) {
+        debug_assert!(self.sampling());
         let step = self.opts.sample_ns;
-        if step == 0 {
-            return;
+        let (g, [pinned_prefill, pinned_decode]) = cluster.gauges();
+        let t_s = self.next_sample_ns as f64 / NS_PER_S as f64;
+        self.pools.clear();
+        cluster.pool_gauges(&mut self.pools);
+        if self.extras.pool_timeseries.len() + self.pools.len() > POOL_SAMPLES_MAX {
+            self.pools.clear(); // whole samples or none: `pools.csv` stops here
         }
-        while self.next_sample_ns < now_ns && self.extras.timeseries.len() < SAMPLES_MAX {
-            let (g, [pinned_prefill, pinned_decode]) = cluster.gauges();
-            let t_s = self.next_sample_ns as f64 / NS_PER_S as f64;
-            self.pools.clear();
-            cluster.pool_gauges(&mut self.pools);
-            if self.extras.pool_timeseries.len() + self.pools.len() > POOL_SAMPLES_MAX {
-                self.pools.clear(); // whole samples or none: `pools.csv` stops here
-            }
-            let pools = self.pools.iter().enumerate();
-            self.extras
-                .pool_timeseries
-                .extend(pools.map(|(i, p)| PoolSample {
-                    t_s,
-                    pool: i as u32,
-                    kv_blocks: p.kv_blocks,
-                    kv_retained: p.kv_retained,
-                    kv_pinned: p.kv_pinned,
-                    queue: p.waiting,
-                    running: p.running,
-                }));
-            self.extras.timeseries.push(Sample {
-                kv_pinned_prefill: pinned_prefill,
-                kv_pinned_decode: pinned_decode,
+        let pools = self.pools.iter().enumerate();
+        self.extras
+            .pool_timeseries
+            .extend(pools.map(|(i, p)| PoolSample {
                 t_s,
-                kv_blocks: g.kv_blocks,
-                kv_retained: g.kv_retained,
-                queue: g.waiting,
-                running: g.running,
-                cancels_in_flight: in_flight,
-            });
-            self.next_sample_ns += step;
-        }
+                pool: i as u32,
+                kv_blocks: p.kv_blocks,
+                kv_retained: p.kv_retained,
+                kv_pinned: p.kv_pinned,
+                queue: p.waiting,
+                running: p.running,
+            }));
+        self.extras.timeseries.push(Sample {
+            kv_pinned_prefill: pinned_prefill,
+            kv_pinned_decode: pinned_decode,
+            t_s,
+            kv_blocks: g.kv_blocks,
+            kv_retained: g.kv_retained,
+            queue: g.waiting,
+            running: g.running,
+            cancels_in_flight: in_flight,
+        });
+        self.next_sample_ns += step;
     }
 
     /// Send a group of events (a step, or a request's track and flow) whole or not at all, so a

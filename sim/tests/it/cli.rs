@@ -496,7 +496,7 @@ fn a_bad_step_table_is_one_line_naming_its_line_and_column() {
 }
 
 #[test]
-fn no_streak_prints_the_same_report_and_run_hash() {
+fn no_streak_prints_the_same_report() {
     let dir = scratch("no-streak");
     let storm = GOOD.replace(
         "    cluster:",
@@ -518,5 +518,11 @@ fn no_streak_prints_the_same_report_and_run_hash() {
     let text = String::from_utf8_lossy(&fast.stdout);
     assert!(text.contains("run_hash="), "{text}");
     assert!(text.contains("requests.cancelled"), "{text}");
-    assert_eq!(fast.stdout, slow.stdout);
+    // All but the run hashes: coasting, which needs the streak, dispatches fewer events.
+    let answers = |out: &[u8]| -> Vec<String> {
+        let text = String::from_utf8_lossy(out);
+        let lines = text.lines().filter(|l| !l.starts_with("run_hash"));
+        lines.map(str::to_string).collect()
+    };
+    assert_eq!(answers(&fast.stdout), answers(&slow.stdout));
 }

@@ -169,7 +169,7 @@ fn golden_run_hashes() {
 const GOLDEN_DEFAULT: &str = "9da57bf1a4775691b4ce1b8e8015c6306d8c43d102426d326181e743ce65bf05";
 const GOLDEN_MD1_RHO08: &str = "cbe1f1c3fe4126f96aad02a1f5df4af192a1ad45cefb60507690210cbde01f33";
 const GOLDEN_TRACE_AZURE_CONV: &str =
-    "59b5f120b16926ddf49d425233699058ac856ff0b6b11391382d13b4fc082606";
+    "3ff4f10dc5db880d39ea25682e69a6a48ed30f9d28c4e07e86a98614e5cb22fa";
 
 fn batched(scheduler: &str, extra_workload: &str) -> String {
     format!(

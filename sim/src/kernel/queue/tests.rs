@@ -189,3 +189,19 @@ fn class_orders_within_a_tick_but_never_across_ticks() {
         ]
     );
 }
+
+#[test]
+fn the_earliest_time_read_ahead_still_lets_an_earlier_push_in() {
+    // A coast reads the next event's time, then may push before it (`Kernel::next_time_ns`).
+    let mut q = EventQueue::new();
+    q.push(10, Class::Control, "a");
+    q.push(300, Class::Control, "d");
+    q.push(700, Class::Control, "e");
+    assert_eq!(q.pop().map(|(k, e)| (k.time_ns, e)), Some((10, "a")));
+    assert_eq!(q.min_time_ns(), Some(300));
+    q.push(200, Class::Control, "c");
+    q.push(20, Class::Control, "b");
+    assert_eq!(q.min_time_ns(), Some(20));
+    assert_eq!(drained(&mut q), ["b", "c", "d", "e"]);
+    assert_eq!(q.min_time_ns(), None);
+}

@@ -83,6 +83,8 @@ pub(crate) struct Cluster {
     held_max: u64,
     /// With a `KvAware` router: its view of the replicas' caches.
     kv: Option<KvRouter>,
+    /// Replicas coasting (`world/coast.rs`): behind now, so nothing may call into them.
+    coasting: Vec<bool>,
 }
 
 impl Cluster {
@@ -143,6 +145,7 @@ impl Cluster {
             outbox: Some(Box::default()),
             held: VecDeque::new(),
             held_max: s.limits.max_queue_len,
+            coasting: vec![false; n],
         }
     }
 
@@ -150,7 +153,18 @@ impl Cluster {
     #[inline]
     fn settle(&mut self, replica: u32) {
         let r = replica as usize;
+        assert!(!self.coasting[r], "a call into coasting replica {replica}");
         self.loads[r] = self.replicas[r].load();
+    }
+
+    /// `replica` coasts from now, or no longer: the world brought it up to now first.
+    pub fn set_coasting(&mut self, replica: u32, coasting: bool) {
+        self.coasting[replica as usize] = coasting;
+    }
+
+    /// The turns ahead of `replica` if nothing reaches it (`Scheduler::coast_ends`).
+    pub fn coast_ends(&mut self, replica: u32, turns_max: u32, ends: &mut Vec<u64>) {
+        self.replicas[replica as usize].coast_ends(turns_max, ends);
     }
 
     /// With debug assertions: the loads the router reads are the replicas' own.
@@ -423,6 +437,10 @@ impl Cluster {
 
     /// `replica` wedges now, unless it already is. True if it just wedged.
     pub fn wedge(&mut self, replica: u32, now_ns: u64) -> bool {
+        assert!(
+            !self.coasting[replica as usize],
+            "a coasting replica wedged"
+        );
         let w = &mut self.wedged_since[replica as usize];
         w.is_none() && w.replace(now_ns).is_none()
     }

@@ -1,0 +1,142 @@
+//! Coasting: the quiet turns a replica takes if nothing reaches it, found before they come.
+//!
+//! A turn (`Engine::turn`) is quiet for reasons of two kinds: what only something from outside
+//! changes (a request waiting, an abort pending, a drain, tainted blocks, the window's fill),
+//! and what the streak itself reaches at a known step (a member's last token, an output by
+//! phase, a block boundary that needs blocks). With nothing from outside, the first kind stays
+//! as it is and the second is read off by step number, so the turns ahead, and the times their
+//! steps end, are known now: the caller may take them later, together, at the same times
+//! (`Engine::coast_ends`). A prediction may stop short (it is then merely shorter), never run
+//! long: each turn it names is one that `turn` takes.
+
+use std::collections::VecDeque;
+
+use super::super::seq::Step;
+use super::super::Engine;
+use crate::gpu::StepShape;
+
+impl Engine {
+    /// What keeps a turn quiet that only something from outside the streak changes: the step
+    /// in flight, `s`, holds the streak and nothing else, and so would the next one.
+    #[inline(always)]
+    pub(super) fn turn_still(&self, s: &Step) -> bool {
+        let members = self.streak.members;
+        s.entries.is_empty()
+            && s.streak > 0
+            && self.streak.drains.is_empty()
+            && self.pending_aborts.is_empty()
+            && self.ideal_pending == 0
+            && self.inflight.len() as u32 == self.cfg.window
+            && self.cfg.chunked_prefill
+            && self.waiting.len() == 0
+            && self.taint.blocks() == 0
+            && self.running.len() == members as usize
+            && members <= self.cfg.max_num_batched_tokens
+    }
+
+    /// Whether the streak step's `growth` blocks can be taken in its order (the `planned`
+    /// entries, then the members in the boundary bucket) to the same effect as in the running
+    /// order. Either every allocation takes a block with no content, evicting nothing; or, with
+    /// no entry planned (so nothing is cached between the allocations), every allocation
+    /// succeeds and the cache evicts its oldest blocks: the same ones in the same order
+    /// whichever member asks first (blocks are counts: which request holds which is not kept).
+    /// A planned entry could cache a block that an earlier allocation, one at a time, would
+    /// have evicted first.
+    pub(super) fn streak_fits(&self, growth: u64, planned: bool) -> bool {
+        growth <= self.pool.clean_blocks() || (!planned && growth <= self.pool.free_blocks())
+    }
+
+    /// Whether no member's token of streak step `j` can come out as an output.
+    pub(super) fn no_notes(&self, j: u64) -> bool {
+        let k = self.cfg.lazy_output_every as u64;
+        k == 0
+            || self
+                .streak
+                .notes
+                .get((j % k) as usize)
+                .is_none_or(Vec::is_empty)
+    }
+
+    /// The turns ahead, if nothing from outside reaches this engine: into `ends`, the end of
+    /// the step in flight, then the end of each step launched by a quiet turn, at most
+    /// `turns_max` of them. So `ends[i]`, for `i < ends.len() - 1`, is when the `i`-th turn
+    /// ahead comes and is quiet, and launches the step that ends at `ends[i + 1]`; the last end
+    /// is a step's whose turn may not be quiet. Empty where not even the next turn is known
+    /// to be. One step in flight at a time only (`window` 1), whose start is its predecessor's
+    /// end; and only growth that takes blocks with no content, which no turn ahead can change.
+    pub fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
+        ends.clear();
+        let mut ahead = std::mem::take(&mut self.streak.ahead);
+        ahead.clear();
+        self.find_ends(turns_max, ends, &mut ahead);
+        self.streak.ahead = ahead;
+    }
+
+    /// The time of a step a turn launches: found by the coast ahead where it has this shape
+    /// (the same time: `costing.step_ns` is a function of the shape), worked out otherwise.
+    #[inline]
+    pub(super) fn step_ns_ahead(&mut self, shape: StepShape) -> u64 {
+        match self.streak.ahead.pop_front() {
+            Some((found, ns)) if found == shape => ns,
+            Some(_) => {
+                self.streak.ahead.clear();
+                self.costing.step_ns(shape)
+            }
+            None => self.costing.step_ns(shape),
+        }
+    }
+
+    fn find_ends(
+        &self,
+        turns_max: u32,
+        ends: &mut Vec<u64>,
+        ahead: &mut VecDeque<(StepShape, u64)>,
+    ) {
+        let Some(s) = self.inflight.front() else {
+            return;
+        };
+        let k = &self.streak;
+        let members = k.members as u64;
+        if self.cfg.window != 1
+            || !self.turn_still(s)
+            || s.streak_step != k.processed
+            || s.end_ns != self.gpu_free_ns
+        {
+            return;
+        }
+        // A left member's entry may head `ends` still: an earlier stop, never a later one.
+        let last_from = k.ends.peek().map_or(u64::MAX, |e| e.0 .0);
+        let block_tokens = self.cfg.block_tokens as usize;
+        let mut clean = self.pool.clean_blocks();
+        let mut end_ns = s.end_ns;
+        ends.push(end_ns);
+        for i in 0..turns_max as u64 {
+            let d = k.dispatched + i;
+            let bucket = (k.bucket + i as usize) % block_tokens;
+            let growth = k.boundary.get(bucket).map_or(0, Vec::len) as u64;
+            if d >= last_from || !self.no_notes(k.processed + i) || growth > clean {
+                break;
+            }
+            clean -= growth;
+            let Ok(kv) = u64::try_from(k.kv_base + (members * (d + 1)) as i64) else {
+                break;
+            };
+            let shape = StepShape {
+                decode_seqs: members,
+                kv_tokens_read: kv,
+                ..StepShape::default()
+            };
+            let duration_ns = self.costing.step_ns(shape);
+            let Some(next_ns) = end_ns.checked_add(duration_ns) else {
+                break;
+            };
+            ahead.push_back((shape, duration_ns));
+            end_ns = next_ns;
+            ends.push(end_ns);
+        }
+        if ends.len() == 1 {
+            ends.clear();
+            ahead.clear();
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Coasting (`Engine::coast_ends`) against the engine's own turns. After every event the driver
+//! asks for the turns ahead and holds the engine to them: until something from outside comes
+//! (an arrival, an abort, a hand-over, a timer) at or before a promised turn, each promised turn
+//! must be taken, quiet (`turn` gives `Some`), at its time, and launch the step that ends at
+//! the next promised time. The streak's random worlds run it.
+
+use std::collections::VecDeque;
+
+use cancelsim_models::engine::Engine;
+use cancelsim_models::protocol::{Dispatch, NewRequest, Outbox, Scheduler};
+use proptest::prelude::*;
+
+use crate::driver::{cfg, req};
+use crate::streak::{world, Sharing, World};
+
+/// Turns taken, and how many of them were promised.
+#[derive(Debug, Default, PartialEq)]
+struct Turns {
+    taken: u64,
+    promised: u64,
+}
+
+/// Ask for the turns ahead, unless a promise still stands.
+fn promise_more(e: &mut impl Scheduler, inflight: &[Dispatch], promise: &mut VecDeque<u64>) {
+    if !promise.is_empty() {
+        return;
+    }
+    let mut ends = Vec::new();
+    e.coast_ends(64, &mut ends);
+    if let Some(&first) = ends.first() {
+        assert!(ends.len() >= 2, "a coast names at least one turn");
+        assert_eq!(Some(first), inflight.first().map(|d| d.end_ns));
+        assert!(ends.windows(2).all(|w| w[0] < w[1]), "ends rise: {ends:?}");
+        promise.extend(ends);
+    }
+}
+
+/// Drive `e` through `w`'s inputs, holding it to every promise; the turns it took.
+fn drive(e: &mut impl Scheduler, w: &World) -> Turns {
+    let arrivals: Vec<(u64, NewRequest)> = (w.arrivals.iter())
+        .map(|&(t, r)| (t, NewRequest { lazy: true, ..r }))
+        .collect();
+    let (mut na, mut nb, mut nx) = (0, 0, 0);
+    let mut inflight: Vec<Dispatch> = Vec::new();
+    let mut out = Outbox::default();
+    let mut promise: VecDeque<u64> = VecDeque::new();
+    let mut turns = Turns::default();
+    for _ in 0..1_000_000 {
+        let t_arr = arrivals.get(na).map(|a| a.0);
+        let t_abort = w.aborts.get(nb).map(|a| a.0);
+        let t_explicit = w.explicit.get(nx).map(|a| a.0);
+        let t_step = inflight.first().map(|d| d.end_ns);
+        let input = [t_arr, e.timer_ns(), t_abort, t_explicit]
+            .into_iter()
+            .flatten()
+            .min();
+        // Something from outside at or before a promised turn: the promise no longer holds.
+        if input.is_some_and(|t| promise.front().is_some_and(|&p| t <= p)) {
+            promise.clear();
+        }
+        let Some(now) = [input, t_step].into_iter().flatten().min() else {
+            return turns;
+        };
+        if t_step == Some(now) {
+            let d = inflight.remove(0);
+            let alone = input != Some(now) && inflight.first().is_none_or(|x| x.end_ns != now);
+            if let Some((_, next)) = alone.then(|| e.turn(now, d.step)).flatten() {
+                turns.taken += 1;
+                if promise.front() == Some(&now) {
+                    promise.pop_front();
+                    assert_eq!(promise.front(), Some(&next.end_ns), "the promised step");
+                    turns.promised += 1;
+                    if promise.len() == 1 {
+                        promise.clear();
+                    }
+                }
+                inflight.push(next);
+                promise_more(e, &inflight, &mut promise);
+                continue;
+            }
+            assert_ne!(promise.front(), Some(&now), "a promised turn was not quiet");
+            e.step_done(now, d.step, &mut out);
+        } else if t_explicit == Some(now) && t_arr != Some(now) {
+            e.make_explicit(w.explicit[nx].1);
+            nx += 1;
+        } else if t_abort == Some(now) && t_arr != Some(now) {
+            e.abort(w.aborts[nb].1);
+            nb += 1;
+        } else if t_arr == Some(now) {
+            let _ = e.enqueue(now, arrivals[na].1);
+            na += 1;
+        }
+        out.clear();
+        let more_now = arrivals.get(na).is_some_and(|a| a.0 == now)
+            || w.aborts.get(nb).is_some_and(|a| a.0 == now)
+            || w.explicit.get(nx).is_some_and(|a| a.0 == now)
+            || inflight.first().is_some_and(|d| d.end_ns == now);
+        if !more_now {
+            e.checkpoint(now, &mut out);
+            while let Some(d) = e.dispatch(now, &mut out) {
+                inflight.push(d);
+            }
+            out.clear();
+        }
+        promise_more(e, &inflight, &mut promise);
+    }
+    panic!("did not go idle");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_promised_turn_is_taken_quiet_at_its_time(w in world()) {
+        let turns = drive(&mut Sharing(Engine::new(w.cfg.clone())), &w);
+        prop_assert!(turns.promised <= turns.taken);
+    }
+}
+
+/// With nothing from outside after they start, every turn of a few decodes is promised ahead,
+/// over block boundaries and members' last tokens: a prediction that stopped early, or never
+/// started, fails here.
+#[test]
+fn decodes_left_alone_are_promised_every_turn() {
+    let w = World {
+        cfg: cfg(1),
+        arrivals: (0..5)
+            .map(|i| (0, req(i, 10 + 7 * i as u32, 20 + 30 * i as u32)))
+            .collect(),
+        aborts: Vec::new(),
+        explicit: Vec::new(),
+    };
+    let turns = drive(&mut Engine::new(w.cfg.clone()), &w);
+    assert!(turns.taken > 100, "{turns:?}");
+    assert_eq!(turns.promised, turns.taken);
+}
+
+/// A second step in flight (`window` 2) is beyond a coast: nothing is promised, and the turns
+/// go on as before.
+#[test]
+fn two_steps_in_flight_promise_nothing() {
+    let w = World {
+        cfg: cfg(2),
+        arrivals: vec![(0, req(1, 20, 80))],
+        aborts: Vec::new(),
+        explicit: Vec::new(),
+    };
+    let turns = drive(&mut Engine::new(w.cfg.clone()), &w);
+    assert!(turns.taken > 10, "{turns:?}");
+    assert_eq!(turns.promised, 0);
+}

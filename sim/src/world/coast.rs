@@ -1,0 +1,293 @@
+//! Coasting: a replica whose batch will not change takes its quiet turns with no event each.
+//!
+//! After a turn (`World::turned`), the replica's turns ahead are known if nothing reaches it
+//! (`Scheduler::coast_ends`): it coasts through them. No event is pushed for those steps; the
+//! replica's state stays behind, and is brought up to now (`catch_up`: the same turns, each at
+//! its own tick) when something reads it (`reach`) or when its last step ends (the wake-up,
+//! a real `StepDone`). Every answer is the same as with an event a step. Why:
+//! - A coasted turn is the turn the replica would have taken: nothing reaches it before (a
+//!   reader first ends the coast) and no other event comes at its tick. A turn needs that
+//!   (`World::turned` asks `pending_now`), and it keeps the tie order: events of one tick and
+//!   class are ordered by sequence number, and a coasted step's end has none. So a coast stops
+//!   short of the first tick another event holds (`Kernel::pending_at`) or another coast does
+//!   (`ticks`), and an event asked for later at a coasted tick ends that coast first.
+//! - The wake-up is pushed when the tick of the coast's last turn passes (`wake_due`, before
+//!   the kernel pops an event after it), which is when that turn would have pushed it: the
+//!   same place among the other events' sequence numbers.
+//! - A coast that ends early pushes its next step's end at once. That step's turn would have
+//!   pushed it earlier, but only an event at the same tick and class could tell, and one asked
+//!   for since the coast began would have ended the coast then (its tick is the coast's); one
+//!   pending before, the coast never reached.
+//!
+//! What does change is the run hash, which sees the events dispatched: coasted steps are not
+//! events. The event count, and its limit, count them as the two events (a step's end and its
+//! pass) each was.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use cancelsim_models::protocol::Dispatch;
+use rustc_hash::FxHashMap;
+
+use super::accounts::Shares;
+use super::error::{Step, Stop};
+use super::event::Event;
+use super::World;
+use crate::kernel::Class;
+
+/// Turns a coast takes, at least and at most. Each coast's last step is an event again (its
+/// wake-up): a longer coast saves more events but, where an arrival ends it early, finds more
+/// steps for nothing. So each replica's next coast may take twice the turns of one that ran
+/// out, half those of one that something reached first (`Coast::reach_turns`). Of fixed
+/// lengths 16 to 256 and these bounds (4 or 8, 64 or 128), 8 to 128 cost the fewest
+/// instructions on slices of the Poisson and fleet benchmarks (docs/performance.md).
+const TURNS_MIN: u32 = 8;
+const TURNS_MAX: u32 = 128;
+
+/// The coasting replicas of a world.
+#[derive(Default)]
+pub(super) struct Coasts {
+    /// Whether this world coasts at all (`World::coastable`).
+    on: bool,
+    by_replica: Vec<Coast>,
+    /// The ticks of coasted turns not yet passed, and whose: one coast a tick, no event there.
+    ticks: FxHashMap<u64, u32>,
+    /// Coasts whose wake-up is not in the kernel yet, by the tick of their last turn:
+    /// (that tick, replica, coast id). A coast that ended early leaves a stale entry.
+    due: BinaryHeap<Reverse<(u64, u32, u64)>>,
+    ids_next: u64,
+    /// Coasts whose wake-up is not in the kernel yet: they keep the run alive.
+    unwoken: u32,
+    /// Reused for the ends a replica names, and for the ticks an event asks for.
+    scratch: Vec<u64>,
+    asked: Vec<u64>,
+}
+
+/// One replica's coast.
+#[derive(Default)]
+struct Coast {
+    /// 0: none.
+    id: u64,
+    /// Turns the next coast may take: doubled after a coast that ran out, halved after one
+    /// that something reached first.
+    reach_turns: u32,
+    /// `ends[i]`: the tick of turn `i`, for `i` below the last; the last: when the step that
+    /// the last turn launches ends (its wake-up).
+    ends: Vec<u64>,
+    /// The step in flight at the coast's start, which turn 0 ends.
+    first_step: u64,
+    /// Turns taken so far (`catch_up`).
+    taken: usize,
+    /// Whether the wake-up is in the kernel (the last turn's tick passed).
+    woken: bool,
+}
+
+impl Coast {
+    fn turns(&self) -> usize {
+        self.ends.len() - 1
+    }
+}
+
+impl Coasts {
+    pub(super) fn start(&mut self, on: bool, replicas: u32) {
+        self.on = on;
+        self.by_replica = (0..replicas).map(|_| Coast::default()).collect();
+    }
+
+    pub(super) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// Whether a coast's wake-up is still to come: the run is not over.
+    pub(super) fn waking(&self) -> bool {
+        self.unwoken > 0
+    }
+
+    /// Whether a coast holds tick `time_ns`.
+    pub(super) fn holds(&self, time_ns: u64) -> Option<u32> {
+        self.ticks.get(&time_ns).copied()
+    }
+
+    pub(super) fn any(&self) -> bool {
+        self.by_replica.iter().any(|c| c.id != 0)
+    }
+}
+
+impl World<'_> {
+    /// Whether this world coasts, decided as its run starts: with the streak (a coast is its
+    /// quiet turns), and where no hand-over, pool or KV-aware router reads a replica between
+    /// them. Not what the run records: samples bring the replicas up to their time first
+    /// (`catch_up_all`), and a trace gets a coasted step when its replica is brought up to now.
+    pub(super) fn start_coasts(&mut self) {
+        let on = !self.lazy.is_off()
+            && self.handoff.is_none()
+            && !self.cluster.disaggregated()
+            && !self.cluster.kv_aware();
+        self.coasts.start(on, self.cluster.len() as u32);
+        if on {
+            self.kernel.track_times();
+        }
+    }
+
+    /// The events the handler asked for are about to go into the kernel: a coast that holds
+    /// one's tick ends first.
+    pub(super) fn reach_asked(&mut self) -> Step {
+        if self.coasts.ticks.is_empty() {
+            return Ok(());
+        }
+        let mut asked = std::mem::take(&mut self.coasts.asked);
+        asked.clear();
+        self.follow.ticks(&mut asked);
+        let reached = self.reach_holders(asked.iter().copied());
+        self.coasts.asked = asked;
+        reached
+    }
+
+    /// A turn just launched `d` on `replica`: coast through the turns ahead, up to the first
+    /// whose tick an event or another coast holds. True if it coasts (the caller then asks
+    /// for no event for `d`).
+    pub(super) fn coast_from(&mut self, replica: u32, d: &Dispatch) -> bool {
+        let c = &mut self.coasts;
+        let mut ends = std::mem::take(&mut c.scratch);
+        let want = c.by_replica[replica as usize]
+            .reach_turns
+            .clamp(TURNS_MIN, TURNS_MAX);
+        self.cluster.coast_ends(replica, want, &mut ends);
+        let named = ends.len().saturating_sub(1);
+        let turns = (0..named)
+            .find(|&i| self.kernel.pending_at(ends[i]) || c.ticks.contains_key(&ends[i]))
+            .unwrap_or(named);
+        if turns == 0 {
+            c.scratch = ends;
+            return false;
+        }
+        debug_assert_eq!(
+            ends[0], d.end_ns,
+            "a coast begins with the step just launched"
+        );
+        ends.truncate(turns + 1);
+        for &t in &ends[..turns] {
+            c.ticks.insert(t, replica);
+        }
+        c.ids_next += 1;
+        c.unwoken += 1;
+        let id = c.ids_next;
+        c.due.push(Reverse((ends[turns - 1], replica, id)));
+        let coast = &mut c.by_replica[replica as usize];
+        debug_assert_eq!(coast.id, 0, "one coast at a time");
+        c.scratch = std::mem::replace(&mut coast.ends, ends);
+        (coast.id, coast.first_step, coast.taken, coast.woken) = (id, d.step, 0, false);
+        self.cluster.set_coasting(replica, true);
+        true
+    }
+
+    /// `replica`'s turns before `now_ns`, taken at their ticks, as `World::turned` takes them.
+    fn catch_up(&mut self, replica: u32, now_ns: u64) -> Step {
+        let r = replica as usize;
+        loop {
+            let c = &self.coasts.by_replica[r];
+            if c.taken == c.turns() || c.ends[c.taken] >= now_ns {
+                return Ok(());
+            }
+            let (at, step) = (c.ends[c.taken], c.first_step + c.taken as u64);
+            let next_ns = c.ends[c.taken + 1];
+            let Some((report, d)) = self.cluster.turn(replica, step, at) else {
+                return Err(Stop::broken(vec![], "a coasted turn was not quiet"));
+            };
+            if (d.step, d.end_ns) != (step + 1, next_ns) {
+                return Err(Stop::broken(vec![], "a coasted step ended off its tick"));
+            }
+            let streak_step = report.streak.expect("a turn is a streak step's");
+            self.streak_step(replica, streak_step, Shares::of(&report, at).unit());
+            self.recorder.step(replica, &d);
+            // The step's end and its pass, as the events they were.
+            self.kernel.count_dispatched(2)?;
+            self.coasts.by_replica[r].taken += 1;
+        }
+    }
+
+    pub(super) fn coasting(&self, replica: u32) -> bool {
+        self.coasts.by_replica[replica as usize].id != 0
+    }
+
+    /// Every coasting replica's turns before `now_ns` taken: each as it was then, still
+    /// coasting (the gauges sampled read them).
+    pub(super) fn catch_up_all(&mut self, now_ns: u64) -> Step {
+        for replica in 0..self.coasts.by_replica.len() as u32 {
+            if self.coasting(replica) {
+                self.catch_up(replica, now_ns)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before anything reads or changes `replica`: it is brought up to now and coasts no
+    /// longer; the step it has in flight ends with an event again.
+    pub(super) fn reach(&mut self, replica: u32) -> Step {
+        if self.coasts.by_replica[replica as usize].id == 0 {
+            return Ok(());
+        }
+        let now_ns = self.kernel.now_ns();
+        self.catch_up(replica, now_ns)?;
+        self.progress();
+        let c = &mut self.coasts.by_replica[replica as usize];
+        c.id = 0;
+        self.cluster.set_coasting(replica, false);
+        if c.woken {
+            debug_assert_eq!(c.taken, c.turns(), "woken, every turn's tick passed");
+            return Ok(()); // its wake-up, the step in flight's end, is in the kernel
+        }
+        self.coasts.unwoken -= 1;
+        c.reach_turns = (c.turns() as u32 / 2).max(TURNS_MIN);
+        let (at, step) = (c.ends[c.taken], c.first_step + c.taken as u64);
+        // Its ticks, those passed too: a tick left in the map would hold it forever.
+        for t in &c.ends[..c.turns()] {
+            self.coasts.ticks.remove(t);
+        }
+        let done = Event::StepDone { replica, step };
+        Ok(self.kernel.schedule_at(at, Class::Completion, done)?)
+    }
+
+    /// Events are about to be asked for at these ticks: the coasts that hold one end first.
+    pub(super) fn reach_holders(&mut self, ticks: impl IntoIterator<Item = u64>) -> Step {
+        for t in ticks {
+            if let Some(replica) = self.coasts.holds(t) {
+                self.reach(replica)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before the kernel's next event: the wake-up of every coast whose last turn comes
+    /// earlier, pushed as that turn would have pushed it (the module's doc).
+    pub(super) fn wake_due(&mut self) -> Step {
+        while let Some(&Reverse((at, replica, id))) = self.coasts.due.peek() {
+            let r = replica as usize;
+            if self.coasts.by_replica[r].id != id {
+                self.coasts.due.pop(); // ended early
+                continue;
+            }
+            if let Some(next_ns) = self.kernel.next_time_ns().filter(|&t| t <= at) {
+                debug_assert!(next_ns < at, "an event at a coasted tick");
+                return Ok(());
+            }
+            self.coasts.due.pop();
+            let c = &mut self.coasts.by_replica[r];
+            c.woken = true;
+            c.reach_turns = (c.turns() as u32 * 2).min(TURNS_MAX);
+            self.coasts.unwoken -= 1;
+            for t in &c.ends[..c.turns()] {
+                self.coasts.ticks.remove(t);
+            }
+            let (wake_ns, step) = (c.ends[c.turns()], c.first_step + c.turns() as u64);
+            // Another coast's turn at that tick would not be quiet: that coast ends first.
+            if let Some(other) = self.coasts.holds(wake_ns) {
+                self.catch_up(other, at)?;
+                self.reach(other)?;
+            }
+            let done = Event::StepDone { replica, step };
+            self.kernel.schedule_at(wake_ns, Class::Completion, done)?;
+        }
+        Ok(())
+    }
+}
