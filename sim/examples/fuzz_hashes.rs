@@ -22,23 +22,11 @@ fn line(tier: Tier, seed: u64) -> String {
             let json = serde_json::to_string(&r).expect("a report serialises");
             let summary = blake3::hash(json.as_bytes()).to_hex();
             let mut v = serde_json::to_value(&r).expect("a report serialises");
-            strip_run_hashes(&mut v);
+            cancelsim::diff::strip_run_hashes(&mut v);
             let answers = blake3::hash(v.to_string().as_bytes()).to_hex();
             format!("{tier:?} {seed} {} {summary} {answers}", r.run_hash)
         }
         Err(e) => format!("{tier:?} {seed} error: {e}"),
-    }
-}
-
-/// Every run's hash out of the report (each policy's and baseline's too), for the answers alone.
-fn strip_run_hashes(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(o) => {
-            o.remove("run_hash");
-            o.values_mut().for_each(strip_run_hashes);
-        }
-        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_run_hashes),
-        _ => {}
     }
 }
 

@@ -15,6 +15,19 @@ use serde_json::Value;
 /// Fields left out of the comparison: the build's identity and the run hashes.
 pub const IGNORED: [&str; 4] = ["commit", "version", "run_hash", "report_run_hash"];
 
+/// Every run's hash out of a report (the top level's, each policy's and baseline's), at any
+/// depth: what it answers, for a change of the event stream by design.
+pub fn strip_run_hashes(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.remove("run_hash");
+            o.values_mut().for_each(strip_run_hashes);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_run_hashes),
+        _ => {}
+    }
+}
+
 /// One file compared.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Compared {
@@ -337,5 +350,26 @@ fn clip(v: &str) -> String {
     match v.char_indices().nth(SHOWN_MAX) {
         Some((i, _)) => format!("{}...", &v[..i]),
         None => v.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_run_hash_goes_and_nothing_else() {
+        let mut v = serde_json::json!({
+            "run_hash": "a", "seed": 1,
+            "counterfactual": {"run_hash": "b", "ttft_ms": 2.0},
+            "policies": [{"run_hash": "c", "label": "x"}, {"ttft_ms": 3.0}],
+        });
+        strip_run_hashes(&mut v);
+        let want = serde_json::json!({
+            "seed": 1,
+            "counterfactual": {"ttft_ms": 2.0},
+            "policies": [{"label": "x"}, {"ttft_ms": 3.0}],
+        });
+        assert_eq!(v, want);
     }
 }

@@ -130,7 +130,7 @@ fn answers(name: &str, s: &Scenario, seed: u64, by_field: bool) -> Vec<String> {
     let csv = sink.w.into_inner().expect("an in-memory writer");
     let mut v = serde_json::to_value(&r).expect("a report serialises");
     v.as_object_mut().unwrap().remove("commit");
-    strip_run_hashes(&mut v);
+    cancelsim::diff::strip_run_hashes(&mut v);
     let mut lines = vec![
         format!("{name} run_hash {}", &r.run_hash[..16]),
         format!("{name} requests.csv {}", digest(&csv)),
@@ -142,19 +142,6 @@ fn answers(name: &str, s: &Scenario, seed: u64, by_field: bool) -> Vec<String> {
         }
     }
     lines
-}
-
-/// Every run's hash out of the report (the top level's, and each policy's and baseline's):
-/// held apart, in the `run_hash` line.
-fn strip_run_hashes(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(o) => {
-            o.remove("run_hash");
-            o.values_mut().for_each(strip_run_hashes);
-        }
-        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_run_hashes),
-        _ => {}
-    }
 }
 
 fn expected() -> Vec<String> {

@@ -34,7 +34,7 @@ fn answers(s: &Scenario, no_streak: bool) -> (String, Vec<u8>, StreakCounts) {
         Err(e) => return (format!("error: {e}"), Vec::new(), StreakCounts::default()),
     };
     let mut json = serde_json::to_value(&report).expect("a report serialises");
-    strip_run_hashes(&mut json);
+    cancelsim::diff::strip_run_hashes(&mut json);
     let json = json.to_string();
     let counts = extras
         .iter()
@@ -43,18 +43,6 @@ fn answers(s: &Scenario, no_streak: bool) -> (String, Vec<u8>, StreakCounts) {
             tokens_at_intent: a.tokens_at_intent + e.streak.tokens_at_intent,
         });
     (json, rows.0.into_inner().expect("in memory"), counts)
-}
-
-/// Every run's hash out of the report: the top level's, each policy's and baseline's.
-fn strip_run_hashes(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(o) => {
-            o.remove("run_hash");
-            o.values_mut().for_each(strip_run_hashes);
-        }
-        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_run_hashes),
-        _ => {}
-    }
 }
 
 /// The same answers both ways; the streak's counts with it.
