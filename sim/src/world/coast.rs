@@ -21,7 +21,9 @@
 //!
 //! What does change is the run hash, which sees the events dispatched: coasted steps are not
 //! events. The event count, and its limit, count them as the two events (a step's end and its
-//! pass) each was.
+//! pass) each was, when their replica is brought up to date: a run stopped by a limit stops at
+//! the same count or virtual time, but its error may name a later time or an earlier event
+//! number than without coasting.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
