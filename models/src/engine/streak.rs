@@ -199,11 +199,9 @@ impl Engine {
         self.streak.plan = plan;
         self.streak_grow(bucket, now_ns);
         let s = &self.streak;
-        let members = s.members as u64;
-        let kv = s.kv_base + (members * (s.dispatched + 1)) as i64;
-        assert!(kv >= 0, "the streak reads a negative KV");
-        c.shape.decode_seqs += members;
-        c.shape.kv_tokens_read += kv as u64;
+        let kv = self.streak_kv(s.dispatched);
+        c.shape.decode_seqs += s.members as u64;
+        c.shape.kv_tokens_read += kv.expect("the streak reads a negative KV");
         c.budget = budget;
         c.streak = s.members;
         true
@@ -279,13 +277,12 @@ impl Engine {
             streak: Some(s.streak_step),
         };
         self.streak_grow(bucket, now_ns);
-        let kv = self.streak.kv_base + (members as u64 * (d + 1)) as i64;
-        assert!(kv >= 0, "the streak reads a negative KV");
+        let kv = self.streak_kv(d).expect("the streak reads a negative KV");
         let mut c = Compose {
             entries: s.entries,
             shape: StepShape {
                 decode_seqs: members as u64,
-                kv_tokens_read: kv as u64,
+                kv_tokens_read: kv,
                 ..StepShape::default()
             },
             budget: self.cfg.max_num_batched_tokens - members,
@@ -318,6 +315,14 @@ impl Engine {
             );
         }
         self.streak.boundary[bucket] = slots;
+    }
+
+    /// The KV its members read in streak step `d`: each its context then (`kv_base`). `None`
+    /// if that is negative, which a broken count would make.
+    #[inline]
+    pub(super) fn streak_kv(&self, d: u64) -> Option<u64> {
+        let s = &self.streak;
+        u64::try_from(s.kv_base + (s.members as u64 * (d + 1)) as i64).ok()
     }
 
     /// Whether the running request in `slot` may join the streak now.

@@ -118,7 +118,7 @@ impl Engine {
                 break;
             }
             clean -= growth;
-            let Ok(kv) = u64::try_from(k.kv_base + (members * (d + 1)) as i64) else {
+            let Some(kv) = self.streak_kv(d) else {
                 break;
             };
             let shape = StepShape {
