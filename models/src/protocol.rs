@@ -418,6 +418,20 @@ pub trait Scheduler {
     fn turn(&mut self, _now_ns: u64, _step: u64) -> Option<(StepReport, Dispatch)> {
         None
     }
+    /// `turn` at each tick of `at`: step `step` ends at the first, and each turn's step at the
+    /// next. Each turn's report and dispatch go into `out`, up to the first `turn` that is
+    /// `None`. A coast's turns (`coast_ends`), taken together.
+    fn turns_at(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
+        out.clear();
+        let mut step = step;
+        for &now_ns in at {
+            let Some((report, d)) = self.turn(now_ns, step) else {
+                return;
+            };
+            step = d.step;
+            out.push((report, d));
+        }
+    }
     /// The earliest streak step whose tokens are not handed over yet (the caller may forget the
     /// shares of those before), if the scheduler has a streak.
     fn streak_floor(&self) -> Option<u64> {

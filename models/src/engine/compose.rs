@@ -256,6 +256,29 @@ impl Engine {
     /// `launch`, with the step's time (`costing.step_ns` of its shape) known.
     #[inline]
     pub(super) fn launch_timed(&mut self, now_ns: u64, c: Compose, duration_ns: u64) -> Dispatch {
+        let (d, streak_step) = self.clock(now_ns, duration_ns, c.shape.prefill_tokens, c.streak);
+        self.inflight.push_back(Step {
+            id: d.step,
+            end_ns: d.end_ns,
+            duration_ns,
+            entries: c.entries,
+            streak: c.streak,
+            streak_step,
+        });
+        d
+    }
+
+    /// What a step of `duration_ns` going in flight changes but the steps in flight: the GPU's
+    /// time, the step's number, the counts and the streak's. Returns its dispatch and its
+    /// streak step's number.
+    #[inline(always)]
+    pub(super) fn clock(
+        &mut self,
+        now_ns: u64,
+        duration_ns: u64,
+        prefill_tokens: u64,
+        streak: u32,
+    ) -> (Dispatch, u64) {
         let start_ns = now_ns.max(self.gpu_free_ns);
         let end_ns = start_ns + duration_ns;
         self.gpu_free_ns = end_ns;
@@ -263,21 +286,14 @@ impl Engine {
         self.step_next += 1;
         self.stats.steps += 1;
         self.stats.busy_ns += duration_ns;
-        self.stats.prefill_tokens += c.shape.prefill_tokens;
-        let (streak, streak_step) = self.streak_launch(&c);
-        self.inflight.push_back(Step {
-            id: step,
-            end_ns,
-            duration_ns,
-            entries: c.entries,
-            streak,
-            streak_step,
-        });
-        Dispatch {
+        self.stats.prefill_tokens += prefill_tokens;
+        let streak_step = self.streak_launch(streak);
+        let d = Dispatch {
             step,
             start_ns,
             end_ns,
-        }
+        };
+        (d, streak_step)
     }
 
     /// Put `tokens` of a request into the step being composed, with `blocks` newly allocated

@@ -475,6 +475,10 @@ impl Scheduler for Engine {
         Engine::coast_ends(self, turns_max, ends)
     }
 
+    fn turns_at(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
+        Engine::turns_at(self, step, at, out)
+    }
+
     fn totals(&self) -> ReplicaStats {
         let s = self.stats();
         ReplicaStats {

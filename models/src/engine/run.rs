@@ -95,6 +95,11 @@ impl Engine {
     }
 
     /// No request waits: the front's run is forgotten, and the cache stops journaling.
+    /// Whether a run is remembered: `forget_run` would forget it.
+    pub(super) fn run_remembered(&self) -> bool {
+        self.run_memo.owner.is_some()
+    }
+
     pub(super) fn forget_run(&mut self) {
         if let Some(cache) = self.pool.cache() {
             if self.run_memo.owner.is_some() {

@@ -289,8 +289,11 @@ impl Engine {
             preempted: false,
             streak: members,
         };
-        // No one waits: this only forgets the waiting front's run, as the pass's does.
-        self.admit_waiting(now_ns, &mut c);
+        // No one waits: this only forgets the waiting front's run, as the pass's does, and
+        // drops dead entries; with neither, it changes nothing.
+        if !self.waiting.is_void() || self.run_remembered() {
+            self.admit_waiting(now_ns, &mut c);
+        }
         debug_assert!(c.entries.is_empty() && self.started.is_empty());
         let duration_ns = self.step_ns_ahead(c.shape);
         Some((report, self.launch_timed(now_ns, c, duration_ns)))
@@ -466,11 +469,12 @@ impl Engine {
         assert_eq!(self.streak.members, 0, "a member was not running");
     }
 
-    /// A step goes in flight with the streak's members in it, if any.
-    pub(super) fn streak_launch(&mut self, c: &Compose) -> (u32, u64) {
+    /// A step goes in flight with `streak` members in it, if any: returns its streak step's
+    /// number.
+    pub(super) fn streak_launch(&mut self, streak: u32) -> u64 {
         let s = &mut self.streak;
         let step = s.dispatched;
-        if c.streak > 0 {
+        if streak > 0 {
             s.dispatched += 1;
             s.bucket += 1;
             if s.bucket == self.cfg.block_tokens as usize {
@@ -478,7 +482,7 @@ impl Engine {
             }
         }
         debug_assert_eq!(s.bucket as u64, s.dispatched % self.cfg.block_tokens as u64);
-        (c.streak, step)
+        step
     }
 
     /// Step `s` ended: its members' tokens are processed. Returns how many need nothing more,

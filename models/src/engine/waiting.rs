@@ -59,6 +59,11 @@ impl Waiting {
         self.live -= 1;
     }
 
+    /// Whether no entry is left, live or dead: `front` would change nothing.
+    pub fn is_void(&self) -> bool {
+        self.queue.is_empty()
+    }
+
     pub fn len(&self) -> u64 {
         self.live
     }

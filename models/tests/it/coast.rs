@@ -3,6 +3,9 @@
 //! (an arrival, an abort, a hand-over, a timer) at or before a promised turn, each promised turn
 //! must be taken, quiet (`turn` gives `Some`), at its time, and launch the step that ends at
 //! the next promised time. The streak's random worlds run it.
+//!
+//! Taken together (`Scheduler::turns_at`), the promised turns must be the turns taken one by
+//! one: the same reports, dispatches and everything after.
 
 use std::collections::VecDeque;
 
@@ -13,11 +16,14 @@ use proptest::prelude::*;
 use crate::driver::{cfg, req};
 use crate::streak::{world, Sharing, World};
 
-/// Turns taken, and how many of them were promised.
+/// Turns taken, how many of them were promised, and what the engine gave, in order.
 #[derive(Debug, Default, PartialEq)]
 struct Turns {
     taken: u64,
     promised: u64,
+    /// Calls of `turns_at` that took two turns or more.
+    together: u64,
+    log: Vec<String>,
 }
 
 /// Ask for the turns ahead, unless a promise still stands.
@@ -35,8 +41,32 @@ fn promise_more(e: &mut impl Scheduler, inflight: &[Dispatch], promise: &mut Vec
     }
 }
 
-/// Drive `e` through `w`'s inputs, holding it to every promise; the turns it took.
-fn drive(e: &mut impl Scheduler, w: &World) -> Turns {
+/// Where no input comes before a promise's last turn, take its turns in one call.
+/// Returns the last turn's dispatch.
+fn take_together(
+    e: &mut impl Scheduler,
+    step: u64,
+    promise: &mut VecDeque<u64>,
+    t: &mut Turns,
+) -> Dispatch {
+    let at: Vec<u64> = promise.iter().take(promise.len() - 1).copied().collect();
+    let mut out = Vec::new();
+    e.turns_at(step, &at, &mut out);
+    assert_eq!(out.len(), at.len(), "a promised turn was not quiet");
+    for (&now, (report, next)) in at.iter().zip(&out) {
+        t.log.push(format!("{now} {report:?} {next:?}"));
+    }
+    assert_eq!(promise.back(), out.last().map(|(_, d)| &d.end_ns));
+    t.taken += at.len() as u64;
+    t.promised += at.len() as u64;
+    t.together += u64::from(at.len() >= 2);
+    promise.clear();
+    out.last().expect("a turn").1
+}
+
+/// Drive `e` through `w`'s inputs, holding it to every promise; the turns it took. With
+/// `together`, a promise that nothing from outside reaches is taken in one call.
+fn drive(e: &mut impl Scheduler, w: &World, together: bool) -> Turns {
     let arrivals: Vec<(u64, NewRequest)> = (w.arrivals.iter())
         .map(|&(t, r)| (t, NewRequest { lazy: true, ..r }))
         .collect();
@@ -64,7 +94,18 @@ fn drive(e: &mut impl Scheduler, w: &World) -> Turns {
         if t_step == Some(now) {
             let d = inflight.remove(0);
             let alone = input != Some(now) && inflight.first().is_none_or(|x| x.end_ns != now);
-            if let Some((_, next)) = alone.then(|| e.turn(now, d.step)).flatten() {
+            let last_turn = promise.len().checked_sub(2).map(|i| promise[i]);
+            if together
+                && alone
+                && promise.front() == Some(&now)
+                && input.is_none_or(|t| last_turn.is_some_and(|l| t > l))
+            {
+                inflight.push(take_together(e, d.step, &mut promise, &mut turns));
+                promise_more(e, &inflight, &mut promise);
+                continue;
+            }
+            if let Some((report, next)) = alone.then(|| e.turn(now, d.step)).flatten() {
+                turns.log.push(format!("{now} {report:?} {next:?}"));
                 turns.taken += 1;
                 if promise.front() == Some(&now) {
                     promise.pop_front();
@@ -79,7 +120,8 @@ fn drive(e: &mut impl Scheduler, w: &World) -> Turns {
                 continue;
             }
             assert_ne!(promise.front(), Some(&now), "a promised turn was not quiet");
-            e.step_done(now, d.step, &mut out);
+            let report = e.step_done(now, d.step, &mut out);
+            turns.log.push(format!("{now} done {report:?}"));
         } else if t_explicit == Some(now) && t_arr != Some(now) {
             e.make_explicit(w.explicit[nx].1);
             nx += 1;
@@ -90,6 +132,7 @@ fn drive(e: &mut impl Scheduler, w: &World) -> Turns {
             let _ = e.enqueue(now, arrivals[na].1);
             na += 1;
         }
+        turns.log.push(format!("{now} {out:?}"));
         out.clear();
         let more_now = arrivals.get(na).is_some_and(|a| a.0 == now)
             || w.aborts.get(nb).is_some_and(|a| a.0 == now)
@@ -100,6 +143,7 @@ fn drive(e: &mut impl Scheduler, w: &World) -> Turns {
             while let Some(d) = e.dispatch(now, &mut out) {
                 inflight.push(d);
             }
+            turns.log.push(format!("{now} {out:?} {inflight:?}"));
             out.clear();
         }
         promise_more(e, &inflight, &mut promise);
@@ -112,8 +156,13 @@ proptest! {
 
     #[test]
     fn every_promised_turn_is_taken_quiet_at_its_time(w in world()) {
-        let turns = drive(&mut Sharing(Engine::new(w.cfg.clone())), &w);
-        prop_assert!(turns.promised <= turns.taken);
+        let mut one = Sharing(Engine::new(w.cfg.clone()));
+        let mut together = Sharing(Engine::new(w.cfg.clone()));
+        let (a, b) = (drive(&mut one, &w, false), drive(&mut together, &w, true));
+        prop_assert_eq!(&a.log, &b.log);
+        prop_assert_eq!((a.taken, a.promised), (b.taken, b.promised));
+        prop_assert_eq!(one.totals(), together.totals());
+        prop_assert_eq!(format!("{:?}", one.0.stats()), format!("{:?}", together.0.stats()));
     }
 }
 
@@ -130,9 +179,12 @@ fn decodes_left_alone_are_promised_every_turn() {
         aborts: Vec::new(),
         explicit: Vec::new(),
     };
-    let turns = drive(&mut Engine::new(w.cfg.clone()), &w);
+    let turns = drive(&mut Engine::new(w.cfg.clone()), &w, false);
     assert!(turns.taken > 100, "{turns:?}");
     assert_eq!(turns.promised, turns.taken);
+    let together = drive(&mut Engine::new(w.cfg.clone()), &w, true);
+    assert!(together.together >= 3, "{}", together.together);
+    assert_eq!(together.log, turns.log);
 }
 
 /// A second step in flight (`window` 2) is beyond a coast: nothing is promised, and the turns
@@ -145,7 +197,7 @@ fn two_steps_in_flight_promise_nothing() {
         aborts: Vec::new(),
         explicit: Vec::new(),
     };
-    let turns = drive(&mut Engine::new(w.cfg.clone()), &w);
+    let turns = drive(&mut Engine::new(w.cfg.clone()), &w, true);
     assert!(turns.taken > 10, "{turns:?}");
     assert_eq!(turns.promised, 0);
 }

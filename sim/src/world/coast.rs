@@ -28,7 +28,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use cancelsim_models::protocol::Dispatch;
+use cancelsim_models::protocol::{Dispatch, StepReport};
 use rustc_hash::FxHashMap;
 
 use super::accounts::Shares;
@@ -63,6 +63,8 @@ pub(super) struct Coasts {
     /// Reused for the ends a replica names, and for the ticks an event asks for.
     scratch: Vec<u64>,
     asked: Vec<u64>,
+    /// Reused for the turns a catch-up takes.
+    turned: Vec<(StepReport, Dispatch)>,
 }
 
 /// One replica's coast.
@@ -183,29 +185,37 @@ impl World<'_> {
         true
     }
 
-    /// `replica`'s turns before `now_ns`, taken at their ticks, as `World::turned` takes them.
+    /// `replica`'s turns before `now_ns`, taken at their ticks, as `World::turned` takes them:
+    /// the replica's, in one call (`Cluster::turns_at`), then the world's, in order.
     fn catch_up(&mut self, replica: u32, now_ns: u64) -> Step {
-        let r = replica as usize;
-        loop {
-            let c = &self.coasts.by_replica[r];
-            if c.taken == c.turns() || c.ends[c.taken] >= now_ns {
-                return Ok(());
-            }
-            let (at, step) = (c.ends[c.taken], c.first_step + c.taken as u64);
-            let next_ns = c.ends[c.taken + 1];
-            let Some((report, d)) = self.cluster.turn(replica, step, at) else {
-                return Err(Stop::broken(vec![], "a coasted turn was not quiet"));
-            };
-            if (d.step, d.end_ns) != (step + 1, next_ns) {
+        let c = &self.coasts.by_replica[replica as usize];
+        let (from, turns) = (c.taken, c.turns());
+        let due = c.ends[from..turns].partition_point(|&t| t < now_ns);
+        if due == 0 {
+            return Ok(());
+        }
+        let step = c.first_step + from as u64;
+        let mut turned = std::mem::take(&mut self.coasts.turned);
+        let at = &self.coasts.by_replica[replica as usize].ends[from..from + due];
+        self.cluster.turns_at(replica, step, at, &mut turned);
+        if turned.len() != due {
+            return Err(Stop::broken(vec![], "a coasted turn was not quiet"));
+        }
+        for (i, (report, d)) in turned.iter().enumerate() {
+            let ends = &self.coasts.by_replica[replica as usize].ends[from + i..];
+            if (d.step, d.end_ns) != (step + i as u64 + 1, ends[1]) {
                 return Err(Stop::broken(vec![], "a coasted step ended off its tick"));
             }
             let streak_step = report.streak.expect("a turn is a streak step's");
-            self.streak_step(replica, streak_step, Shares::of(&report, at).unit());
-            self.recorder.step(replica, &d);
+            let share = Shares::of(report, ends[0]).unit();
+            self.streak_step(replica, streak_step, share);
+            self.recorder.step(replica, d);
             // The step's end and its pass, as the events they were.
             self.kernel.count_dispatched(2)?;
-            self.coasts.by_replica[r].taken += 1;
         }
+        self.coasts.turned = turned;
+        self.coasts.by_replica[replica as usize].taken += due;
+        Ok(())
     }
 
     pub(super) fn coasting(&self, replica: u32) -> bool {

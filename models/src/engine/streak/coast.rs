@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use super::super::seq::Step;
 use super::super::Engine;
 use crate::gpu::StepShape;
+use crate::protocol::{Dispatch, StepReport};
 
 impl Engine {
     /// What keeps a turn quiet that only something from outside the streak changes: the step
@@ -84,6 +85,78 @@ impl Engine {
             }
             None => self.costing.step_ns(shape),
         }
+    }
+
+    /// The turns at `at` in one call, as `turn` takes them one by one: step `step`, in flight,
+    /// ends at `at[0]`, and each turn's step at the next tick. Each turn's report and dispatch
+    /// go into `out`, up to the first turn that is not quiet. After one turn, what only
+    /// something from outside changes still holds and no one waits, so each later turn checks
+    /// only what the streak reaches and does only what changes (`turn_again`).
+    pub fn turns_at(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
+        out.clear();
+        let mut step = step;
+        for (i, &now_ns) in at.iter().enumerate() {
+            let turned = if i == 0 {
+                self.turn(now_ns, step)
+            } else {
+                self.turn_again(now_ns, step)
+            };
+            let Some((report, d)) = turned else {
+                return;
+            };
+            step = d.step;
+            out.push((report, d));
+        }
+    }
+
+    /// `turn`, right after a quiet `turn` with nothing from outside since: the conditions
+    /// `turn_still` checks still hold, and the pass's `admit_waiting`, with no one waiting and
+    /// the waiting front's run forgotten, changes nothing. So: the streak's own checks, the
+    /// step in flight's end, and the next streak step in its place (the same step `launch`
+    /// would put there: no entries, the streak's members).
+    fn turn_again(&mut self, now_ns: u64, step: u64) -> Option<(StepReport, Dispatch)> {
+        debug_assert!(self.inflight.front().is_some_and(|s| self.turn_still(s)));
+        let s = self.inflight.front()?;
+        let (duration_ns, streak_step, tokens) = (s.duration_ns, s.streak_step, s.streak as u64);
+        let d = self.streak.dispatched;
+        let bucket = self.streak.bucket;
+        let growth = self.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
+        let quiet = s.id == step
+            && s.end_ns == now_ns
+            && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d)
+            && self.no_notes(streak_step)
+            && self.streak_fits(growth, false);
+        if !quiet {
+            return None;
+        }
+        assert_eq!(
+            streak_step, self.streak.processed,
+            "streak steps end in order"
+        );
+        let members = self.streak.members;
+        self.streak.processed += 1;
+        self.stats.tokens_delivered += tokens;
+        self.taint.step_ended(step);
+        self.at_boundary = false;
+        let report = StepReport {
+            step,
+            duration_ns,
+            tokens,
+            streak: Some(streak_step),
+        };
+        self.streak_grow(bucket, now_ns);
+        let kv = self.streak_kv(d).expect("the streak reads a negative KV");
+        let shape = StepShape {
+            decode_seqs: members as u64,
+            kv_tokens_read: kv,
+            ..StepShape::default()
+        };
+        let duration_ns = self.step_ns_ahead(shape);
+        let (dispatch, streak_step) = self.clock(now_ns, duration_ns, 0, members);
+        let s = self.inflight.front_mut().expect("a step in flight");
+        (s.id, s.end_ns, s.duration_ns) = (dispatch.step, dispatch.end_ns, duration_ns);
+        (s.streak, s.streak_step) = (members, streak_step);
+        Some((report, dispatch))
     }
 
     fn find_ends(

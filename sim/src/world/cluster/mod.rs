@@ -348,6 +348,24 @@ impl Cluster {
         turned
     }
 
+    /// `turn` at each tick of `at`, in one call (`Scheduler::turns_at`): a coast's turns.
+    #[inline]
+    pub fn turns_at(
+        &mut self,
+        replica: u32,
+        step: u64,
+        at: &[u64],
+        out: &mut Vec<(StepReport, Dispatch)>,
+    ) {
+        let r = &mut self.replicas[replica as usize];
+        r.turns_at(step, at, out);
+        debug_assert_eq!(
+            r.load(),
+            self.loads[replica as usize],
+            "a turn moved a load"
+        );
+    }
+
     /// What `replica`'s cache stored and evicted just now goes out to a KV-aware router.
     #[inline(always)]
     fn publish(&mut self, replica: u32, now_ns: u64) {
