@@ -30,8 +30,8 @@ pub use profiles::{
     LLAMA31_8B_B200, LLAMA31_8B_H100, LLAMA31_8B_H200, PROFILES,
 };
 pub use roofline::{
-    Fitted, Gpu, ModelShape, Prepared, Roofline, Shares, A100_80GB, B200_SXM, H100_SXM, H200_SXM,
-    MBU_KV_PCT, MBU_PCT, MFU_ATTN_PCT, MFU_PCT,
+    DecodeSteps, Fitted, Gpu, ModelShape, Prepared, Roofline, Shares, A100_80GB, B200_SXM,
+    H100_SXM, H200_SXM, MBU_KV_PCT, MBU_PCT, MFU_ATTN_PCT, MFU_PCT,
 };
 pub use table::{StepTable, TableError, TABLE_ROWS_MAX};
 
@@ -139,6 +139,54 @@ impl Costing {
         match (&self.model, &self.prepared) {
             (StepModel::Roofline(r), Some(p)) => r.step_ns_prepared(shape, p),
             (model, _) => model.step_ns(shape),
+        }
+    }
+
+    /// The times of a streak's steps ahead: `seqs` sequences decoding, reading `kv0` KV
+    /// tokens, then `seqs` more each step, at most `steps` more. A roofline's by addition
+    /// (`Roofline::decode_steps`) where every step's terms fit 64 bits; any other's one by one.
+    pub fn streak_times(&self, seqs: u64, kv0: u64, steps: u64) -> StreakTimes<'_> {
+        let added = match (&self.model, &self.prepared) {
+            (StepModel::Roofline(r), Some(p)) => r.decode_steps(p, seqs, kv0, steps),
+            _ => None,
+        };
+        match added {
+            Some(d) => StreakTimes::Added(d),
+            None => StreakTimes::Each {
+                costing: self,
+                seqs,
+                kv: kv0,
+            },
+        }
+    }
+}
+
+/// A streak's step times, one after another (`Costing::streak_times`): each `step_ns` of its
+/// shape.
+pub enum StreakTimes<'a> {
+    Added(DecodeSteps),
+    Each {
+        costing: &'a Costing,
+        seqs: u64,
+        kv: u64,
+    },
+}
+
+impl StreakTimes<'_> {
+    /// The next step's time; the one after reads `seqs` more KV tokens.
+    #[inline]
+    pub fn next_ns(&mut self) -> u64 {
+        match self {
+            StreakTimes::Added(d) => d.next_ns(),
+            StreakTimes::Each { costing, seqs, kv } => {
+                let shape = StepShape {
+                    decode_seqs: *seqs,
+                    kv_tokens_read: *kv,
+                    ..StepShape::default()
+                };
+                *kv = kv.saturating_add(*seqs);
+                costing.step_ns(shape)
+            }
         }
     }
 }

@@ -347,17 +347,126 @@ impl Roofline {
     #[inline]
     pub fn step_ns_prepared(&self, s: super::StepShape, p: &Prepared) -> u64 {
         let (c, m) = self.terms_prepared(s, p);
-        let joined = if c.max(m) < 1 << 31 {
-            // Both squares and their sum fit a u64: the same root, in 64-bit arithmetic.
-            isqrt_below_2_63(c * c + m * m)
-        } else {
-            let square = |x: u64| (x as u128).saturating_mul(x as u128);
-            let joined = square(c).saturating_add(square(m)).isqrt();
-            u64::try_from(joined).unwrap_or(u64::MAX)
-        };
         self.overhead_ns
             .saturating_add(s.decode_seqs.saturating_mul(self.per_seq_ns))
-            .saturating_add(joined)
+            .saturating_add(joined(c, m))
+    }
+
+    /// The decode-only steps of `seqs` sequences that read `kv0`, `kv0 + seqs`, … KV tokens (a
+    /// streak's), at most `steps` of them, if every one's terms fit 64 bits: then each step's
+    /// attention and KV times grow by the same fraction, and each is the last plus that
+    /// fraction's quotient, its remainder carried (`Ceil`), with no division. The same times
+    /// as `step_ns_prepared` of each shape.
+    pub fn decode_steps(
+        &self,
+        p: &Prepared,
+        seqs: u64,
+        kv0: u64,
+        steps: u64,
+    ) -> Option<DecodeSteps> {
+        let kv_max = kv0.checked_add(seqs.checked_mul(steps)?)?;
+        let last = super::StepShape {
+            decode_seqs: seqs,
+            kv_tokens_read: kv_max,
+            ..super::StepShape::default()
+        };
+        // Every quantity grows with the KV read: if the last step's fit, every step's do.
+        self.terms_narrow(last, p)?;
+        let grow = |per_token: u64, r: Rate| seqs.checked_mul(per_token)?.checked_mul(r.mul);
+        let attn_from = kv0.checked_mul(self.pair_flops)?.checked_mul(p.attn.mul)?;
+        let kv_from = (kv0 + seqs)
+            .checked_mul(self.kv_bytes)?
+            .checked_mul(p.kv.mul)?;
+        Some(DecodeSteps {
+            base_ns: (self.overhead_ns).saturating_add(seqs.saturating_mul(self.per_seq_ns)),
+            compute_ns: p.flops.ns_narrow(seqs.checked_mul(self.linear_flops)?)?,
+            weight_ns: u64::try_from(p.weight_ns).ok()?,
+            attn: Ceil::new(attn_from, grow(self.pair_flops, p.attn)?, p.attn.div)?,
+            kv: Ceil::new(kv_from, grow(self.kv_bytes, p.kv)?, p.kv.div)?,
+            left: steps + 1,
+        })
+    }
+}
+
+/// `√(c² + m²)`, rounded down: how a step's compute and memory times join.
+#[inline]
+fn joined(c: u64, m: u64) -> u64 {
+    if c.max(m) < 1 << 31 {
+        // Both squares and their sum fit a u64: the same root, in 64-bit arithmetic.
+        isqrt_below_2_63(c * c + m * m)
+    } else {
+        let square = |x: u64| (x as u128).saturating_mul(x as u128);
+        let joined = square(c).saturating_add(square(m)).isqrt();
+        u64::try_from(joined).unwrap_or(u64::MAX)
+    }
+}
+
+/// `⌈n / div⌉` for a numerator `n` that grows by `step` at each `advance`: the quotient and
+/// remainder carried, so each value costs additions only.
+#[derive(Clone, Copy, Debug)]
+struct Ceil {
+    quotient: u64,
+    rest: u64,
+    step_quotient: u64,
+    step_rest: u64,
+    div: u64,
+}
+
+impl Ceil {
+    /// None where the remainders could overflow (a divisor of 2^63 or more).
+    fn new(n: u64, step: u64, div: u64) -> Option<Ceil> {
+        (div > 0 && div < 1 << 63).then_some(Ceil {
+            quotient: n / div,
+            rest: n % div,
+            step_quotient: step / div,
+            step_rest: step % div,
+            div,
+        })
+    }
+
+    #[inline]
+    fn value(&self) -> u64 {
+        self.quotient + u64::from(self.rest != 0)
+    }
+
+    #[inline]
+    fn advance(&mut self) {
+        self.quotient += self.step_quotient;
+        self.rest += self.step_rest;
+        if self.rest >= self.div {
+            self.rest -= self.div;
+            self.quotient += 1;
+        }
+    }
+}
+
+/// A streak's steps ahead on a roofline (`Roofline::decode_steps`).
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeSteps {
+    /// The overhead and the sequences' own cost: every step's.
+    base_ns: u64,
+    compute_ns: u64,
+    weight_ns: u64,
+    attn: Ceil,
+    kv: Ceil,
+    /// Steps it may still time.
+    left: u64,
+}
+
+impl DecodeSteps {
+    /// The next step's time; the one after reads one more KV token a sequence.
+    #[inline]
+    pub fn next_ns(&mut self) -> u64 {
+        assert!(self.left > 0, "more steps than the KV read was checked for");
+        self.left -= 1;
+        // The terms fit (`decode_steps`), so these sums do.
+        let c = self.compute_ns + self.attn.value();
+        let m = self.weight_ns + self.kv.value();
+        if self.left > 0 {
+            self.attn.advance();
+            self.kv.advance();
+        }
+        self.base_ns.saturating_add(joined(c, m))
     }
 }
 

@@ -9,3 +9,4 @@ mod prefix;
 mod properties;
 mod reference;
 mod streak;
+mod streak_times;

@@ -183,6 +183,12 @@ impl Engine {
         let mut clean = self.pool.clean_blocks();
         let mut end_ns = s.end_ns;
         ends.push(end_ns);
+        let Some(kv0) = self.streak_kv(k.dispatched) else {
+            ends.clear();
+            return;
+        };
+        // The KV read grows by one token a member each step (`streak_kv`).
+        let mut times = self.costing.streak_times(members, kv0, turns_max as u64);
         for i in 0..turns_max as u64 {
             let d = k.dispatched + i;
             let bucket = (k.bucket + i as usize) % block_tokens;
@@ -199,7 +205,8 @@ impl Engine {
                 kv_tokens_read: kv,
                 ..StepShape::default()
             };
-            let duration_ns = self.costing.step_ns(shape);
+            let duration_ns = times.next_ns();
+            debug_assert_eq!(duration_ns, self.costing.step_ns(shape));
             let Some(next_ns) = end_ns.checked_add(duration_ns) else {
                 break;
             };
