@@ -2,10 +2,13 @@
 //! It holds the scratch buffers a replica fills, so a pass allocates nothing.
 
 mod configure;
+mod kv;
+mod loads;
 mod routing;
 
 use configure::configured;
 pub(crate) use configure::radius;
+use loads::Loads;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -52,9 +55,9 @@ pub(crate) struct Drained {
 pub(crate) struct Cluster {
     replicas: Vec<Replica>,
     /// Each replica's `load()`, as of the last call that could change it (`settle`): the
-    /// router reads a thousand replicas' loads per arrival from one array, not through a
+    /// router reads them from one array and the least of them from a tree, not through a
     /// thousand boxes.
-    loads: Vec<u64>,
+    loads: Loads,
     router: Router,
     rr_next: u32,
     /// In a prefill/decode graph, replicas `0..prefill_n` prefill and the rest decode; 0 when
@@ -123,7 +126,7 @@ impl Cluster {
             _ => None,
         };
         Cluster {
-            loads: replicas.iter().map(|r| r.load()).collect(),
+            loads: Loads::new(replicas.iter().map(|r| r.load())),
             replicas,
             kv,
             router: s.cluster.router,
@@ -154,7 +157,8 @@ impl Cluster {
     fn settle(&mut self, replica: u32) {
         let r = replica as usize;
         assert!(!self.coasting[r], "a call into coasting replica {replica}");
-        self.loads[r] = self.replicas[r].load();
+        let load = self.replicas[r].load();
+        self.loads.set(replica, load);
     }
 
     /// `replica` coasts from now, or no longer: the world brought it up to now first.
@@ -171,7 +175,7 @@ impl Cluster {
     #[inline]
     pub(super) fn assert_loads(&self) {
         debug_assert!(
-            (self.loads.iter().zip(&self.replicas)).all(|(&l, r)| l == r.load()),
+            (self.loads.as_slice().iter().zip(&self.replicas)).all(|(&l, r)| l == r.load()),
             "a replica's load changed with no `settle`"
         );
     }
@@ -232,7 +236,7 @@ impl Cluster {
     pub fn prefill_queue(&self) -> u64 {
         let p = self.prefill_n as usize;
         self.assert_loads();
-        let least = self.loads[..p].iter().copied().min();
+        let least = self.loads.as_slice()[..p].iter().copied().min();
         least.expect("a prefill stage")
     }
 
@@ -340,11 +344,7 @@ impl Cluster {
         let r = &mut self.replicas[replica as usize];
         let turned = r.turn(now_ns, step);
         // No `settle`: a turn admits and retires nothing, so the load stays (`Scheduler::turn`).
-        debug_assert_eq!(
-            r.load(),
-            self.loads[replica as usize],
-            "a turn moved a load"
-        );
+        debug_assert_eq!(r.load(), self.loads.get(replica), "a turn moved a load");
         turned
     }
 
@@ -359,78 +359,7 @@ impl Cluster {
     ) {
         let r = &mut self.replicas[replica as usize];
         r.turns_at(step, at, out);
-        debug_assert_eq!(
-            r.load(),
-            self.loads[replica as usize],
-            "a turn moved a load"
-        );
-    }
-
-    /// What `replica`'s cache stored and evicted just now goes out to a KV-aware router.
-    #[inline(always)]
-    fn publish(&mut self, replica: u32, now_ns: u64) {
-        if self.kv.is_some() {
-            self.publish_kv(replica, now_ns);
-        }
-    }
-
-    fn publish_kv(&mut self, replica: u32, now_ns: u64) {
-        // Only the replicas it scores publish.
-        if let Some(kv) = self.kv.as_mut().filter(|kv| kv.views(replica)) {
-            kv.collect(replica, &mut self.replicas[replica as usize], now_ns);
-            self.settle(replica);
-        }
-    }
-
-    /// Whether the router is KV-aware: it routes by `route_kv`.
-    pub fn kv_aware(&self) -> bool {
-        self.kv.is_some()
-    }
-
-    /// The replica a KV-aware router sends a request of `content` to now, among the entry's.
-    pub fn route_kv(&mut self, now_ns: u64, content: &Content) -> u32 {
-        let kv = self.kv.as_mut().expect("a KV-aware router");
-        let scored = match &self.entry_beside {
-            Some(list) => kv.score(now_ns, content, &self.replicas, list.iter().copied()),
-            None => {
-                let n = match self.prefill_n {
-                    0 => self.replicas.len() as u32,
-                    p => p,
-                };
-                kv.score(now_ns, content, &self.replicas, 0..n)
-            }
-        };
-        kv.book(scored, false);
-        scored.replica
-    }
-
-    /// A KV-aware router's score among `candidates`, if it views them (the decode replicas of
-    /// a graph whose decode pools cache prefixes; the colocated ones beside it); nothing booked.
-    pub(super) fn score_kv(
-        &mut self,
-        now_ns: u64,
-        content: &Content,
-        mut candidates: impl Iterator<Item = u32> + Clone,
-    ) -> Option<Scored> {
-        let kv = self.kv.as_mut()?;
-        let first = candidates.clone().next()?;
-        // A stage is viewed whole or not at all (`kv_scored`).
-        kv.views(first)
-            .then(|| kv.score(now_ns, content, &self.replicas, &mut candidates))
-    }
-
-    /// Book a decision `score_kv` scored and the world took.
-    pub fn book_kv(&mut self, s: Scored) {
-        let decode = self.is_decode(s.replica);
-        self.kv.as_mut().expect("scored by one").book(s, decode);
-    }
-
-    /// The KV-aware router's books, with one: the entry's, and the decode stage's.
-    pub fn kv_stats(&self) -> (Option<KvRouterStats>, Option<KvRouterStats>) {
-        match &self.kv {
-            Some(kv) => (Some(kv.stats), kv.decode_stats),
-            None => (None, None),
-        }
+        debug_assert_eq!(r.load(), self.loads.get(replica), "a turn moved a load");
     }
 
     fn lend(&mut self) -> Box<Outbox> {

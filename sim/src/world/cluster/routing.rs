@@ -4,6 +4,7 @@
 use cancelsim_models::protocol::NewRequest;
 use cancelsim_models::topology::Role;
 
+use super::loads::least_loaded;
 use super::{Cluster, Scored};
 use crate::kernel::LimitError;
 use crate::scenario::Router;
@@ -28,12 +29,12 @@ impl Cluster {
     fn below_bound(&self) -> Option<u32> {
         self.assert_loads();
         let r = match &self.entry_beside {
-            Some(list) => least_loaded(&self.loads, list.iter().copied())?,
-            None => least_loaded(&self.loads, self.entry())?,
+            Some(list) => least_loaded(self.loads.as_slice(), list.iter().copied())?,
+            None => self.loads.least(self.entry())?,
         };
         match self.router {
             Router::SharedQueue { max_outstanding } => {
-                (self.loads[r as usize] < max_outstanding as u64).then_some(r)
+                (self.loads.get(r) < max_outstanding as u64).then_some(r)
             }
             _ => Some(r),
         }
@@ -95,7 +96,7 @@ impl Cluster {
             self.assert_loads();
             return pick(
                 self.router,
-                &self.loads,
+                self.loads.as_slice(),
                 list.iter().copied(),
                 &mut self.rr_next,
             );
@@ -108,7 +109,11 @@ impl Cluster {
             return rendezvous(key, 0..n);
         }
         self.assert_loads();
-        pick(self.router, &self.loads, 0..n, &mut self.rr_next)
+        match self.router {
+            Router::RoundRobin => pick(self.router, self.loads.as_slice(), 0..n, &mut self.rr_next),
+            // `pick`'s least loaded, from the tree: a range of replicas.
+            _ => self.loads.least(0..n).expect("at least one replica"),
+        }
     }
 
     /// The decode replica a prefilled request goes to, chosen when it reaches the decode stage:
@@ -159,7 +164,12 @@ impl Cluster {
             }
         }
         self.assert_loads();
-        let r = pick(self.router, &self.loads, candidates, &mut self.rr_decode);
+        let r = pick(
+            self.router,
+            self.loads.as_slice(),
+            candidates,
+            &mut self.rr_decode,
+        );
         Some((r, None))
     }
 
@@ -204,20 +214,6 @@ where
         | Router::SharedQueue { .. }
         | Router::KvAware { .. } => least_loaded(loads, candidates).expect("at least one replica"),
     }
-}
-
-/// The candidate of least load, the lowest numbered of those: the least `(load, replica)`;
-/// `None` if there is no candidate. A thousand replicas are a thousand reads of one array and a
-/// compare each.
-fn least_loaded(loads: &[u64], candidates: impl Iterator<Item = u32>) -> Option<u32> {
-    let mut least: Option<(u64, u32)> = None;
-    for r in candidates {
-        let l = loads[r as usize];
-        if least.is_none_or(|m| (l, r) < m) {
-            least = Some((l, r));
-        }
-    }
-    least.map(|(_, r)| r)
 }
 
 /// Rendezvous (highest random weight) hashing: the replica whose hash with `key` is highest. A
