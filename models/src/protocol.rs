@@ -420,8 +420,16 @@ pub trait Scheduler {
     }
     /// `turn` at each tick of `at`: step `step` ends at the first, and each turn's step at the
     /// next. Each turn's report and dispatch go into `out`, up to the first `turn` that is
-    /// `None`. A coast's turns (`coast_ends`), taken together.
-    fn turns_at(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
+    /// `None`. A coast's turns (`coast_ends`), taken together. `after_turn`: the caller's last
+    /// call into this scheduler was a `turn` that gave `Some` (so a turn may skip what that
+    /// one left done).
+    fn turns_at(
+        &mut self,
+        step: u64,
+        at: &[u64],
+        _after_turn: bool,
+        out: &mut Vec<(StepReport, Dispatch)>,
+    ) {
         out.clear();
         let mut step = step;
         for &now_ns in at {

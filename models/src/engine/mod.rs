@@ -475,8 +475,14 @@ impl Scheduler for Engine {
         Engine::coast_ends(self, turns_max, ends)
     }
 
-    fn turns_at(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
-        Engine::turns_at(self, step, at, out)
+    fn turns_at(
+        &mut self,
+        step: u64,
+        at: &[u64],
+        after_turn: bool,
+        out: &mut Vec<(StepReport, Dispatch)>,
+    ) {
+        Engine::turns_at(self, step, at, after_turn, out)
     }
 
     fn totals(&self) -> ReplicaStats {

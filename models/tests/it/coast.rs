@@ -41,17 +41,18 @@ fn promise_more(e: &mut impl Scheduler, inflight: &[Dispatch], promise: &mut Vec
     }
 }
 
-/// Where no input comes before a promise's last turn, take its turns in one call.
-/// Returns the last turn's dispatch.
+/// Where no input comes before a promise's last turn, take its turns in one call (`turned`:
+/// the engine's last call was a turn). Returns the last turn's dispatch.
 fn take_together(
     e: &mut impl Scheduler,
     step: u64,
+    turned: bool,
     promise: &mut VecDeque<u64>,
     t: &mut Turns,
 ) -> Dispatch {
     let at: Vec<u64> = promise.iter().take(promise.len() - 1).copied().collect();
     let mut out = Vec::new();
-    e.turns_at(step, &at, &mut out);
+    e.turns_at(step, &at, turned, &mut out);
     assert_eq!(out.len(), at.len(), "a promised turn was not quiet");
     for (&now, (report, next)) in at.iter().zip(&out) {
         t.log.push(format!("{now} {report:?} {next:?}"));
@@ -75,6 +76,8 @@ fn drive(e: &mut impl Scheduler, w: &World, together: bool) -> Turns {
     let mut out = Outbox::default();
     let mut promise: VecDeque<u64> = VecDeque::new();
     let mut turns = Turns::default();
+    // Whether the engine's last call was a turn that gave one.
+    let mut turned = false;
     for _ in 0..1_000_000 {
         let t_arr = arrivals.get(na).map(|a| a.0);
         let t_abort = w.aborts.get(nb).map(|a| a.0);
@@ -100,7 +103,8 @@ fn drive(e: &mut impl Scheduler, w: &World, together: bool) -> Turns {
                 && promise.front() == Some(&now)
                 && input.is_none_or(|t| last_turn.is_some_and(|l| t > l))
             {
-                inflight.push(take_together(e, d.step, &mut promise, &mut turns));
+                inflight.push(take_together(e, d.step, turned, &mut promise, &mut turns));
+                turned = true;
                 promise_more(e, &inflight, &mut promise);
                 continue;
             }
@@ -116,19 +120,24 @@ fn drive(e: &mut impl Scheduler, w: &World, together: bool) -> Turns {
                     }
                 }
                 inflight.push(next);
+                turned = true;
                 promise_more(e, &inflight, &mut promise);
                 continue;
             }
+            turned = false;
             assert_ne!(promise.front(), Some(&now), "a promised turn was not quiet");
             let report = e.step_done(now, d.step, &mut out);
             turns.log.push(format!("{now} done {report:?}"));
         } else if t_explicit == Some(now) && t_arr != Some(now) {
+            turned = false;
             e.make_explicit(w.explicit[nx].1);
             nx += 1;
         } else if t_abort == Some(now) && t_arr != Some(now) {
+            turned = false;
             e.abort(w.aborts[nb].1);
             nb += 1;
         } else if t_arr == Some(now) {
+            turned = false;
             let _ = e.enqueue(now, arrivals[na].1);
             na += 1;
         }
@@ -139,6 +148,7 @@ fn drive(e: &mut impl Scheduler, w: &World, together: bool) -> Turns {
             || w.explicit.get(nx).is_some_and(|a| a.0 == now)
             || inflight.first().is_some_and(|d| d.end_ns == now);
         if !more_now {
+            turned = false;
             e.checkpoint(now, &mut out);
             while let Some(d) = e.dispatch(now, &mut out) {
                 inflight.push(d);

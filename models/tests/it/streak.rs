@@ -188,8 +188,14 @@ impl Scheduler for Sharing {
     fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
         self.0.coast_ends(turns_max, ends)
     }
-    fn turns_at(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
-        self.0.turns_at(step, at, out)
+    fn turns_at(
+        &mut self,
+        step: u64,
+        at: &[u64],
+        after_turn: bool,
+        out: &mut Vec<(StepReport, Dispatch)>,
+    ) {
+        self.0.turns_at(step, at, after_turn, out)
     }
 }
 

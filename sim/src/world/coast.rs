@@ -197,7 +197,9 @@ impl World<'_> {
         let step = c.first_step + from as u64;
         let mut turned = std::mem::take(&mut self.coasts.turned);
         let at = &self.coasts.by_replica[replica as usize].ends[from..from + due];
-        self.cluster.turns_at(replica, step, at, &mut turned);
+        // A coast begins right after a turn (`World::turned`), and nothing calls into the
+        // replica while it coasts: its last call was a turn.
+        self.cluster.turns_at(replica, step, at, true, &mut turned);
         if turned.len() != due {
             return Err(Stop::broken(vec![], "a coasted turn was not quiet"));
         }

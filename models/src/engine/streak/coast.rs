@@ -89,14 +89,21 @@ impl Engine {
 
     /// The turns at `at` in one call, as `turn` takes them one by one: step `step`, in flight,
     /// ends at `at[0]`, and each turn's step at the next tick. Each turn's report and dispatch
-    /// go into `out`, up to the first turn that is not quiet. After one turn, what only
-    /// something from outside changes still holds and no one waits, so each later turn checks
-    /// only what the streak reaches and does only what changes (`turn_again`).
-    pub fn turns_at(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
+    /// go into `out`, up to the first turn that is not quiet. After one turn (this call's
+    /// first, or the caller's last call, `after_turn`), what only something from outside
+    /// changes still holds and no one waits, so each turn checks only what the streak reaches
+    /// and does only what changes (`turn_again`).
+    pub fn turns_at(
+        &mut self,
+        step: u64,
+        at: &[u64],
+        after_turn: bool,
+        out: &mut Vec<(StepReport, Dispatch)>,
+    ) {
         out.clear();
         let mut step = step;
         for (i, &now_ns) in at.iter().enumerate() {
-            let turned = if i == 0 {
+            let turned = if i == 0 && !after_turn {
                 self.turn(now_ns, step)
             } else {
                 self.turn_again(now_ns, step)

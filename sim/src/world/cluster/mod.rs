@@ -355,10 +355,11 @@ impl Cluster {
         replica: u32,
         step: u64,
         at: &[u64],
+        after_turn: bool,
         out: &mut Vec<(StepReport, Dispatch)>,
     ) {
         let r = &mut self.replicas[replica as usize];
-        r.turns_at(step, at, out);
+        r.turns_at(step, at, after_turn, out);
         debug_assert_eq!(r.load(), self.loads.get(replica), "a turn moved a load");
     }
 
