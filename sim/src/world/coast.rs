@@ -63,8 +63,9 @@ pub(super) struct Coasts {
     /// Reused for the ends a replica names, and for the ticks an event asks for.
     scratch: Vec<u64>,
     asked: Vec<u64>,
-    /// Reused for the turns a catch-up takes.
+    /// Reused for the turns a catch-up takes, and their shares of a token.
     turned: Vec<(StepReport, Dispatch)>,
+    shares: Vec<f64>,
 }
 
 /// One replica's coast.
@@ -203,18 +204,29 @@ impl World<'_> {
         if turned.len() != due {
             return Err(Stop::broken(vec![], "a coasted turn was not quiet"));
         }
-        for (i, (report, d)) in turned.iter().enumerate() {
-            let ends = &self.coasts.by_replica[replica as usize].ends[from + i..];
-            if (d.step, d.end_ns) != (step + i as u64 + 1, ends[1]) {
-                return Err(Stop::broken(vec![], "a coasted step ended off its tick"));
-            }
-            let streak_step = report.streak.expect("a turn is a streak step's");
-            let share = Shares::of(report, ends[0]).unit();
-            self.streak_step(replica, streak_step, share);
-            self.recorder.step(replica, d);
-            // The step's end and its pass, as the events they were.
-            self.kernel.count_dispatched(2)?;
+        let ends = &self.coasts.by_replica[replica as usize].ends[from..=from + due];
+        let on_tick = |(i, (_, d)): (usize, &(StepReport, Dispatch))| {
+            (d.step, d.end_ns) == (step + i as u64 + 1, ends[i + 1])
+        };
+        if !turned.iter().enumerate().all(on_tick) {
+            return Err(Stop::broken(vec![], "a coasted step ended off its tick"));
         }
+        // Each step's share of a token, logged in order (`Lazy::record` checks it).
+        let first = turned[0].0.streak.expect("a turn is a streak step's");
+        let mut shares = std::mem::take(&mut self.coasts.shares);
+        shares.clear();
+        let share =
+            |((report, _), &at): (&(StepReport, Dispatch), &u64)| Shares::of(report, at).unit();
+        shares.extend(turned.iter().zip(ends).map(share));
+        self.streak_steps(replica, first, shares.iter().copied());
+        self.coasts.shares = shares;
+        if self.recorder.traces() {
+            for (_, d) in &turned {
+                self.recorder.step(replica, d);
+            }
+        }
+        // Each step's end and its pass, as the events they were.
+        self.kernel.count_dispatched(2 * due as u64)?;
         self.coasts.turned = turned;
         self.coasts.by_replica[replica as usize].taken += due;
         Ok(())

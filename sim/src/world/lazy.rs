@@ -64,20 +64,20 @@ impl Lazy {
         self.counts
     }
 
-    /// Streak step `step` of `replica` ended: each member's token in it costs `share`. True if
-    /// the log should be trimmed (`trim`).
-    pub fn record(&mut self, replica: u32, step: u64, share: f64) -> bool {
+    /// Streak steps `first`, `first + 1`, … of `replica` ended: each member's token in each
+    /// costs that step's share. True if the log should be trimmed (`trim`).
+    pub fn record(&mut self, replica: u32, first: u64, shares: impl Iterator<Item = f64>) -> bool {
         let r = replica as usize;
         if self.logs.len() <= r {
             self.logs.resize_with(r + 1, ShareLog::default);
         }
         let log = &mut self.logs[r];
         assert_eq!(
-            step,
+            first,
             log.base + log.shares.len() as u64,
             "streak steps recorded in order"
         );
-        log.shares.push_back(share);
+        log.shares.extend(shares);
         log.shares.len() > log.trim_at.max(TRIM_AT_LEAST)
     }
 
@@ -130,7 +130,19 @@ impl World<'_> {
     /// The log is trimmed here only if nothing handed over is still unread: call it once the
     /// outbox's hand-overs were processed (`implicit_all`).
     pub(super) fn streak_step(&mut self, replica: u32, step: u64, share: f64) {
-        if self.lazy.record(replica, step, share) {
+        self.streak_steps(replica, step, std::iter::once(share));
+    }
+
+    /// `streak_step` of streak steps `first`, `first + 1`, … of `replica`, one a share: the
+    /// log is trimmed once, after (the shares it keeps are the same: the floor does not move
+    /// while no member leaves).
+    pub(super) fn streak_steps(
+        &mut self,
+        replica: u32,
+        first: u64,
+        shares: impl Iterator<Item = f64>,
+    ) {
+        if self.lazy.record(replica, first, shares) {
             let floor = self.cluster.streak_floor(replica);
             self.lazy
                 .trim(replica, floor.expect("a replica with a streak"));
@@ -211,7 +223,8 @@ impl World<'_> {
         implicit: &mut Vec<Implicit>,
         (replica, streak, share): (u32, Option<u64>, f64),
     ) -> Step {
-        let trim = streak.is_some_and(|step| self.lazy.record(replica, step, share));
+        let trim =
+            streak.is_some_and(|step| self.lazy.record(replica, step, std::iter::once(share)));
         self.implicit_all(implicit)?;
         if trim {
             let floor = self.cluster.streak_floor(replica);

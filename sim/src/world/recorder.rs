@@ -137,6 +137,11 @@ impl<'r> Recorder<'r> {
     }
 
     /// A step was dispatched on `replica`: a slice on its thread.
+    /// Whether a trace is being written: a step has a slice there.
+    pub fn traces(&self) -> bool {
+        self.extras.trace.is_some()
+    }
+
     pub fn step(&mut self, replica: u32, d: &Dispatch) {
         if self.extras.trace.is_none() {
             return;
