@@ -75,7 +75,7 @@ impl Engine {
 
     /// The time of a step a turn launches: found by the coast ahead where it has this shape
     /// (the same time: `costing.step_ns` is a function of the shape), worked out otherwise.
-    #[inline]
+    #[inline(always)]
     pub(super) fn step_ns_ahead(&mut self, shape: StepShape) -> u64 {
         match self.streak.ahead.pop_front() {
             Some((found, ns)) if found == shape => ns,
@@ -151,7 +151,9 @@ impl Engine {
             tokens,
             streak: Some(streak_step),
         };
-        self.streak_grow(bucket, now_ns);
+        if growth > 0 {
+            self.streak_grow(bucket, now_ns);
+        }
         let kv = self.streak_kv(d).expect("the streak reads a negative KV");
         let shape = StepShape {
             decode_seqs: members as u64,
