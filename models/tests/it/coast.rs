@@ -65,6 +65,53 @@ fn take_together(
     out.last().expect("a turn").1
 }
 
+/// What the driver holds between events.
+#[derive(Default)]
+struct Drive {
+    inflight: Vec<Dispatch>,
+    promise: VecDeque<u64>,
+    turns: Turns,
+    /// Whether the engine's last call was a turn that gave one.
+    turned: bool,
+    /// Whether a promise that nothing from outside reaches is taken in one call.
+    together: bool,
+}
+
+impl Drive {
+    /// Step `d` ends at `now`, alone: a turn, or with `together` the promise's turns in one
+    /// call where no input (`input`: the next) comes before their last. True if it turned.
+    fn turn(&mut self, e: &mut impl Scheduler, d: Dispatch, now: u64, input: Option<u64>) -> bool {
+        let p = &mut self.promise;
+        let last_turn = p.len().checked_sub(2).map(|i| p[i]);
+        if self.together
+            && p.front() == Some(&now)
+            && input.is_none_or(|t| last_turn.is_some_and(|l| t > l))
+        {
+            let next = take_together(e, d.step, self.turned, p, &mut self.turns);
+            self.inflight.push(next);
+        } else {
+            let Some((report, next)) = e.turn(now, d.step) else {
+                return false;
+            };
+            let t = &mut self.turns;
+            t.log.push(format!("{now} {report:?} {next:?}"));
+            t.taken += 1;
+            if p.front() == Some(&now) {
+                p.pop_front();
+                assert_eq!(p.front(), Some(&next.end_ns), "the promised step");
+                t.promised += 1;
+                if p.len() == 1 {
+                    p.clear();
+                }
+            }
+            self.inflight.push(next);
+        }
+        self.turned = true;
+        promise_more(e, &self.inflight, &mut self.promise);
+        true
+    }
+}
+
 /// Drive `e` through `w`'s inputs, holding it to every promise; the turns it took. With
 /// `together`, a promise that nothing from outside reaches is taken in one call.
 fn drive(e: &mut impl Scheduler, w: &World, together: bool) -> Turns {
@@ -72,91 +119,71 @@ fn drive(e: &mut impl Scheduler, w: &World, together: bool) -> Turns {
         .map(|&(t, r)| (t, NewRequest { lazy: true, ..r }))
         .collect();
     let (mut na, mut nb, mut nx) = (0, 0, 0);
-    let mut inflight: Vec<Dispatch> = Vec::new();
     let mut out = Outbox::default();
-    let mut promise: VecDeque<u64> = VecDeque::new();
-    let mut turns = Turns::default();
-    // Whether the engine's last call was a turn that gave one.
-    let mut turned = false;
+    let mut st = Drive {
+        together,
+        ..Drive::default()
+    };
     for _ in 0..1_000_000 {
         let t_arr = arrivals.get(na).map(|a| a.0);
         let t_abort = w.aborts.get(nb).map(|a| a.0);
         let t_explicit = w.explicit.get(nx).map(|a| a.0);
-        let t_step = inflight.first().map(|d| d.end_ns);
+        let t_step = st.inflight.first().map(|d| d.end_ns);
         let input = [t_arr, e.timer_ns(), t_abort, t_explicit]
             .into_iter()
             .flatten()
             .min();
         // Something from outside at or before a promised turn: the promise no longer holds.
-        if input.is_some_and(|t| promise.front().is_some_and(|&p| t <= p)) {
-            promise.clear();
+        if input.is_some_and(|t| st.promise.front().is_some_and(|&p| t <= p)) {
+            st.promise.clear();
         }
         let Some(now) = [input, t_step].into_iter().flatten().min() else {
-            return turns;
+            return st.turns;
         };
+        // Any call but a turn: the engine's last call is no longer one.
+        let turned_before = std::mem::replace(&mut st.turned, false);
         if t_step == Some(now) {
-            let d = inflight.remove(0);
-            let alone = input != Some(now) && inflight.first().is_none_or(|x| x.end_ns != now);
-            let last_turn = promise.len().checked_sub(2).map(|i| promise[i]);
-            if together
-                && alone
-                && promise.front() == Some(&now)
-                && input.is_none_or(|t| last_turn.is_some_and(|l| t > l))
-            {
-                inflight.push(take_together(e, d.step, turned, &mut promise, &mut turns));
-                turned = true;
-                promise_more(e, &inflight, &mut promise);
+            let d = st.inflight.remove(0);
+            let alone = input != Some(now) && st.inflight.first().is_none_or(|x| x.end_ns != now);
+            st.turned = turned_before;
+            if alone && st.turn(e, d, now, input) {
                 continue;
             }
-            if let Some((report, next)) = alone.then(|| e.turn(now, d.step)).flatten() {
-                turns.log.push(format!("{now} {report:?} {next:?}"));
-                turns.taken += 1;
-                if promise.front() == Some(&now) {
-                    promise.pop_front();
-                    assert_eq!(promise.front(), Some(&next.end_ns), "the promised step");
-                    turns.promised += 1;
-                    if promise.len() == 1 {
-                        promise.clear();
-                    }
-                }
-                inflight.push(next);
-                turned = true;
-                promise_more(e, &inflight, &mut promise);
-                continue;
-            }
-            turned = false;
-            assert_ne!(promise.front(), Some(&now), "a promised turn was not quiet");
+            st.turned = false;
+            assert_ne!(
+                st.promise.front(),
+                Some(&now),
+                "a promised turn was not quiet"
+            );
             let report = e.step_done(now, d.step, &mut out);
-            turns.log.push(format!("{now} done {report:?}"));
+            st.turns.log.push(format!("{now} done {report:?}"));
         } else if t_explicit == Some(now) && t_arr != Some(now) {
-            turned = false;
             e.make_explicit(w.explicit[nx].1);
             nx += 1;
         } else if t_abort == Some(now) && t_arr != Some(now) {
-            turned = false;
             e.abort(w.aborts[nb].1);
             nb += 1;
         } else if t_arr == Some(now) {
-            turned = false;
             let _ = e.enqueue(now, arrivals[na].1);
             na += 1;
         }
-        turns.log.push(format!("{now} {out:?}"));
+        st.turns.log.push(format!("{now} {out:?}"));
         out.clear();
         let more_now = arrivals.get(na).is_some_and(|a| a.0 == now)
             || w.aborts.get(nb).is_some_and(|a| a.0 == now)
             || w.explicit.get(nx).is_some_and(|a| a.0 == now)
-            || inflight.first().is_some_and(|d| d.end_ns == now);
+            || st.inflight.first().is_some_and(|d| d.end_ns == now);
         if !more_now {
-            turned = false;
             e.checkpoint(now, &mut out);
             while let Some(d) = e.dispatch(now, &mut out) {
-                inflight.push(d);
+                st.inflight.push(d);
             }
-            turns.log.push(format!("{now} {out:?} {inflight:?}"));
+            st.turns
+                .log
+                .push(format!("{now} {out:?} {:?}", st.inflight));
             out.clear();
         }
-        promise_more(e, &inflight, &mut promise);
+        promise_more(e, &st.inflight, &mut st.promise);
     }
     panic!("did not go idle");
 }
