@@ -144,7 +144,7 @@ impl Engine {
         self.streak.processed += 1;
         self.stats.tokens_delivered += tokens;
         self.taint.step_ended(step);
-        self.at_boundary = false;
+        debug_assert!(!self.at_boundary, "the turn before left no boundary");
         let report = StepReport {
             step,
             duration_ns,
