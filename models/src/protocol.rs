@@ -451,6 +451,11 @@ pub trait Scheduler {
     fn coast_ends(&mut self, _turns_max: u32, ends: &mut Vec<u64>) {
         ends.clear();
     }
+    /// Whether `coast_ends` can ever name a turn: false lets a world whose replicas never coast
+    /// skip what coasting costs every event (the kernel's count of pending ticks).
+    fn may_coast(&self) -> bool {
+        false
+    }
 }
 
 /// Whether a request can ever fit a pool of `kv`: its prompt plus output in blocks. Returns the

@@ -475,6 +475,10 @@ impl Scheduler for Engine {
         Engine::coast_ends(self, turns_max, ends)
     }
 
+    fn may_coast(&self) -> bool {
+        Engine::may_coast(self)
+    }
+
     fn turns_at(
         &mut self,
         step: u64,

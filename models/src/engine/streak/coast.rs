@@ -73,6 +73,12 @@ impl Engine {
         self.streak.ahead = ahead;
     }
 
+    /// Whether `coast_ends` can ever name a turn: with one step in flight at a time only, as
+    /// `find_ends` asks.
+    pub fn may_coast(&self) -> bool {
+        self.cfg.window == 1
+    }
+
     /// The time of a step a turn launches: found by the coast ahead where it has this shape
     /// (the same time: `costing.step_ns` is a function of the shape), worked out otherwise.
     #[inline(always)]
@@ -179,7 +185,7 @@ impl Engine {
         };
         let k = &self.streak;
         let members = k.members as u64;
-        if self.cfg.window != 1
+        if !self.may_coast()
             || !self.turn_still(s)
             || s.streak_step != k.processed
             || s.end_ns != self.gpu_free_ns

@@ -171,6 +171,11 @@ impl Cluster {
         self.replicas[replica as usize].coast_ends(turns_max, ends);
     }
 
+    /// Whether any replica can ever coast (`Scheduler::may_coast`).
+    pub fn may_coast(&self) -> bool {
+        self.replicas.iter().any(|r| r.may_coast())
+    }
+
     /// With debug assertions: the loads the router reads are the replicas' own.
     #[inline]
     pub(super) fn assert_loads(&self) {
