@@ -81,8 +81,8 @@ pub(super) struct Streak {
     /// Scratch: the entries a streak step composes, in running order.
     plan: Vec<(u32, Decided)>,
     extra: Vec<Extra>,
-    /// The steps a coast found ahead (`coast_ends`), in order, each shape with its time.
-    ahead: std::collections::VecDeque<(StepShape, u64)>,
+    /// The steps a coast found ahead (`coast_ends`), with their times.
+    ahead: coast::Ahead,
 }
 
 /// What a streak step's end does for a member beyond its quiet token, by running order

@@ -9,12 +9,44 @@
 //! (`Engine::coast_ends`). A prediction may stop short (it is then merely shorter), never run
 //! long: each turn it names is one that `turn` takes.
 
-use std::collections::VecDeque;
-
 use super::super::seq::Step;
 use super::super::Engine;
 use crate::gpu::StepShape;
 use crate::protocol::{Dispatch, StepReport};
+
+/// The steps a coast found ahead (`Engine::coast_ends`), each a streak step of `decode_seqs`
+/// members and no entry: its KV read and its time, in order; those before `next` are taken.
+#[derive(Debug, Default)]
+pub(in super::super) struct Ahead {
+    decode_seqs: u64,
+    steps: Vec<(u64, u64)>,
+    next: usize,
+}
+
+impl Ahead {
+    fn start(&mut self, decode_seqs: u64) {
+        (self.decode_seqs, self.next) = (decode_seqs, 0);
+        self.steps.clear();
+    }
+
+    /// The time of the next step found, if it has this shape (the same time: `step_ns` is a
+    /// function of the shape). One that does not ends what was found.
+    #[inline(always)]
+    fn take(&mut self, shape: StepShape) -> Option<u64> {
+        let &(kv, ns) = self.steps.get(self.next)?;
+        let found = StepShape {
+            decode_seqs: self.decode_seqs,
+            kv_tokens_read: kv,
+            ..StepShape::default()
+        };
+        if shape != found {
+            self.start(0);
+            return None;
+        }
+        self.next += 1;
+        Some(ns)
+    }
+}
 
 impl Engine {
     /// What keeps a turn quiet that only something from outside the streak changes: the step
@@ -68,7 +100,7 @@ impl Engine {
     pub fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
         ends.clear();
         let mut ahead = std::mem::take(&mut self.streak.ahead);
-        ahead.clear();
+        ahead.start(self.streak.members as u64);
         self.find_ends(turns_max, ends, &mut ahead);
         self.streak.ahead = ahead;
     }
@@ -83,12 +115,8 @@ impl Engine {
     /// (the same time: `costing.step_ns` is a function of the shape), worked out otherwise.
     #[inline(always)]
     pub(super) fn step_ns_ahead(&mut self, shape: StepShape) -> u64 {
-        match self.streak.ahead.pop_front() {
-            Some((found, ns)) if found == shape => ns,
-            Some(_) => {
-                self.streak.ahead.clear();
-                self.costing.step_ns(shape)
-            }
+        match self.streak.ahead.take(shape) {
+            Some(ns) => ns,
             None => self.costing.step_ns(shape),
         }
     }
@@ -174,12 +202,7 @@ impl Engine {
         Some((report, dispatch))
     }
 
-    fn find_ends(
-        &self,
-        turns_max: u32,
-        ends: &mut Vec<u64>,
-        ahead: &mut VecDeque<(StepShape, u64)>,
-    ) {
+    fn find_ends(&self, turns_max: u32, ends: &mut Vec<u64>, ahead: &mut Ahead) {
         let Some(s) = self.inflight.front() else {
             return;
         };
@@ -225,13 +248,13 @@ impl Engine {
             let Some(next_ns) = end_ns.checked_add(duration_ns) else {
                 break;
             };
-            ahead.push_back((shape, duration_ns));
+            ahead.steps.push((kv, duration_ns));
             end_ns = next_ns;
             ends.push(end_ns);
         }
         if ends.len() == 1 {
             ends.clear();
-            ahead.clear();
+            ahead.start(0);
         }
     }
 }
