@@ -26,6 +26,7 @@
 //! number than without coasting.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::BinaryHeap;
 
 use cancelsim_models::protocol::{Dispatch, StepReport};
@@ -161,9 +162,15 @@ impl World<'_> {
             .clamp(TURNS_MIN, TURNS_MAX);
         self.cluster.coast_ends(replica, want, &mut ends);
         let named = ends.len().saturating_sub(1);
-        let turns = (0..named)
-            .find(|&i| self.kernel.pending_at(ends[i]) || c.ticks.contains_key(&ends[i]))
-            .unwrap_or(named);
+        // Each tick held as it is found free, up to the first one that is not.
+        let mut turns = 0;
+        while turns < named && !self.kernel.pending_at(ends[turns]) {
+            match c.ticks.entry(ends[turns]) {
+                Entry::Vacant(v) => v.insert(replica),
+                Entry::Occupied(_) => break,
+            };
+            turns += 1;
+        }
         if turns == 0 {
             c.scratch = ends;
             return false;
@@ -173,9 +180,6 @@ impl World<'_> {
             "a coast begins with the step just launched"
         );
         ends.truncate(turns + 1);
-        for &t in &ends[..turns] {
-            c.ticks.insert(t, replica);
-        }
         c.ids_next += 1;
         c.unwoken += 1;
         let id = c.ids_next;
