@@ -126,7 +126,7 @@ impl Engine {
     /// go into `out`, up to the first turn that is not quiet. After one turn (this call's
     /// first, or the caller's last call, `after_turn`), what only something from outside
     /// changes still holds and no one waits, so each turn checks only what the streak reaches
-    /// and does only what changes (`turn_again`).
+    /// and does only what changes (`turns_again`).
     pub fn turns_at(
         &mut self,
         step: u64,
@@ -135,71 +135,84 @@ impl Engine {
         out: &mut Vec<(StepReport, Dispatch)>,
     ) {
         out.clear();
-        let mut step = step;
-        for (i, &now_ns) in at.iter().enumerate() {
-            let turned = if i == 0 && !after_turn {
-                self.turn(now_ns, step)
-            } else {
-                self.turn_again(now_ns, step)
-            };
-            let Some((report, d)) = turned else {
+        let mut at = at;
+        if !after_turn {
+            let Some((&now_ns, rest)) = at.split_first() else {
                 return;
             };
-            step = d.step;
+            let Some((report, d)) = self.turn(now_ns, step) else {
+                return;
+            };
             out.push((report, d));
+            at = rest;
         }
+        let step = out.last().map_or(step, |(_, d)| d.step);
+        self.turns_again(step, at, out);
     }
 
-    /// `turn`, right after a quiet `turn` with nothing from outside since: the conditions
-    /// `turn_still` checks still hold, and the pass's `admit_waiting`, with no one waiting and
-    /// the waiting front's run forgotten, changes nothing. So: the streak's own checks, the
-    /// step in flight's end, and the next streak step in its place (the same step `launch`
-    /// would put there: no entries, the streak's members).
-    fn turn_again(&mut self, now_ns: u64, step: u64) -> Option<(StepReport, Dispatch)> {
-        debug_assert!(self.inflight.front().is_some_and(|s| self.turn_still(s)));
-        let s = self.inflight.front()?;
-        let (duration_ns, streak_step, tokens) = (s.duration_ns, s.streak_step, s.streak as u64);
-        let d = self.streak.dispatched;
-        let bucket = self.streak.bucket;
-        let growth = self.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
-        let quiet = s.id == step
-            && s.end_ns == now_ns
-            && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d)
-            && self.no_notes(streak_step)
-            && self.streak_fits(growth, false);
-        if !quiet {
-            return None;
-        }
-        assert_eq!(
-            streak_step, self.streak.processed,
-            "streak steps end in order"
-        );
+    /// `turn` at each tick of `at`, right after a quiet `turn` with nothing from outside
+    /// since: the conditions `turn_still` checks still hold, and the pass's `admit_waiting`,
+    /// with no one waiting and the waiting front's run forgotten, changes nothing. So: the
+    /// streak's own checks, the step in flight's end, and the next streak step in its place
+    /// (the same step `launch` would put there: no entries, the streak's members). The step in
+    /// flight is kept in locals between turns and put back once.
+    fn turns_again(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
+        let Some(s) = self.inflight.front() else {
+            return;
+        };
+        debug_assert!(self.turn_still(s));
+        let mut step = step;
+        let (mut id, mut end_ns, mut duration_ns) = (s.id, s.end_ns, s.duration_ns);
+        let (mut streak_step, mut tokens) = (s.streak_step, s.streak as u64);
         let members = self.streak.members;
-        self.streak.processed += 1;
-        self.stats.tokens_delivered += tokens;
-        self.taint.step_ended(step);
-        debug_assert!(!self.at_boundary, "the turn before left no boundary");
-        let report = StepReport {
-            step,
-            duration_ns,
-            tokens,
-            streak: Some(streak_step),
-        };
-        if growth > 0 {
-            self.streak_grow(bucket, now_ns);
+        let mut taken = false;
+        for &now_ns in at {
+            let d = self.streak.dispatched;
+            let bucket = self.streak.bucket;
+            let growth = self.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
+            let quiet = id == step
+                && end_ns == now_ns
+                && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d)
+                && self.no_notes(streak_step)
+                && self.streak_fits(growth, false);
+            if !quiet {
+                break;
+            }
+            assert_eq!(
+                streak_step, self.streak.processed,
+                "streak steps end in order"
+            );
+            self.streak.processed += 1;
+            self.stats.tokens_delivered += tokens;
+            self.taint.step_ended(step);
+            debug_assert!(!self.at_boundary, "the turn before left no boundary");
+            let report = StepReport {
+                step,
+                duration_ns,
+                tokens,
+                streak: Some(streak_step),
+            };
+            if growth > 0 {
+                self.streak_grow(bucket, now_ns);
+            }
+            let kv = self.streak_kv(d).expect("the streak reads a negative KV");
+            let shape = StepShape {
+                decode_seqs: members as u64,
+                kv_tokens_read: kv,
+                ..StepShape::default()
+            };
+            duration_ns = self.step_ns_ahead(shape);
+            let (dispatch, launched) = self.clock(now_ns, duration_ns, 0, members);
+            (id, end_ns, streak_step, tokens) =
+                (dispatch.step, dispatch.end_ns, launched, members as u64);
+            (step, taken) = (dispatch.step, true);
+            out.push((report, dispatch));
         }
-        let kv = self.streak_kv(d).expect("the streak reads a negative KV");
-        let shape = StepShape {
-            decode_seqs: members as u64,
-            kv_tokens_read: kv,
-            ..StepShape::default()
-        };
-        let duration_ns = self.step_ns_ahead(shape);
-        let (dispatch, streak_step) = self.clock(now_ns, duration_ns, 0, members);
-        let s = self.inflight.front_mut().expect("a step in flight");
-        (s.id, s.end_ns, s.duration_ns) = (dispatch.step, dispatch.end_ns, duration_ns);
-        (s.streak, s.streak_step) = (members, streak_step);
-        Some((report, dispatch))
+        if taken {
+            let s = self.inflight.front_mut().expect("a step in flight");
+            (s.id, s.end_ns, s.duration_ns) = (id, end_ns, duration_ns);
+            (s.streak, s.streak_step) = (members, streak_step);
+        }
     }
 
     fn find_ends(&self, turns_max: u32, ends: &mut Vec<u64>, ahead: &mut Ahead) {
