@@ -121,10 +121,11 @@ impl Coasts {
 
 impl World<'_> {
     /// Whether this world coasts, decided as its run starts: with the streak (a coast is its
-    /// quiet turns), and where no hand-over, pool or KV-aware router reads a replica between
-    /// them, and some replica can coast at all (one step in flight at a time: with none, the
-    /// pending ticks the kernel would count are never asked for). Not what the run records: samples bring the replicas up to their time first
-    /// (`catch_up_all`), and a trace gets a coasted step when its replica is brought up to now.
+    /// quiet turns), where no hand-over, pool or KV-aware router reads a replica between them,
+    /// and where some replica can coast at all (`Scheduler::may_coast`: with none, the ticks the
+    /// kernel would count for coasts are never asked for). Not what the run records: samples
+    /// bring the replicas up to their time first (`catch_up_all`), and a trace gets a coasted
+    /// step when its replica is brought up to now.
     pub(super) fn start_coasts(&mut self) {
         let on = !self.lazy.is_off()
             && self.handoff.is_none()
