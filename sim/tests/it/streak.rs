@@ -99,3 +99,23 @@ fn storm_targets_ride_the_streak_until_their_intent_with_the_same_answers() {
         );
     }
 }
+
+/// A fleet of 1,000 alike replicas coasts through ticks that other coasts and events share, and
+/// the coasts' map lets go of passed ticks in sweeps: where each coast stops is in the run hash
+/// (its wake-up is an event), so a tick held too long or let go too soon moves it. Pinned to
+/// the hash 9f6038a gave, whose map let each tick go one by one as its coast ended; change it
+/// only in a commit that says why coasting changed (a tick map that lost live ticks gave
+/// `0f0decfbd218…`).
+#[test]
+fn a_fleet_of_alike_replicas_coasts_to_the_same_run_hash() {
+    let mut s = Scenario::load(&repo().join("scenarios/bench-fleet-day.ron")).unwrap();
+    match &mut s.workload.source {
+        Source::Poisson { requests, .. } => *requests = 3000,
+        other => panic!("a Poisson benchmark, not {other:?}"),
+    }
+    let (report, _) = run::run(&s, s.seed, RunOptions::default()).expect("the fleet runs");
+    assert_eq!(
+        report.run_hash,
+        "bcca18d6eaabf0e9b17183e486122a4f1a19a99a07e5d51e54bd1d297f9e7ab9"
+    );
+}
