@@ -47,22 +47,14 @@ use crate::kernel::Class;
 const TURNS_MIN: u32 = 8;
 const TURNS_MAX: u32 = 128;
 
-/// Passed ticks kept in the coasts' map, at least, before they are let go (and at least half
-/// the map): each one let go costs a slot read in a sweep, not a lookup of its own.
-const PASSED_MIN: usize = 4096;
-
 /// The coasting replicas of a world.
 #[derive(Default)]
 pub(super) struct Coasts {
     /// Whether this world coasts at all (`World::coastable`).
     on: bool,
     by_replica: Vec<Coast>,
-    /// The ticks of coasted turns, and whose: one coast a tick, no event there. Ticks that
-    /// passed with their coast done are let go together (`passed`), not one by one: no one asks
-    /// for a tick before now.
+    /// The ticks of coasted turns not yet passed, and whose: one coast a tick, no event there.
     ticks: FxHashMap<u64, u32>,
-    /// Entries of `ticks` counted as passed since they were last let go.
-    ticks_passed: usize,
     /// Coasts whose wake-up is not in the kernel yet, by the tick of their last turn:
     /// (that tick, replica, coast id). A coast that ended early leaves a stale entry.
     due: BinaryHeap<Reverse<(u64, u32, u64)>>,
@@ -117,22 +109,9 @@ impl Coasts {
         self.unwoken > 0
     }
 
-    /// Whether a coast holds tick `time_ns`, which is not before now (an entry of a coast that
-    /// is done may be left at a passed tick).
+    /// Whether a coast holds tick `time_ns`.
     pub(super) fn holds(&self, time_ns: u64) -> Option<u32> {
         self.ticks.get(&time_ns).copied()
-    }
-
-    /// `n` more ticks passed, their coast done (woken, or reached with them taken). Past a
-    /// bound, every tick before `now_ns` is let go in one sweep of the map. Entries at `now_ns`
-    /// or later that a done coast left (ticks up to a wake-up's last turn, which nothing is
-    /// asked for at: the next event comes after it) are let go by a later sweep.
-    fn passed(&mut self, n: usize, now_ns: u64) {
-        self.ticks_passed += n;
-        if self.ticks_passed > PASSED_MIN.max(self.ticks.len() / 2) {
-            self.ticks.retain(|&t, _| t >= now_ns);
-            self.ticks_passed = 0;
-        }
     }
 
     pub(super) fn any(&self) -> bool {
@@ -294,13 +273,10 @@ impl World<'_> {
         self.coasts.unwoken -= 1;
         c.reach_turns = (c.turns() as u32 / 2).max(TURNS_MIN);
         let (at, step) = (c.ends[c.taken], c.first_step + c.taken as u64);
-        // Its ticks still to come: one left in the map would hold it forever. Those passed
-        // (the turns taken) go with the others.
-        let taken = c.taken;
-        for t in &c.ends[taken..c.turns()] {
+        // Its ticks, those passed too: a tick left in the map would hold it forever.
+        for t in &c.ends[..c.turns()] {
             self.coasts.ticks.remove(t);
         }
-        self.coasts.passed(taken, now_ns);
         let done = Event::StepDone { replica, step };
         Ok(self.kernel.schedule_at(at, Class::Completion, done)?)
     }
@@ -308,7 +284,6 @@ impl World<'_> {
     /// Events are about to be asked for at these ticks: the coasts that hold one end first.
     pub(super) fn reach_holders(&mut self, ticks: impl IntoIterator<Item = u64>) -> Step {
         for t in ticks {
-            debug_assert!(t >= self.kernel.now_ns(), "a tick before now asked for");
             if let Some(replica) = self.coasts.holds(t) {
                 self.reach(replica)?;
             }
@@ -334,11 +309,10 @@ impl World<'_> {
             c.woken = true;
             c.reach_turns = (c.turns() as u32 * 2).min(TURNS_MAX);
             self.coasts.unwoken -= 1;
-            let (turns, wake_ns) = (c.turns(), c.ends[c.turns()]);
-            let step = c.first_step + turns as u64;
-            // Every tick of its turns passed (the last is `at`): they go with the others.
-            let now_ns = self.kernel.now_ns();
-            self.coasts.passed(turns, now_ns);
+            for t in &c.ends[..c.turns()] {
+                self.coasts.ticks.remove(t);
+            }
+            let (wake_ns, step) = (c.ends[c.turns()], c.first_step + c.turns() as u64);
             // Another coast's turn at that tick would not be quiet: that coast ends first.
             if let Some(other) = self.coasts.holds(wake_ns) {
                 self.catch_up(other, at)?;
