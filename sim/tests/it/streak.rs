@@ -100,12 +100,11 @@ fn storm_targets_ride_the_streak_until_their_intent_with_the_same_answers() {
     }
 }
 
-/// A fleet of 1,000 alike replicas coasts through ticks that other coasts and events share, and
-/// the coasts' map lets go of passed ticks in sweeps: where each coast stops is in the run hash
-/// (its wake-up is an event), so a tick held too long or let go too soon moves it. Pinned to
-/// the hash 9f6038a gave, whose map let each tick go one by one as its coast ended; change it
-/// only in a commit that says why coasting changed (a tick map that lost live ticks gave
-/// `0f0decfbd218…`).
+/// A fleet of 1,000 alike replicas coasts through ticks that other coasts and events share:
+/// where each coast stops is in the run hash (its wake-up is an event), so a coasts' tick map
+/// that holds a tick too long or lets it go too soon moves it. Pinned to the hash 9f6038a gave;
+/// change it only in a commit that says why coasting changed (a tick map that lost live ticks,
+/// tried in 066f6f2's sweeps, gave `0f0decfbd218…`).
 #[test]
 fn a_fleet_of_alike_replicas_coasts_to_the_same_run_hash() {
     let mut s = Scenario::load(&repo().join("scenarios/bench-fleet-day.ron")).unwrap();
