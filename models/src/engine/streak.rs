@@ -280,11 +280,7 @@ impl Engine {
         let kv = self.streak_kv(d).expect("the streak reads a negative KV");
         let mut c = Compose {
             entries: s.entries,
-            shape: StepShape {
-                decode_seqs: members as u64,
-                kv_tokens_read: kv,
-                ..StepShape::default()
-            },
+            shape: StepShape::decode_only(members as u64, kv),
             budget: self.cfg.max_num_batched_tokens - members,
             preempted: false,
             streak: members,

@@ -62,6 +62,17 @@ pub struct StepShape {
 }
 
 impl StepShape {
+    /// A step of `seqs` decode sequences that read `kv` KV tokens together, and nothing else
+    /// (a streak step's).
+    #[inline]
+    pub fn decode_only(seqs: u64, kv: u64) -> StepShape {
+        StepShape {
+            decode_seqs: seqs,
+            kv_tokens_read: kv,
+            ..StepShape::default()
+        }
+    }
+
     /// Add a prefill chunk of `tokens` tokens after `ctx` cached ones.
     #[inline]
     pub fn add_prefill(&mut self, ctx: u64, tokens: u64) {

@@ -365,11 +365,7 @@ impl Roofline {
         steps: u64,
     ) -> Option<DecodeSteps> {
         let kv_max = kv0.checked_add(seqs.checked_mul(steps)?)?;
-        let last = super::StepShape {
-            decode_seqs: seqs,
-            kv_tokens_read: kv_max,
-            ..super::StepShape::default()
-        };
+        let last = super::StepShape::decode_only(seqs, kv_max);
         // Every quantity grows with the KV read: if the last step's fit, every step's do.
         self.terms_narrow(last, p)?;
         let grow = |per_token: u64, r: Rate| seqs.checked_mul(per_token)?.checked_mul(r.mul);

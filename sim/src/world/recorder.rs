@@ -136,14 +136,14 @@ impl<'r> Recorder<'r> {
         log.dropped += n;
     }
 
-    /// A step was dispatched on `replica`: a slice on its thread.
     /// Whether a trace is being written: a step has a slice there.
     pub fn traces(&self) -> bool {
         self.extras.trace.is_some()
     }
 
+    /// A step was dispatched on `replica`: a slice on its thread.
     pub fn step(&mut self, replica: u32, d: &Dispatch) {
-        if self.extras.trace.is_none() {
+        if !self.traces() {
             return;
         }
         let pid = self.opts.trace_pid;

@@ -34,11 +34,7 @@ impl Ahead {
     #[inline(always)]
     fn take(&mut self, shape: StepShape) -> Option<u64> {
         let &(kv, ns) = self.steps.get(self.next)?;
-        let found = StepShape {
-            decode_seqs: self.decode_seqs,
-            kv_tokens_read: kv,
-            ..StepShape::default()
-        };
+        let found = StepShape::decode_only(self.decode_seqs, kv);
         if shape != found {
             self.start(0);
             return None;
@@ -196,11 +192,7 @@ impl Engine {
                 self.streak_grow(bucket, now_ns);
             }
             let kv = self.streak_kv(d).expect("the streak reads a negative KV");
-            let shape = StepShape {
-                decode_seqs: members as u64,
-                kv_tokens_read: kv,
-                ..StepShape::default()
-            };
+            let shape = StepShape::decode_only(members as u64, kv);
             duration_ns = self.step_ns_ahead(shape);
             let (dispatch, launched) = self.clock(now_ns, duration_ns, 0, members);
             (id, end_ns, streak_step, tokens) =
@@ -251,13 +243,11 @@ impl Engine {
             let Some(kv) = self.streak_kv(d) else {
                 break;
             };
-            let shape = StepShape {
-                decode_seqs: members,
-                kv_tokens_read: kv,
-                ..StepShape::default()
-            };
             let duration_ns = times.next_ns();
-            debug_assert_eq!(duration_ns, self.costing.step_ns(shape));
+            debug_assert_eq!(
+                duration_ns,
+                self.costing.step_ns(StepShape::decode_only(members, kv))
+            );
             let Some(next_ns) = end_ns.checked_add(duration_ns) else {
                 break;
             };
