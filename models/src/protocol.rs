@@ -418,21 +418,23 @@ pub trait Scheduler {
     fn turn(&mut self, _now_ns: u64, _step: u64) -> Option<(StepReport, Dispatch)> {
         None
     }
-    /// `turn` at each tick of `at`: step `step` ends at the first, and each turn's step at the
-    /// next. Each turn's report and dispatch go into `out`, up to the first `turn` that is
-    /// `None`. A coast's turns (`coast_ends`), taken together. `after_turn`: the caller's last
+    /// `turn` at each tick of `ends` but the last: step `step` ends at the first, and the step
+    /// each turn launches ends at the next tick. Each turn's report and dispatch go into
+    /// `out`, up to the first `turn` that is `None`. A coast's turns (`coast_ends`, whose ends
+    /// these are: a run of them, in order), taken together. `after_turn`: the caller's last
     /// call into this scheduler was a `turn` that gave `Some` (so a turn may skip what that
     /// one left done).
     fn turns_at(
         &mut self,
         step: u64,
-        at: &[u64],
+        ends: &[u64],
         _after_turn: bool,
         out: &mut Vec<(StepReport, Dispatch)>,
     ) {
         out.clear();
         let mut step = step;
-        for &now_ns in at {
+        let turns = ends.len().saturating_sub(1);
+        for &now_ns in &ends[..turns] {
             let Some((report, d)) = self.turn(now_ns, step) else {
                 return;
             };

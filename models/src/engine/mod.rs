@@ -482,11 +482,11 @@ impl Scheduler for Engine {
     fn turns_at(
         &mut self,
         step: u64,
-        at: &[u64],
+        ends: &[u64],
         after_turn: bool,
         out: &mut Vec<(StepReport, Dispatch)>,
     ) {
-        Engine::turns_at(self, step, at, after_turn, out)
+        Engine::turns_at(self, step, ends, after_turn, out)
     }
 
     fn totals(&self) -> ReplicaStats {

@@ -81,8 +81,6 @@ pub(super) struct Streak {
     /// Scratch: the entries a streak step composes, in running order.
     plan: Vec<(u32, Decided)>,
     extra: Vec<Extra>,
-    /// The steps a coast found ahead (`coast_ends`), with their times.
-    ahead: coast::Ahead,
 }
 
 /// What a streak step's end does for a member beyond its quiet token, by running order
@@ -291,7 +289,7 @@ impl Engine {
             self.admit_waiting(now_ns, &mut c);
         }
         debug_assert!(c.entries.is_empty() && self.started.is_empty());
-        let duration_ns = self.step_ns_ahead(c.shape);
+        let duration_ns = self.costing.step_ns(c.shape);
         Some((report, self.launch_timed(now_ns, c, duration_ns)))
     }
 

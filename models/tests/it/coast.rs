@@ -50,9 +50,10 @@ fn take_together(
     promise: &mut VecDeque<u64>,
     t: &mut Turns,
 ) -> Dispatch {
-    let at: Vec<u64> = promise.iter().take(promise.len() - 1).copied().collect();
+    let ends: Vec<u64> = promise.iter().copied().collect();
+    let at = &ends[..ends.len() - 1];
     let mut out = Vec::new();
-    e.turns_at(step, &at, turned, &mut out);
+    e.turns_at(step, &ends, turned, &mut out);
     assert_eq!(out.len(), at.len(), "a promised turn was not quiet");
     for (&now, (report, next)) in at.iter().zip(&out) {
         t.log.push(format!("{now} {report:?} {next:?}"));

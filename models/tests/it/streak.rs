@@ -191,11 +191,11 @@ impl Scheduler for Sharing {
     fn turns_at(
         &mut self,
         step: u64,
-        at: &[u64],
+        ends: &[u64],
         after_turn: bool,
         out: &mut Vec<(StepReport, Dispatch)>,
     ) {
-        self.0.turns_at(step, at, after_turn, out)
+        self.0.turns_at(step, ends, after_turn, out)
     }
 }
 

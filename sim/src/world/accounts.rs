@@ -461,6 +461,11 @@ impl Shares {
         }
     }
 
+    /// `unit` of `step`'s shares, wherever it ended.
+    pub fn unit_of(step: &StepReport) -> f64 {
+        Shares::of(step, 0).unit()
+    }
+
     /// The share of one token of the step, as `Accounts::step_share` computes it.
     pub fn unit(&self) -> f64 {
         self.duration_f * 1.0 / self.total_f

@@ -64,9 +64,8 @@ pub(super) struct Coasts {
     /// Reused for the ends a replica names, and for the ticks an event asks for.
     scratch: Vec<u64>,
     asked: Vec<u64>,
-    /// Reused for the turns a catch-up takes, and their shares of a token.
+    /// Reused for the turns a catch-up takes.
     turned: Vec<(StepReport, Dispatch)>,
-    shares: Vec<f64>,
 }
 
 /// One replica's coast.
@@ -204,14 +203,15 @@ impl World<'_> {
         }
         let step = c.first_step + from as u64;
         let mut turned = std::mem::take(&mut self.coasts.turned);
-        let at = &self.coasts.by_replica[replica as usize].ends[from..from + due];
+        // The turns' ticks, and the end of the step the last one launches.
+        let ends = &self.coasts.by_replica[replica as usize].ends[from..=from + due];
         // A coast begins right after a turn (`World::turned`), and nothing calls into the
         // replica while it coasts: its last call was a turn.
-        self.cluster.turns_at(replica, step, at, true, &mut turned);
+        self.cluster
+            .turns_at(replica, step, ends, true, &mut turned);
         if turned.len() != due {
             return Err(Stop::broken(vec![], "a coasted turn was not quiet"));
         }
-        let ends = &self.coasts.by_replica[replica as usize].ends[from..=from + due];
         let on_tick = |(i, (_, d)): (usize, &(StepReport, Dispatch))| {
             (d.step, d.end_ns) == (step + i as u64 + 1, ends[i + 1])
         };
@@ -220,13 +220,8 @@ impl World<'_> {
         }
         // Each step's share of a token, logged in order (`Lazy::record` checks it).
         let first = turned[0].0.streak.expect("a turn is a streak step's");
-        let mut shares = std::mem::take(&mut self.coasts.shares);
-        shares.clear();
-        let share =
-            |((report, _), &at): (&(StepReport, Dispatch), &u64)| Shares::of(report, at).unit();
-        shares.extend(turned.iter().zip(ends).map(share));
-        self.streak_steps(replica, first, shares.iter().copied());
-        self.coasts.shares = shares;
+        let shares = turned.iter().map(|(report, _)| Shares::unit_of(report));
+        self.streak_steps(replica, first, shares);
         if self.recorder.traces() {
             for (_, d) in &turned {
                 self.recorder.step(replica, d);

@@ -11,38 +11,9 @@
 
 use super::super::seq::Step;
 use super::super::Engine;
+#[cfg(debug_assertions)]
 use crate::gpu::StepShape;
 use crate::protocol::{Dispatch, StepReport};
-
-/// The steps a coast found ahead (`Engine::coast_ends`), each a streak step of `decode_seqs`
-/// members and no entry: its KV read and its time, in order; those before `next` are taken.
-#[derive(Debug, Default)]
-pub(in super::super) struct Ahead {
-    decode_seqs: u64,
-    steps: Vec<(u64, u64)>,
-    next: usize,
-}
-
-impl Ahead {
-    fn start(&mut self, decode_seqs: u64) {
-        (self.decode_seqs, self.next) = (decode_seqs, 0);
-        self.steps.clear();
-    }
-
-    /// The time of the next step found, if it has this shape (the same time: `step_ns` is a
-    /// function of the shape). One that does not ends what was found.
-    #[inline(always)]
-    fn take(&mut self, shape: StepShape) -> Option<u64> {
-        let &(kv, ns) = self.steps.get(self.next)?;
-        let found = StepShape::decode_only(self.decode_seqs, kv);
-        if shape != found {
-            self.start(0);
-            return None;
-        }
-        self.next += 1;
-        Some(ns)
-    }
-}
 
 impl Engine {
     /// What keeps a turn quiet that only something from outside the streak changes: the step
@@ -95,10 +66,7 @@ impl Engine {
     /// end; and only growth that takes blocks with no content, which no turn ahead can change.
     pub fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
         ends.clear();
-        let mut ahead = std::mem::take(&mut self.streak.ahead);
-        ahead.start(self.streak.members as u64);
-        self.find_ends(turns_max, ends, &mut ahead);
-        self.streak.ahead = ahead;
+        self.find_ends(turns_max, ends);
     }
 
     /// Whether `coast_ends` can ever name a turn: with one step in flight at a time only, as
@@ -107,52 +75,49 @@ impl Engine {
         self.cfg.window == 1
     }
 
-    /// The time of a step a turn launches: found by the coast ahead where it has this shape
-    /// (the same time: `costing.step_ns` is a function of the shape), worked out otherwise.
-    #[inline(always)]
-    pub(super) fn step_ns_ahead(&mut self, shape: StepShape) -> u64 {
-        match self.streak.ahead.take(shape) {
-            Some(ns) => ns,
-            None => self.costing.step_ns(shape),
-        }
-    }
-
-    /// The turns at `at` in one call, as `turn` takes them one by one: step `step`, in flight,
-    /// ends at `at[0]`, and each turn's step at the next tick. Each turn's report and dispatch
-    /// go into `out`, up to the first turn that is not quiet. After one turn (this call's
-    /// first, or the caller's last call, `after_turn`), what only something from outside
-    /// changes still holds and no one waits, so each turn checks only what the streak reaches
-    /// and does only what changes (`turns_again`).
+    /// The turns at `ends` in one call, as `turn` takes them one by one: step `step`, in
+    /// flight, ends at `ends[0]`, and the step each turn launches at the next tick. `ends` is
+    /// a run of what `coast_ends` found, and nothing has called in since: each step's time is
+    /// the span between its ticks (checked against the step's shape with debug assertions).
+    /// Each turn's report and dispatch go into `out`, up to the first turn that is not quiet.
+    /// After one turn (this call's first, or the caller's last call, `after_turn`), what only
+    /// something from outside changes still holds and no one waits, so each turn checks only
+    /// what the streak reaches and does only what changes (`turns_again`).
     pub fn turns_at(
         &mut self,
         step: u64,
-        at: &[u64],
+        ends: &[u64],
         after_turn: bool,
         out: &mut Vec<(StepReport, Dispatch)>,
     ) {
         out.clear();
-        let mut at = at;
+        let mut ends = ends;
         if !after_turn {
-            let Some((&now_ns, rest)) = at.split_first() else {
+            let (Some(&now_ns), Some(rest)) = (ends.first(), ends.get(1..)) else {
                 return;
             };
+            if rest.is_empty() {
+                return;
+            }
             let Some((report, d)) = self.turn(now_ns, step) else {
                 return;
             };
+            debug_assert_eq!(d.end_ns, rest[0], "the turn launched the step found");
             out.push((report, d));
-            at = rest;
+            ends = rest;
         }
         let step = out.last().map_or(step, |(_, d)| d.step);
-        self.turns_again(step, at, out);
+        self.turns_again(step, ends, out);
     }
 
-    /// `turn` at each tick of `at`, right after a quiet `turn` with nothing from outside
-    /// since: the conditions `turn_still` checks still hold, and the pass's `admit_waiting`,
-    /// with no one waiting and the waiting front's run forgotten, changes nothing. So: the
-    /// streak's own checks, the step in flight's end, and the next streak step in its place
-    /// (the same step `launch` would put there: no entries, the streak's members). The step in
-    /// flight is kept in locals between turns and put back once.
-    fn turns_again(&mut self, step: u64, at: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
+    /// `turn` at each tick of `ends` but the last, right after a quiet `turn` with nothing
+    /// from outside since: the conditions `turn_still` checks still hold, and the pass's
+    /// `admit_waiting`, with no one waiting and the waiting front's run forgotten, changes
+    /// nothing. So: the streak's own checks, the step in flight's end, and the next streak
+    /// step in its place (the same step `launch` would put there: no entries, the streak's
+    /// members), which ends at the next tick. The step in flight is kept in locals between
+    /// turns and put back once.
+    fn turns_again(&mut self, step: u64, ends: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
         let Some(s) = self.inflight.front() else {
             return;
         };
@@ -161,14 +126,18 @@ impl Engine {
         let (mut id, mut end_ns, mut duration_ns) = (s.id, s.end_ns, s.duration_ns);
         let (mut streak_step, mut tokens) = (s.streak_step, s.streak as u64);
         let members = self.streak.members;
+        // No turn here changes where the first member to leave does.
+        let last_from = self.streak.ends.peek().map_or(u64::MAX, |e| e.0 .0);
         let mut taken = false;
-        for &now_ns in at {
+        for tick in ends.windows(2) {
+            let (now_ns, next_ns) = (tick[0], tick[1]);
             let d = self.streak.dispatched;
             let bucket = self.streak.bucket;
             let growth = self.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
             let quiet = id == step
                 && end_ns == now_ns
-                && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d)
+                && next_ns >= now_ns
+                && d < last_from
                 && self.no_notes(streak_step)
                 && self.streak_fits(growth, false);
             if !quiet {
@@ -191,10 +160,16 @@ impl Engine {
             if growth > 0 {
                 self.streak_grow(bucket, now_ns);
             }
-            let kv = self.streak_kv(d).expect("the streak reads a negative KV");
-            let shape = StepShape::decode_only(members as u64, kv);
-            duration_ns = self.step_ns_ahead(shape);
+            // The GPU is free from now (the step in flight ended), so the next step starts now.
+            duration_ns = next_ns - now_ns;
+            #[cfg(debug_assertions)]
+            {
+                let kv = self.streak_kv(d).expect("the streak reads a negative KV");
+                let shape = StepShape::decode_only(members as u64, kv);
+                assert_eq!(duration_ns, self.costing.step_ns(shape), "the step found");
+            }
             let (dispatch, launched) = self.clock(now_ns, duration_ns, 0, members);
+            debug_assert_eq!(dispatch.end_ns, next_ns);
             (id, end_ns, streak_step, tokens) =
                 (dispatch.step, dispatch.end_ns, launched, members as u64);
             (step, taken) = (dispatch.step, true);
@@ -207,7 +182,7 @@ impl Engine {
         }
     }
 
-    fn find_ends(&self, turns_max: u32, ends: &mut Vec<u64>, ahead: &mut Ahead) {
+    fn find_ends(&self, turns_max: u32, ends: &mut Vec<u64>) {
         let Some(s) = self.inflight.front() else {
             return;
         };
@@ -240,24 +215,23 @@ impl Engine {
                 break;
             }
             clean -= growth;
-            let Some(kv) = self.streak_kv(d) else {
+            let Some(_kv) = self.streak_kv(d) else {
                 break;
             };
             let duration_ns = times.next_ns();
-            debug_assert_eq!(
+            #[cfg(debug_assertions)]
+            assert_eq!(
                 duration_ns,
-                self.costing.step_ns(StepShape::decode_only(members, kv))
+                self.costing.step_ns(StepShape::decode_only(members, _kv))
             );
             let Some(next_ns) = end_ns.checked_add(duration_ns) else {
                 break;
             };
-            ahead.steps.push((kv, duration_ns));
             end_ns = next_ns;
             ends.push(end_ns);
         }
         if ends.len() == 1 {
             ends.clear();
-            ahead.start(0);
         }
     }
 }

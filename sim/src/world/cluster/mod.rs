@@ -353,18 +353,19 @@ impl Cluster {
         turned
     }
 
-    /// `turn` at each tick of `at`, in one call (`Scheduler::turns_at`): a coast's turns.
+    /// `turn` at each tick of `ends` but the last, in one call (`Scheduler::turns_at`): a
+    /// coast's turns.
     #[inline]
     pub fn turns_at(
         &mut self,
         replica: u32,
         step: u64,
-        at: &[u64],
+        ends: &[u64],
         after_turn: bool,
         out: &mut Vec<(StepReport, Dispatch)>,
     ) {
         let r = &mut self.replicas[replica as usize];
-        r.turns_at(step, at, after_turn, out);
+        r.turns_at(step, ends, after_turn, out);
         debug_assert_eq!(r.load(), self.loads.get(replica), "a turn moved a load");
     }
 
