@@ -11,7 +11,6 @@
 
 use super::super::seq::Step;
 use super::super::Engine;
-#[cfg(debug_assertions)]
 use crate::gpu::StepShape;
 use crate::protocol::{Dispatch, StepReport};
 
@@ -93,7 +92,7 @@ impl Engine {
         out.clear();
         let mut ends = ends;
         if !after_turn {
-            let (Some(&now_ns), Some(rest)) = (ends.first(), ends.get(1..)) else {
+            let [now_ns, ref rest @ ..] = *ends else {
                 return;
             };
             if rest.is_empty() {
@@ -162,12 +161,13 @@ impl Engine {
             }
             // The GPU is free from now (the step in flight ended), so the next step starts now.
             duration_ns = next_ns - now_ns;
-            #[cfg(debug_assertions)]
-            {
-                let kv = self.streak_kv(d).expect("the streak reads a negative KV");
-                let shape = StepShape::decode_only(members as u64, kv);
-                assert_eq!(duration_ns, self.costing.step_ns(shape), "the step found");
-            }
+            debug_assert_eq!(
+                Some(duration_ns),
+                (self.streak_kv(d)).map(|kv| self
+                    .costing
+                    .step_ns(StepShape::decode_only(members as u64, kv))),
+                "the step found"
+            );
             let (dispatch, launched) = self.clock(now_ns, duration_ns, 0, members);
             debug_assert_eq!(dispatch.end_ns, next_ns);
             (id, end_ns, streak_step, tokens) =
@@ -215,14 +215,13 @@ impl Engine {
                 break;
             }
             clean -= growth;
-            let Some(_kv) = self.streak_kv(d) else {
+            let Some(kv) = self.streak_kv(d) else {
                 break;
             };
             let duration_ns = times.next_ns();
-            #[cfg(debug_assertions)]
-            assert_eq!(
+            debug_assert_eq!(
                 duration_ns,
-                self.costing.step_ns(StepShape::decode_only(members, _kv))
+                self.costing.step_ns(StepShape::decode_only(members, kv))
             );
             let Some(next_ns) = end_ns.checked_add(duration_ns) else {
                 break;
