@@ -419,27 +419,24 @@ pub trait Scheduler {
         None
     }
     /// `turn` at each tick of `ends` but the last: step `step` ends at the first, and the step
-    /// each turn launches ends at the next tick. Each turn's report and dispatch go into
-    /// `out`, up to the first `turn` that is `None`. A coast's turns (`coast_ends`, whose ends
-    /// these are: a run of them, in order), taken together. `after_turn`: the caller's last
-    /// call into this scheduler was a `turn` that gave `Some` (so a turn may skip what that
-    /// one left done).
-    fn turns_at(
-        &mut self,
-        step: u64,
-        ends: &[u64],
-        _after_turn: bool,
-        out: &mut Vec<(StepReport, Dispatch)>,
-    ) {
+    /// each turn launches, the next step (numbered one more than the one that ended), starts
+    /// then and ends at the next tick. Each turn's report goes into `out`, up to the first
+    /// `turn` that is `None` or launches another step; each launch is implied (step, start and
+    /// end). A coast's turns (`coast_ends`, whose ends these are: a run of them, in order),
+    /// taken together. `after_turn`: the caller's last call into this scheduler was a `turn`
+    /// that gave `Some` (so a turn may skip what that one left done).
+    fn turns_at(&mut self, step: u64, ends: &[u64], _after_turn: bool, out: &mut Vec<StepReport>) {
         out.clear();
         let mut step = step;
-        let turns = ends.len().saturating_sub(1);
-        for &now_ns in &ends[..turns] {
-            let Some((report, d)) = self.turn(now_ns, step) else {
+        for tick in ends.windows(2) {
+            let Some((report, d)) = self.turn(tick[0], step) else {
                 return;
             };
+            if (d.step, d.start_ns, d.end_ns) != (step + 1, tick[0], tick[1]) {
+                return;
+            }
             step = d.step;
-            out.push((report, d));
+            out.push(report);
         }
     }
     /// The earliest streak step whose tokens are not handed over yet (the caller may forget the

@@ -479,13 +479,7 @@ impl Scheduler for Engine {
         Engine::may_coast(self)
     }
 
-    fn turns_at(
-        &mut self,
-        step: u64,
-        ends: &[u64],
-        after_turn: bool,
-        out: &mut Vec<(StepReport, Dispatch)>,
-    ) {
+    fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool, out: &mut Vec<StepReport>) {
         Engine::turns_at(self, step, ends, after_turn, out)
     }
 

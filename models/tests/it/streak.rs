@@ -188,13 +188,7 @@ impl Scheduler for Sharing {
     fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
         self.0.coast_ends(turns_max, ends)
     }
-    fn turns_at(
-        &mut self,
-        step: u64,
-        ends: &[u64],
-        after_turn: bool,
-        out: &mut Vec<(StepReport, Dispatch)>,
-    ) {
+    fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool, out: &mut Vec<StepReport>) {
         self.0.turns_at(step, ends, after_turn, out)
     }
 }

@@ -65,7 +65,7 @@ pub(super) struct Coasts {
     scratch: Vec<u64>,
     asked: Vec<u64>,
     /// Reused for the turns a catch-up takes.
-    turned: Vec<(StepReport, Dispatch)>,
+    turned: Vec<StepReport>,
 }
 
 /// One replica's coast.
@@ -212,19 +212,28 @@ impl World<'_> {
         if turned.len() != due {
             return Err(Stop::broken(vec![], "a coasted turn was not quiet"));
         }
-        let on_tick = |(i, (_, d)): (usize, &(StepReport, Dispatch))| {
-            (d.step, d.end_ns) == (step + i as u64 + 1, ends[i + 1])
-        };
-        if !turned.iter().enumerate().all(on_tick) {
-            return Err(Stop::broken(vec![], "a coasted step ended off its tick"));
+        // Each turn ended the step the one before launched (the first: the coast's step in
+        // flight), and launched the next, which ends at its tick (`Scheduler::turns_at`).
+        if !turned
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.step == step + i as u64)
+        {
+            return Err(Stop::broken(vec![], "a coasted turn ended another step"));
         }
         // Each step's share of a token, logged in order (`Lazy::record` checks it).
-        let first = turned[0].0.streak.expect("a turn is a streak step's");
-        let shares = turned.iter().map(|(report, _)| Shares::unit_of(report));
-        self.streak_steps(replica, first, shares);
+        let first = turned[0].streak.expect("a turn is a streak step's");
+        self.streak_steps(replica, first, turned.iter().map(Shares::unit_of));
         if self.recorder.traces() {
-            for (_, d) in &turned {
-                self.recorder.step(replica, d);
+            let ends = &self.coasts.by_replica[replica as usize].ends[from..=from + due];
+            for (i, tick) in ends.windows(2).enumerate() {
+                let (start_ns, end_ns) = (tick[0], tick[1]);
+                let d = Dispatch {
+                    step: step + i as u64 + 1,
+                    start_ns,
+                    end_ns,
+                };
+                self.recorder.step(replica, &d);
             }
         }
         // Each step's end and its pass, as the events they were.

@@ -12,7 +12,7 @@
 use super::super::seq::Step;
 use super::super::Engine;
 use crate::gpu::StepShape;
-use crate::protocol::{Dispatch, StepReport};
+use crate::protocol::StepReport;
 
 impl Engine {
     /// What keeps a turn quiet that only something from outside the streak changes: the step
@@ -75,10 +75,10 @@ impl Engine {
     }
 
     /// The turns at `ends` in one call, as `turn` takes them one by one: step `step`, in
-    /// flight, ends at `ends[0]`, and the step each turn launches at the next tick. `ends` is
-    /// a run of what `coast_ends` found, and nothing has called in since: each step's time is
-    /// the span between its ticks (checked against the step's shape with debug assertions).
-    /// Each turn's report and dispatch go into `out`, up to the first turn that is not quiet.
+    /// flight, ends at `ends[0]`, and the step each turn launches (the next step) at the next
+    /// tick. `ends` is a run of what `coast_ends` found, and nothing has called in since: each
+    /// step's time is the span between its ticks (checked against the step's shape with debug
+    /// assertions). Each turn's report goes into `out`, up to the first turn that is not quiet.
     /// After one turn (this call's first, or the caller's last call, `after_turn`), what only
     /// something from outside changes still holds and no one waits, so each turn checks only
     /// what the streak reaches and does only what changes (`turns_again`).
@@ -87,10 +87,11 @@ impl Engine {
         step: u64,
         ends: &[u64],
         after_turn: bool,
-        out: &mut Vec<(StepReport, Dispatch)>,
+        out: &mut Vec<StepReport>,
     ) {
         out.clear();
         let mut ends = ends;
+        let mut step = step;
         if !after_turn {
             let [now_ns, ref rest @ ..] = *ends else {
                 return;
@@ -102,10 +103,10 @@ impl Engine {
                 return;
             };
             debug_assert_eq!(d.end_ns, rest[0], "the turn launched the step found");
-            out.push((report, d));
-            ends = rest;
+            debug_assert_eq!(d.step, step + 1, "the turn launched the next step");
+            out.push(report);
+            (ends, step) = (rest, d.step);
         }
-        let step = out.last().map_or(step, |(_, d)| d.step);
         self.turns_again(step, ends, out);
     }
 
@@ -114,71 +115,66 @@ impl Engine {
     /// `admit_waiting`, with no one waiting and the waiting front's run forgotten, changes
     /// nothing. So: the streak's own checks, the step in flight's end, and the next streak
     /// step in its place (the same step `launch` would put there: no entries, the streak's
-    /// members), which ends at the next tick. The step in flight is kept in locals between
-    /// turns and put back once.
-    fn turns_again(&mut self, step: u64, ends: &[u64], out: &mut Vec<(StepReport, Dispatch)>) {
+    /// members), which ends at the next tick. What only adds up (the counts, the clock, the
+    /// streak's numbers) is added once for a run of turns (`Taken`), before a turn whose
+    /// members take blocks and at the end; the step in flight is put back once.
+    fn turns_again(&mut self, step: u64, ends: &[u64], out: &mut Vec<StepReport>) {
         let Some(s) = self.inflight.front() else {
             return;
         };
         debug_assert!(self.turn_still(s));
-        let mut step = step;
-        let (mut id, mut end_ns, mut duration_ns) = (s.id, s.end_ns, s.duration_ns);
-        let (mut streak_step, mut tokens) = (s.streak_step, s.streak as u64);
-        let members = self.streak.members;
+        let [first_ns, ..] = *ends else {
+            return;
+        };
+        // A streak step with no members launches none (`streak_launch`): never coasted.
+        if s.id != step || s.end_ns != first_ns || self.streak.members == 0 {
+            return;
+        }
+        let mut t = Taken::new(self, s, step, out.len());
         // No turn here changes where the first member to leave does.
         let last_from = self.streak.ends.peek().map_or(u64::MAX, |e| e.0 .0);
-        let mut taken = false;
-        for tick in ends.windows(2) {
+        let mut note = NotePhase::of(self, t.streak_step);
+        let mut bucket = self.streak.bucket;
+        for (i, tick) in ends.windows(2).enumerate() {
             let (now_ns, next_ns) = (tick[0], tick[1]);
-            let d = self.streak.dispatched;
-            let bucket = self.streak.bucket;
             let growth = self.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
-            let quiet = id == step
-                && end_ns == now_ns
-                && next_ns >= now_ns
-                && d < last_from
-                && self.no_notes(streak_step)
+            let quiet = next_ns >= now_ns
+                && t.dispatched + (i as u64) < last_from
+                && note.quiet(&self.streak.notes)
                 && self.streak_fits(growth, false);
             if !quiet {
                 break;
             }
-            assert_eq!(
-                streak_step, self.streak.processed,
-                "streak steps end in order"
-            );
-            self.streak.processed += 1;
-            self.stats.tokens_delivered += tokens;
-            self.taint.step_ended(step);
             debug_assert!(!self.at_boundary, "the turn before left no boundary");
-            let report = StepReport {
-                step,
-                duration_ns,
-                tokens,
-                streak: Some(streak_step),
-            };
+            let report = t.report(i, ends);
             if growth > 0 {
+                t.end_through(self, i + 1);
+                t.clock_through(self, i, ends);
                 self.streak_grow(bucket, now_ns);
             }
-            // The GPU is free from now (the step in flight ended), so the next step starts now.
-            duration_ns = next_ns - now_ns;
             debug_assert_eq!(
-                Some(duration_ns),
-                (self.streak_kv(d)).map(|kv| self
+                Some(next_ns - now_ns),
+                (self.streak_kv(t.dispatched + i as u64)).map(|kv| self
                     .costing
-                    .step_ns(StepShape::decode_only(members as u64, kv))),
+                    .step_ns(StepShape::decode_only(t.members as u64, kv))),
                 "the step found"
             );
-            let (dispatch, launched) = self.clock(now_ns, duration_ns, 0, members);
-            debug_assert_eq!(dispatch.end_ns, next_ns);
-            (id, end_ns, streak_step, tokens) =
-                (dispatch.step, dispatch.end_ns, launched, members as u64);
-            (step, taken) = (dispatch.step, true);
-            out.push((report, dispatch));
+            out.push(report);
+            note.next();
+            bucket += 1;
+            if bucket == self.cfg.block_tokens as usize {
+                bucket = 0;
+            }
         }
-        if taken {
+        let taken = out.len() - t.out_from;
+        if taken > 0 {
+            t.end_through(self, taken);
+            t.clock_through(self, taken, ends);
+            debug_assert_eq!(self.streak.bucket, bucket);
             let s = self.inflight.front_mut().expect("a step in flight");
-            (s.id, s.end_ns, s.duration_ns) = (id, end_ns, duration_ns);
-            (s.streak, s.streak_step) = (members, streak_step);
+            s.id = t.step_next + taken as u64 - 1;
+            (s.end_ns, s.duration_ns) = (ends[taken], ends[taken] - ends[taken - 1]);
+            (s.streak, s.streak_step) = (t.members, t.streak_step + taken as u64);
         }
     }
 
@@ -197,21 +193,23 @@ impl Engine {
         }
         // A left member's entry may head `ends` still: an earlier stop, never a later one.
         let last_from = k.ends.peek().map_or(u64::MAX, |e| e.0 .0);
+        let steps = (turns_max as u64).min(last_from.saturating_sub(k.dispatched));
         let block_tokens = self.cfg.block_tokens as usize;
         let mut clean = self.pool.clean_blocks();
         let mut end_ns = s.end_ns;
-        ends.push(end_ns);
         let Some(kv0) = self.streak_kv(k.dispatched) else {
-            ends.clear();
             return;
         };
+        ends.reserve(steps as usize + 1);
+        ends.push(end_ns);
+        // The phases of the boundary and notes buckets step on with the streak, not by division.
+        let mut note = NotePhase::of(self, k.processed);
+        let mut bucket = k.bucket % block_tokens;
         // The KV read grows by one token a member each step (`streak_kv`).
-        let mut times = self.costing.streak_times(members, kv0, turns_max as u64);
-        for i in 0..turns_max as u64 {
-            let d = k.dispatched + i;
-            let bucket = (k.bucket + i as usize) % block_tokens;
+        let mut times = self.costing.streak_times(members, kv0, steps);
+        for d in k.dispatched..k.dispatched + steps {
             let growth = k.boundary.get(bucket).map_or(0, Vec::len) as u64;
-            if d >= last_from || !self.no_notes(k.processed + i) || growth > clean {
+            if !note.quiet(&k.notes) || growth > clean {
                 break;
             }
             clean -= growth;
@@ -228,9 +226,151 @@ impl Engine {
             };
             end_ns = next_ns;
             ends.push(end_ns);
+            bucket += 1;
+            if bucket == block_tokens {
+                bucket = 0;
+            }
+            note.next();
         }
         if ends.len() == 1 {
             ends.clear();
         }
+    }
+}
+
+/// A streak step's phase among the notes buckets (`no_notes`), stepped on with the streak
+/// rather than found by division each step.
+struct NotePhase {
+    every: u64,
+    at: u64,
+}
+
+impl NotePhase {
+    fn of(engine: &Engine, j: u64) -> NotePhase {
+        let every = engine.cfg.lazy_output_every as u64;
+        let at = if every == 0 { 0 } else { j % every };
+        NotePhase { every, at }
+    }
+
+    /// `no_notes` of this phase's step.
+    #[inline(always)]
+    fn quiet(&self, notes: &[Vec<u32>]) -> bool {
+        self.every == 0 || notes.get(self.at as usize).is_none_or(Vec::is_empty)
+    }
+
+    /// The next streak step's phase.
+    #[inline(always)]
+    fn next(&mut self) {
+        self.at += 1;
+        if self.at == self.every {
+            self.at = 0;
+        }
+    }
+}
+
+/// A run of quiet turns taken by `turns_again`, the first ending step `step`: what each adds
+/// to the engine's counts, clock and streak numbers, added for all the turns up to one (the
+/// steps' ends through `end_through`, their launches through `clock_through`), as each
+/// turn's `turn` would have added it by then.
+struct Taken {
+    step: u64,
+    /// The step in flight's: its time, tokens and streak step.
+    duration_ns: u64,
+    tokens: u64,
+    streak_step: u64,
+    /// At the start: the next step's number, and the streak's next step.
+    step_next: u64,
+    dispatched: u64,
+    members: u32,
+    /// Where this call's turns begin in `out`.
+    out_from: usize,
+    /// Turns whose step's end is added, and whose launch is.
+    ended: usize,
+    clocked: usize,
+}
+
+impl Taken {
+    fn new(e: &Engine, s: &Step, step: u64, out_from: usize) -> Taken {
+        assert_eq!(
+            s.streak_step, e.streak.processed,
+            "streak steps end in order"
+        );
+        debug_assert_eq!(e.gpu_free_ns, s.end_ns, "one step in flight");
+        debug_assert_eq!(
+            e.step_next,
+            step + 1,
+            "the step in flight is the last launched"
+        );
+        Taken {
+            step,
+            duration_ns: s.duration_ns,
+            tokens: s.streak as u64,
+            streak_step: s.streak_step,
+            step_next: e.step_next,
+            dispatched: e.streak.dispatched,
+            members: e.streak.members,
+            out_from,
+            ended: 0,
+            clocked: 0,
+        }
+    }
+
+    /// The step that ends at turn `i`: the one in flight, then each turn's launch.
+    #[inline(always)]
+    fn ended_step(&self, i: usize) -> u64 {
+        match i {
+            0 => self.step,
+            _ => self.step_next + i as u64 - 1,
+        }
+    }
+
+    /// The report of turn `i`: the step that ends at `ends[i]`.
+    #[inline(always)]
+    fn report(&self, i: usize, ends: &[u64]) -> StepReport {
+        let (duration_ns, tokens) = match i {
+            0 => (self.duration_ns, self.tokens),
+            _ => (ends[i] - ends[i - 1], self.members as u64),
+        };
+        StepReport {
+            step: self.ended_step(i),
+            duration_ns,
+            tokens,
+            streak: Some(self.streak_step + i as u64),
+        }
+    }
+
+    /// The ends of the steps of turns before `to`: their tokens delivered, their streak steps
+    /// processed, the blocks they fenced clean.
+    fn end_through(&mut self, e: &mut Engine, to: usize) {
+        if to <= self.ended {
+            return;
+        }
+        let n = (to - self.ended) as u64;
+        let first = if self.ended == 0 {
+            self.tokens
+        } else {
+            self.members as u64
+        };
+        e.stats.tokens_delivered += first + (n - 1) * self.members as u64;
+        e.streak.processed += n;
+        e.taint.step_ended(self.ended_step(to - 1));
+        self.ended = to;
+    }
+
+    /// The launches of turns before `to`, each of the streak's step at its tick (`clock`).
+    fn clock_through(&mut self, e: &mut Engine, to: usize, ends: &[u64]) {
+        if to <= self.clocked {
+            return;
+        }
+        let n = (to - self.clocked) as u64;
+        debug_assert_eq!(e.gpu_free_ns, ends[self.clocked]);
+        e.gpu_free_ns = ends[to];
+        e.step_next += n;
+        e.stats.steps += n;
+        e.stats.busy_ns += ends[to] - ends[self.clocked];
+        let k = &mut e.streak;
+        k.dispatched += n;
+        k.bucket = ((k.bucket as u64 + n) % e.cfg.block_tokens as u64) as usize;
+        self.clocked = to;
     }
 }

@@ -362,7 +362,7 @@ impl Cluster {
         step: u64,
         ends: &[u64],
         after_turn: bool,
-        out: &mut Vec<(StepReport, Dispatch)>,
+        out: &mut Vec<StepReport>,
     ) {
         let r = &mut self.replicas[replica as usize];
         r.turns_at(step, ends, after_turn, out);
