@@ -25,18 +25,19 @@
 //! the same count or virtual time, but its error may name a later time or an earlier event
 //! number than without coasting.
 
+mod ticks;
+
 use std::cmp::Reverse;
-use std::collections::hash_map::Entry;
 use std::collections::BinaryHeap;
 
 use cancelsim_models::protocol::{Dispatch, StepReport};
-use rustc_hash::FxHashMap;
 
 use super::accounts::Shares;
 use super::error::{Step, Stop};
 use super::event::Event;
 use super::World;
 use crate::kernel::Class;
+use ticks::Ticks;
 
 /// Turns a coast takes, at least and at most. Each coast's last step is an event again (its
 /// wake-up): a longer coast saves more events but, where an arrival ends it early, finds more
@@ -53,8 +54,9 @@ pub(super) struct Coasts {
     /// Whether this world coasts at all (`World::coastable`).
     on: bool,
     by_replica: Vec<Coast>,
-    /// The ticks of coasted turns not yet passed, and whose: one coast a tick, no event there.
-    ticks: FxHashMap<u64, u32>,
+    /// The ticks of coasted turns, and whose: one coast a tick, no event there. What a coast
+    /// holds is its own (`Coast::holds`); the table finds the coast.
+    ticks: Ticks,
     /// Coasts whose wake-up is not in the kernel yet, by the tick of their last turn:
     /// (that tick, replica, coast id). A coast that ended early leaves a stale entry.
     due: BinaryHeap<Reverse<(u64, u32, u64)>>,
@@ -91,12 +93,21 @@ impl Coast {
     fn turns(&self) -> usize {
         self.ends.len() - 1
     }
+
+    /// Whether this coast holds tick `t`: it goes on, its wake-up is not in the kernel yet, and
+    /// `t` is one of its turns' ticks.
+    fn holds(&self, t: u64) -> bool {
+        self.id != 0 && !self.woken && self.ends[..self.turns()].binary_search(&t).is_ok()
+    }
 }
 
 impl Coasts {
     pub(super) fn start(&mut self, on: bool, replicas: u32) {
         self.on = on;
         self.by_replica = (0..replicas).map(|_| Coast::default()).collect();
+        if on {
+            self.ticks = Ticks::with_capacity(replicas as u64 * TURNS_MAX as u64);
+        }
     }
 
     pub(super) fn on(&self) -> bool {
@@ -110,7 +121,8 @@ impl Coasts {
 
     /// Whether a coast holds tick `time_ns`.
     pub(super) fn holds(&self, time_ns: u64) -> Option<u32> {
-        self.ticks.get(&time_ns).copied()
+        let by_replica = &self.by_replica;
+        (self.ticks).holds(time_ns, |o, t| by_replica[o as usize].holds(t))
     }
 
     pub(super) fn any(&self) -> bool {
@@ -140,7 +152,8 @@ impl World<'_> {
     /// The events the handler asked for are about to go into the kernel: a coast that holds
     /// one's tick ends first.
     pub(super) fn reach_asked(&mut self) -> Step {
-        if self.coasts.ticks.is_empty() {
+        // No coast holds a tick (`Coast::holds`).
+        if self.coasts.unwoken == 0 {
             return Ok(());
         }
         let mut asked = std::mem::take(&mut self.coasts.asked);
@@ -162,13 +175,19 @@ impl World<'_> {
             .clamp(TURNS_MIN, TURNS_MAX);
         self.cluster.coast_ends(replica, want, &mut ends);
         let named = ends.len().saturating_sub(1);
-        // Each tick held as it is found free, up to the first one that is not.
+        let now_ns = self.kernel.now_ns();
+        let by_replica = &c.by_replica;
+        let live = |o: u32, t: u64| by_replica[o as usize].holds(t);
+        c.ticks.sweep(now_ns, live);
+        c.ticks.warm(&ends[..named]);
+        // Each tick held as it is found free, up to the first one that is not: one an event
+        // or another coast holds, or this coast's own tick again.
         let mut turns = 0;
-        while turns < named && !self.kernel.pending_at(ends[turns]) {
-            match c.ticks.entry(ends[turns]) {
-                Entry::Vacant(v) => v.insert(replica),
-                Entry::Occupied(_) => break,
-            };
+        while turns < named
+            && (turns == 0 || ends[turns] > ends[turns - 1])
+            && !self.kernel.pending_at(ends[turns])
+            && c.ticks.hold(ends[turns], replica, now_ns, live)
+        {
             turns += 1;
         }
         if turns == 0 {
@@ -277,10 +296,6 @@ impl World<'_> {
         self.coasts.unwoken -= 1;
         c.reach_turns = (c.turns() as u32 / 2).max(TURNS_MIN);
         let (at, step) = (c.ends[c.taken], c.first_step + c.taken as u64);
-        // Its ticks, those passed too: a tick left in the map would hold it forever.
-        for t in &c.ends[..c.turns()] {
-            self.coasts.ticks.remove(t);
-        }
         let done = Event::StepDone { replica, step };
         Ok(self.kernel.schedule_at(at, Class::Completion, done)?)
     }
@@ -313,9 +328,6 @@ impl World<'_> {
             c.woken = true;
             c.reach_turns = (c.turns() as u32 * 2).min(TURNS_MAX);
             self.coasts.unwoken -= 1;
-            for t in &c.ends[..c.turns()] {
-                self.coasts.ticks.remove(t);
-            }
             let (wake_ns, step) = (c.ends[c.turns()], c.first_step + c.turns() as u64);
             // Another coast's turn at that tick would not be quiet: that coast ends first.
             if let Some(other) = self.coasts.holds(wake_ns) {
