@@ -101,6 +101,12 @@ impl Coast {
     }
 }
 
+/// Whether replica `o`'s coast holds tick `t` (`Coast::holds`): what the tick table asks of the
+/// owner an entry names.
+fn live(by_replica: &[Coast]) -> impl Fn(u32, u64) -> bool + Copy + '_ {
+    |o, t| by_replica[o as usize].holds(t)
+}
+
 impl Coasts {
     pub(super) fn start(&mut self, on: bool, replicas: u32) {
         self.on = on;
@@ -121,8 +127,7 @@ impl Coasts {
 
     /// Whether a coast holds tick `time_ns`.
     pub(super) fn holds(&self, time_ns: u64) -> Option<u32> {
-        let by_replica = &self.by_replica;
-        (self.ticks).holds(time_ns, |o, t| by_replica[o as usize].holds(t))
+        self.ticks.holds(time_ns, live(&self.by_replica))
     }
 
     pub(super) fn any(&self) -> bool {
@@ -176,8 +181,7 @@ impl World<'_> {
         self.cluster.coast_ends(replica, want, &mut ends);
         let named = ends.len().saturating_sub(1);
         let now_ns = self.kernel.now_ns();
-        let by_replica = &c.by_replica;
-        let live = |o: u32, t: u64| by_replica[o as usize].holds(t);
+        let live = live(&c.by_replica);
         c.ticks.sweep(now_ns, live);
         c.ticks.warm(&ends[..named]);
         // Each tick held as it is found free, up to the first one that is not: one an event

@@ -47,13 +47,7 @@ impl Engine {
 
     /// Whether no member's token of streak step `j` can come out as an output.
     pub(super) fn no_notes(&self, j: u64) -> bool {
-        let k = self.cfg.lazy_output_every as u64;
-        k == 0
-            || self
-                .streak
-                .notes
-                .get((j % k) as usize)
-                .is_none_or(Vec::is_empty)
+        NotePhase::of(self, j).quiet(&self.streak.notes)
     }
 
     /// The turns ahead, if nothing from outside reaches this engine: into `ends`, the end of
