@@ -514,15 +514,28 @@ impl Rate {
     }
 }
 
+/// Where the float root needs no correction (`isqrt_below_2_63`).
+pub(super) const EXACT_ROOT_BELOW: u64 = 1 << 52;
+
 /// `x.isqrt()` for `x < 2^63`, from the float root and a correction: a double holds `x` to within
 /// half a unit in 2^53, so its root is the integer root or one off, and the two steps make it
 /// exact (`(r + 1)^2` stays below 2^64). The library's integer root loops a bit at a time.
+///
+/// Below 2^52 (compute and memory terms of up to about 47 ms each) the float root is exact as it
+/// is, with no correction: `x` converts exactly, and the root is correctly rounded (IEEE 754),
+/// so it rounds up to an integer `k` only from within half a unit of `k`, at most `k · 2^-53`;
+/// but a root below `k` is at most `√(k² − 1) < k − 1/(2k)`, further than that while
+/// `k² <= 2^52`, which holds for the `k` above the root of any `x < 2^52`.
 #[inline]
 pub(super) fn isqrt_below_2_63(x: u64) -> u64 {
     debug_assert!(x < 1 << 63);
     // Through i64, the same value (x < 2^63) and the same rounding, in fewer instructions than
     // a u64's conversions, which must handle 2^63 and more.
     let mut r = (x as i64 as f64).sqrt() as i64 as u64;
+    if x < EXACT_ROOT_BELOW {
+        debug_assert_eq!(r, x.isqrt(), "the float root of {x}");
+        return r;
+    }
     while r * r > x {
         r -= 1;
     }

@@ -519,6 +519,24 @@ fn isqrt_matches_the_library() {
     }
     let top = (1u64 << 63) - 1;
     assert_eq!(super::roofline::isqrt_below_2_63(top), top.isqrt());
+    // Below 2^52 the float root is taken as it is: around every square up to there, it is the
+    // integer root, the last 2^16 roots (where rounding comes closest) and a stride below them.
+    let below = super::roofline::EXACT_ROOT_BELOW;
+    let k_top = below.isqrt();
+    let ks = (k_top - (1 << 16)..=k_top).chain((0..k_top).step_by(997));
+    for k in ks {
+        for x in [
+            k * k,
+            (k * k).saturating_sub(1),
+            k * k + 1,
+            (k + 1) * (k + 1) - 1,
+        ] {
+            assert_eq!(super::roofline::isqrt_below_2_63(x), x.isqrt(), "{x}");
+        }
+    }
+    for x in [below - 1, below, below + 1] {
+        assert_eq!(super::roofline::isqrt_below_2_63(x), x.isqrt(), "{x}");
+    }
     // The largest terms the narrow root takes: its sum stays below 2^63.
     let c = (1u64 << 31) - 1;
     let x = c * c + c * c;
