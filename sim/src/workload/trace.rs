@@ -19,8 +19,9 @@ pub struct TraceRow {
 
 /// The file being read, by format.
 enum Rows {
-    /// Azure CSV through the `csv` crate: header checked, fields trimmed (`field`, as the
-    /// crate's `Trim::All` would, without a new record a row), blank lines skipped.
+    /// Azure CSV through the `csv` crate: header checked, fields trimmed as they are read
+    /// (`str::trim`, what the crate's `Trim::All` does, without a new record a row), blank
+    /// lines skipped.
     Azure {
         csv: csv::Reader<BufReader<LineLimit<File>>>,
         record: csv::StringRecord,
@@ -226,9 +227,9 @@ pub fn parse_timestamp_ns(s: &str) -> Option<i128> {
 }
 
 /// The shape every row of the Azure traces has, `YYYY-MM-DD HH:MM:SS` and a `.` with 1 to 9
-/// digits or nothing, read digit by digit at its places: the value `parse_general` gives, in
-/// a tenth of its instructions (no splits, no parses). `None` where `s` is not of that shape
-/// or out of range; then `parse_general` decides.
+/// digits or nothing, read digit by digit at its places: the value `parse_general` gives,
+/// with no splits and no parses. `None` where `s` is not of that shape or out of range; then
+/// `parse_general` decides.
 fn parse_fixed(b: &[u8]) -> Option<i128> {
     if b.len() < 19 || [b[4], b[7], b[10], b[13], b[16]] != *b"-- ::" {
         return None;
