@@ -197,6 +197,48 @@ pub struct StepReport {
     pub streak: Option<u64>,
 }
 
+/// The turns `Scheduler::turns_at` took: `count` of them. The first's report is `first`; each
+/// later one's is implied by it and the ticks (`Turned::report`), so none is built or kept a
+/// turn. With `count` 0, `first` and `tokens_after` mean nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Turned {
+    pub count: usize,
+    pub first: StepReport,
+    /// The tokens of each step after the first: a streak step's members.
+    pub tokens_after: u64,
+}
+
+impl Turned {
+    /// No turn taken.
+    pub const NONE: Turned = Turned {
+        count: 0,
+        first: StepReport {
+            step: 0,
+            duration_ns: 0,
+            tokens: 0,
+            streak: None,
+        },
+        tokens_after: 0,
+    };
+
+    /// The report of turn `i`, below `count`, of a call with these `ends`: the first's, then
+    /// the step the turn before launched, the next step, which ran from that turn's tick to
+    /// this one's, with `tokens_after` tokens, the next streak step.
+    #[inline]
+    pub fn report(&self, i: usize, ends: &[u64]) -> StepReport {
+        debug_assert!(i < self.count, "a turn not taken");
+        if i == 0 {
+            return self.first;
+        }
+        StepReport {
+            step: self.first.step + i as u64,
+            duration_ns: ends[i] - ends[i - 1],
+            tokens: self.tokens_after,
+            streak: self.first.streak.map(|s| s + i as u64),
+        }
+    }
+}
+
 /// A lazy request's output tokens that came out without an output each (`NewRequest::lazy`):
 /// one in each of its replica's streak steps `from..from + count`, in order, all processed.
 /// Handed over before any output or record that follows them.
@@ -420,24 +462,34 @@ pub trait Scheduler {
     }
     /// `turn` at each tick of `ends` but the last: step `step` ends at the first, and the step
     /// each turn launches, the next step (numbered one more than the one that ended), starts
-    /// then and ends at the next tick. Each turn's report goes into `out`, up to the first
-    /// `turn` that is `None` or launches another step; each launch is implied (step, start and
-    /// end). A coast's turns (`coast_ends`, whose ends these are: a run of them, in order),
-    /// taken together. `after_turn`: the caller's last call into this scheduler was a `turn`
-    /// that gave `Some` (so a turn may skip what that one left done).
-    fn turns_at(&mut self, step: u64, ends: &[u64], _after_turn: bool, out: &mut Vec<StepReport>) {
-        out.clear();
+    /// then and ends at the next tick. Counts the turns up to the first `turn` that is `None`,
+    /// launches another step, or reports other than `Turned::report` implies; each launch is
+    /// implied too (step, start and end). A coast's turns (`coast_ends`, whose ends these are:
+    /// a run of them, in order), taken together. `after_turn`: the caller's last call into this
+    /// scheduler was a `turn` that gave `Some` (so a turn may skip what that one left done).
+    fn turns_at(&mut self, step: u64, ends: &[u64], _after_turn: bool) -> Turned {
+        let mut turned = Turned::NONE;
         let mut step = step;
-        for tick in ends.windows(2) {
+        for (i, tick) in ends.windows(2).enumerate() {
             let Some((report, d)) = self.turn(tick[0], step) else {
-                return;
+                break;
             };
             if (d.step, d.start_ns, d.end_ns) != (step + 1, tick[0], tick[1]) {
-                return;
+                break;
+            }
+            if i == 0 {
+                turned.first = report;
+            } else if i == 1 {
+                turned.tokens_after = report.tokens;
+            }
+            turned.count = i + 1;
+            if report != turned.report(i, ends) {
+                turned.count = i;
+                break;
             }
             step = d.step;
-            out.push(report);
         }
+        turned
     }
     /// The earliest streak step whose tokens are not handed over yet (the caller may forget the
     /// shares of those before), if the scheduler has a streak.

@@ -36,7 +36,7 @@ use crate::kv::KvPool;
 use crate::prefix::PrefixCache;
 use crate::protocol::{
     fits, Abort, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest, Outbox,
-    Rejection, ReleaseMode, ReplicaStats, Scheduler, StepReport, UnknownAbort,
+    Rejection, ReleaseMode, ReplicaStats, Scheduler, StepReport, Turned, UnknownAbort,
 };
 use crate::recent::Recent;
 
@@ -479,8 +479,8 @@ impl Scheduler for Engine {
         Engine::may_coast(self)
     }
 
-    fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool, out: &mut Vec<StepReport>) {
-        Engine::turns_at(self, step, ends, after_turn, out)
+    fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool) -> Turned {
+        Engine::turns_at(self, step, ends, after_turn)
     }
 
     fn totals(&self) -> ReplicaStats {

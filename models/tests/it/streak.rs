@@ -10,7 +10,8 @@ use cancelsim_models::kv::KvPool;
 use cancelsim_models::prefix::StreamKey;
 use cancelsim_models::protocol::{
     Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest,
-    Outbox, Rejection, ReleaseMode, ReplicaStats, Scheduler, Scope, StepReport, UnknownAbort,
+    Outbox, Rejection, ReleaseMode, ReplicaStats, Scheduler, Scope, StepReport, Turned,
+    UnknownAbort,
 };
 use proptest::prelude::*;
 
@@ -188,8 +189,8 @@ impl Scheduler for Sharing {
     fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
         self.0.coast_ends(turns_max, ends)
     }
-    fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool, out: &mut Vec<StepReport>) {
-        self.0.turns_at(step, ends, after_turn, out)
+    fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool) -> Turned {
+        self.0.turns_at(step, ends, after_turn)
     }
 }
 

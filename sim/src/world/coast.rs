@@ -30,7 +30,7 @@ mod ticks;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use cancelsim_models::protocol::{Dispatch, StepReport};
+use cancelsim_models::protocol::Dispatch;
 
 use super::accounts::Shares;
 use super::error::{Step, Stop};
@@ -66,8 +66,6 @@ pub(super) struct Coasts {
     /// Reused for the ends a replica names, and for the ticks an event asks for.
     scratch: Vec<u64>,
     asked: Vec<u64>,
-    /// Reused for the turns a catch-up takes.
-    turned: Vec<StepReport>,
 }
 
 /// One replica's coast.
@@ -225,30 +223,24 @@ impl World<'_> {
             return Ok(());
         }
         let step = c.first_step + from as u64;
-        let mut turned = std::mem::take(&mut self.coasts.turned);
         // The turns' ticks, and the end of the step the last one launches.
-        let ends = &self.coasts.by_replica[replica as usize].ends[from..=from + due];
+        let ends = &c.ends[from..=from + due];
         // A coast begins right after a turn (`World::turned`), and nothing calls into the
         // replica while it coasts: its last call was a turn.
-        self.cluster
-            .turns_at(replica, step, ends, true, &mut turned);
-        if turned.len() != due {
+        let turned = self.cluster.turns_at(replica, step, ends, true);
+        if turned.count != due {
             return Err(Stop::broken(vec![], "a coasted turn was not quiet"));
         }
-        // Each turn ended the step the one before launched (the first: the coast's step in
-        // flight), and launched the next, which ends at its tick (`Scheduler::turns_at`).
-        if !turned
-            .iter()
-            .enumerate()
-            .all(|(i, r)| r.step == step + i as u64)
-        {
+        // The first turn ended the coast's step in flight; each later one the step the one
+        // before launched, which ends at its tick (`Turned::report`).
+        if turned.first.step != step {
             return Err(Stop::broken(vec![], "a coasted turn ended another step"));
         }
         // Each step's share of a token, logged in order (`Lazy::record` checks it).
-        let first = turned[0].streak.expect("a turn is a streak step's");
-        self.streak_steps(replica, first, turned.iter().map(Shares::unit_of));
+        let first = turned.first.streak.expect("a turn is a streak step's");
+        let shares = (0..due).map(|i| Shares::unit_of(&turned.report(i, ends)));
+        (self.lazy).record_streak(&self.cluster, replica, first, shares);
         if self.recorder.traces() {
-            let ends = &self.coasts.by_replica[replica as usize].ends[from..=from + due];
             for (i, tick) in ends.windows(2).enumerate() {
                 let (start_ns, end_ns) = (tick[0], tick[1]);
                 let d = Dispatch {
@@ -261,7 +253,6 @@ impl World<'_> {
         }
         // Each step's end and its pass, as the events they were.
         self.kernel.count_dispatched(2 * due as u64)?;
-        self.coasts.turned = turned;
         self.coasts.by_replica[replica as usize].taken += due;
         Ok(())
     }

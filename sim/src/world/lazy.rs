@@ -25,6 +25,7 @@ use cancelsim_models::protocol::Implicit;
 
 use crate::record::StreakCounts;
 
+use super::cluster::Cluster;
 use super::error::{Step, Stop};
 use super::requests::Tag;
 use super::World;
@@ -79,6 +80,21 @@ impl Lazy {
         );
         log.shares.extend(shares);
         log.shares.len() > log.trim_at.max(TRIM_AT_LEAST)
+    }
+
+    /// `record`, then, where the log grew enough, forget what `replica`'s streak no longer
+    /// needs (`trim` to its floor).
+    pub fn record_streak(
+        &mut self,
+        cluster: &Cluster,
+        replica: u32,
+        first: u64,
+        shares: impl Iterator<Item = f64>,
+    ) {
+        if self.record(replica, first, shares) {
+            let floor = cluster.streak_floor(replica);
+            self.trim(replica, floor.expect("a replica with a streak"));
+        }
     }
 
     /// Forget `replica`'s shares before streak step `floor`: no member can hand those over.
@@ -142,11 +158,8 @@ impl World<'_> {
         first: u64,
         shares: impl Iterator<Item = f64>,
     ) {
-        if self.lazy.record(replica, first, shares) {
-            let floor = self.cluster.streak_floor(replica);
-            self.lazy
-                .trim(replica, floor.expect("a replica with a streak"));
-        }
+        self.lazy
+            .record_streak(&self.cluster, replica, first, shares);
     }
 
     /// The world needs every output of request `tag` from now on: its replica hands over what

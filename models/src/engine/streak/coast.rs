@@ -12,7 +12,7 @@
 use super::super::seq::Step;
 use super::super::Engine;
 use crate::gpu::StepShape;
-use crate::protocol::StepReport;
+use crate::protocol::{StepReport, Turned};
 
 impl Engine {
     /// What keeps a turn quiet that only something from outside the streak changes: the step
@@ -72,36 +72,47 @@ impl Engine {
     /// flight, ends at `ends[0]`, and the step each turn launches (the next step) at the next
     /// tick. `ends` is a run of what `coast_ends` found, and nothing has called in since: each
     /// step's time is the span between its ticks (checked against the step's shape with debug
-    /// assertions). Each turn's report goes into `out`, up to the first turn that is not quiet.
-    /// After one turn (this call's first, or the caller's last call, `after_turn`), what only
-    /// something from outside changes still holds and no one waits, so each turn checks only
-    /// what the streak reaches and does only what changes (`turns_again`).
-    pub fn turns_at(
-        &mut self,
-        step: u64,
-        ends: &[u64],
-        after_turn: bool,
-        out: &mut Vec<StepReport>,
-    ) {
-        out.clear();
-        let mut ends = ends;
-        let mut step = step;
-        if !after_turn {
-            let [now_ns, ref rest @ ..] = *ends else {
-                return;
-            };
-            if rest.is_empty() {
-                return;
-            }
-            let Some((report, d)) = self.turn(now_ns, step) else {
-                return;
-            };
-            debug_assert_eq!(d.end_ns, rest[0], "the turn launched the step found");
-            debug_assert_eq!(d.step, step + 1, "the turn launched the next step");
-            out.push(report);
-            (ends, step) = (rest, d.step);
+    /// assertions). Counts the turns up to the first that is not quiet; each one's report is
+    /// the one `Turned::report` implies (checked with debug assertions). After one turn (this
+    /// call's first, or the caller's last call, `after_turn`), what only something from
+    /// outside changes still holds and no one waits, so each turn checks only what the streak
+    /// reaches and does only what changes (`turns_again`).
+    pub fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool) -> Turned {
+        if after_turn {
+            return self.turns_again(step, ends);
         }
-        self.turns_again(step, ends, out);
+        let [now_ns, ref rest @ ..] = *ends else {
+            return Turned::NONE;
+        };
+        if rest.is_empty() {
+            return Turned::NONE;
+        }
+        let Some((first, d)) = self.turn(now_ns, step) else {
+            return Turned::NONE;
+        };
+        debug_assert_eq!(d.end_ns, rest[0], "the turn launched the step found");
+        debug_assert_eq!(d.step, step + 1, "the turn launched the next step");
+        let again = self.turns_again(d.step, rest);
+        // The step the first turn launched, reported by the second, is a streak step of the
+        // members, from tick to tick, as each later one is.
+        debug_assert!(
+            again.count == 0 || again.first.tokens == again.tokens_after,
+            "the second turn's step is the streak's"
+        );
+        let tokens_after = match again.count {
+            0 => self.streak.members as u64,
+            _ => again.tokens_after,
+        };
+        let turned = Turned {
+            count: 1 + again.count,
+            first,
+            tokens_after,
+        };
+        debug_assert!(
+            again.count == 0 || again.first == turned.report(1, ends),
+            "the second turn's report is implied"
+        );
+        turned
     }
 
     /// `turn` at each tick of `ends` but the last, right after a quiet `turn` with nothing
@@ -112,23 +123,24 @@ impl Engine {
     /// members), which ends at the next tick. What only adds up (the counts, the clock, the
     /// streak's numbers) is added once for a run of turns (`Taken`), before a turn whose
     /// members take blocks and at the end; the step in flight is put back once.
-    fn turns_again(&mut self, step: u64, ends: &[u64], out: &mut Vec<StepReport>) {
+    fn turns_again(&mut self, step: u64, ends: &[u64]) -> Turned {
         let Some(s) = self.inflight.front() else {
-            return;
+            return Turned::NONE;
         };
         debug_assert!(self.turn_still(s));
         let [first_ns, ..] = *ends else {
-            return;
+            return Turned::NONE;
         };
         // A streak step with no members launches none (`streak_launch`): never coasted.
         if s.id != step || s.end_ns != first_ns || self.streak.members == 0 {
-            return;
+            return Turned::NONE;
         }
-        let mut t = Taken::new(self, s, step, out.len());
+        let mut t = Taken::new(self, s, step);
         // No turn here changes where the first member to leave does.
         let last_from = self.streak.ends.peek().map_or(u64::MAX, |e| e.0 .0);
         let mut note = NotePhase::of(self, t.streak_step);
         let mut bucket = self.streak.bucket;
+        let mut taken = 0;
         for (i, tick) in ends.windows(2).enumerate() {
             let (now_ns, next_ns) = (tick[0], tick[1]);
             let growth = self.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
@@ -140,7 +152,6 @@ impl Engine {
                 break;
             }
             debug_assert!(!self.at_boundary, "the turn before left no boundary");
-            let report = t.report(i, ends);
             if growth > 0 {
                 t.end_through(self, i + 1);
                 t.clock_through(self, i, ends);
@@ -153,22 +164,27 @@ impl Engine {
                     .step_ns(StepShape::decode_only(t.members as u64, kv))),
                 "the step found"
             );
-            out.push(report);
+            taken = i + 1;
             note.next();
             bucket += 1;
             if bucket == self.cfg.block_tokens as usize {
                 bucket = 0;
             }
         }
-        let taken = out.len() - t.out_from;
-        if taken > 0 {
-            t.end_through(self, taken);
-            t.clock_through(self, taken, ends);
-            debug_assert_eq!(self.streak.bucket, bucket);
-            let s = self.inflight.front_mut().expect("a step in flight");
-            s.id = t.step_next + taken as u64 - 1;
-            (s.end_ns, s.duration_ns) = (ends[taken], ends[taken] - ends[taken - 1]);
-            (s.streak, s.streak_step) = (t.members, t.streak_step + taken as u64);
+        if taken == 0 {
+            return Turned::NONE;
+        }
+        t.end_through(self, taken);
+        t.clock_through(self, taken, ends);
+        debug_assert_eq!(self.streak.bucket, bucket);
+        let s = self.inflight.front_mut().expect("a step in flight");
+        s.id = t.step_next + taken as u64 - 1;
+        (s.end_ns, s.duration_ns) = (ends[taken], ends[taken] - ends[taken - 1]);
+        (s.streak, s.streak_step) = (t.members, t.streak_step + taken as u64);
+        Turned {
+            count: taken,
+            first: t.first_report(),
+            tokens_after: t.members as u64,
         }
     }
 
@@ -276,15 +292,13 @@ struct Taken {
     step_next: u64,
     dispatched: u64,
     members: u32,
-    /// Where this call's turns begin in `out`.
-    out_from: usize,
     /// Turns whose step's end is added, and whose launch is.
     ended: usize,
     clocked: usize,
 }
 
 impl Taken {
-    fn new(e: &Engine, s: &Step, step: u64, out_from: usize) -> Taken {
+    fn new(e: &Engine, s: &Step, step: u64) -> Taken {
         assert_eq!(
             s.streak_step, e.streak.processed,
             "streak steps end in order"
@@ -303,7 +317,6 @@ impl Taken {
             step_next: e.step_next,
             dispatched: e.streak.dispatched,
             members: e.streak.members,
-            out_from,
             ended: 0,
             clocked: 0,
         }
@@ -318,18 +331,15 @@ impl Taken {
         }
     }
 
-    /// The report of turn `i`: the step that ends at `ends[i]`.
-    #[inline(always)]
-    fn report(&self, i: usize, ends: &[u64]) -> StepReport {
-        let (duration_ns, tokens) = match i {
-            0 => (self.duration_ns, self.tokens),
-            _ => (ends[i] - ends[i - 1], self.members as u64),
-        };
+    /// The report of the first turn: the step in flight's. Each later one's is implied
+    /// (`Turned::report`): step `step_next + i - 1`, which is `step + i`, between its ticks,
+    /// of the members, the next streak step.
+    fn first_report(&self) -> StepReport {
         StepReport {
-            step: self.ended_step(i),
-            duration_ns,
-            tokens,
-            streak: Some(self.streak_step + i as u64),
+            step: self.step,
+            duration_ns: self.duration_ns,
+            tokens: self.tokens,
+            streak: Some(self.streak_step),
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use cancelsim_models::gpu::StepTable;
 use cancelsim_models::protocol::{
     Abort, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest, Outbox, Rejection,
-    ReplicaStats, StepReport,
+    ReplicaStats, StepReport, Turned,
 };
 use cancelsim_models::replica::Replica;
 use cancelsim_models::topology::PrefillDecode;
@@ -356,17 +356,11 @@ impl Cluster {
     /// `turn` at each tick of `ends` but the last, in one call (`Scheduler::turns_at`): a
     /// coast's turns.
     #[inline]
-    pub fn turns_at(
-        &mut self,
-        replica: u32,
-        step: u64,
-        ends: &[u64],
-        after_turn: bool,
-        out: &mut Vec<StepReport>,
-    ) {
+    pub fn turns_at(&mut self, replica: u32, step: u64, ends: &[u64], after_turn: bool) -> Turned {
         let r = &mut self.replicas[replica as usize];
-        r.turns_at(step, ends, after_turn, out);
+        let turned = r.turns_at(step, ends, after_turn);
         debug_assert_eq!(r.load(), self.loads.get(replica), "a turn moved a load");
+        turned
     }
 
     fn lend(&mut self) -> Box<Outbox> {
