@@ -16,11 +16,18 @@ that the simulated step times match the measured ones within the table's interpo
    context differs from the straight line by at most the cell's rise, plus the measurement's
    own spread (the same point timed four times: its range), plus 0.05 ms.
 
+Steps 1 and 2 are exact: a miss fails at once. Step 3 compares two wall-clock measurements
+taken seconds apart on a machine that may be shared, so a neighbour that slows one of them
+can put a right model out of bounds: a miss there profiles a fresh table and runs the whole
+check again, up to ATTEMPTS times in all, and fails only if every attempt misses. A model
+that is off misses every time.
+
 Exits non-zero with one line naming what differs; refuses a missing binary.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROFILE = [sys.executable, str(HERE / "profile.py"), "--model", "tiny", "--backend", "numpy"]
 PROMPT, OUTPUT = 64, 24
+ATTEMPTS = 3
 
 
 def fail(msg):
@@ -48,7 +56,20 @@ def main():
     binary = os.path.abspath(sys.argv[1])
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    work = Path(tempfile.mkdtemp(prefix="cancelsim-e2e-"))
+    for n in range(1, ATTEMPTS + 1):
+        # An exact miss exits inside, leaving its files to look at; a timed one leaves none.
+        work = Path(tempfile.mkdtemp(prefix="cancelsim-e2e-"))
+        missed = attempt(binary, work)
+        shutil.rmtree(work)
+        if missed is None:
+            return
+        print(f"e2e_test: attempt {n} of {ATTEMPTS}: {missed}", file=sys.stderr)
+    fail(f"every attempt missed; the last: {missed}")
+
+
+def attempt(binary, work):
+    """One whole check on a fresh table in `work`: None if it holds, else what the timing
+    missed. An exact miss (steps 1 and 2) fails at once."""
     table = work / "tiny.csv"
     subprocess.run(PROFILE + ["--out", str(table), "--prefill", "0,64,256", "--seqs", "0,1,8",
                               "--kv", "0,512,4096"], check=True)
@@ -81,10 +102,6 @@ def main():
     if abs(prefill_ms - grid[(PROMPT, 0, 0)]) > 0.002:
         fail(f"the prefill step took {prefill_ms} ms, the table's point {grid[(PROMPT, 0, 0)]} ms")
     lo, hi = grid[(0, 1, 0)], grid[(0, 1, 512)]
-    again = [at(0, 1, 0) for _ in range(4)]
-    spread = max(again) - min(again)
-    bound = abs(hi - lo) + spread + 0.05
-    worst = 0.0
     for i in (1, OUTPUT // 2, OUTPUT - 1):
         ctx = PROMPT + i
         sim_ms = steps[i]["dur"] / 1e3
@@ -92,16 +109,24 @@ def main():
         if abs(sim_ms - line) > 0.002:
             fail(f"decode at context {ctx}: simulated {sim_ms} ms, the table's straight line "
                  f"between its points {line:.4f} ms")
+    again = [at(0, 1, 0) for _ in range(4)]
+    spread = max(again) - min(again)
+    bound = abs(hi - lo) + spread + 0.05
+    worst = 0.0
+    for i in (1, OUTPUT // 2, OUTPUT - 1):
+        ctx = PROMPT + i
+        sim_ms = steps[i]["dur"] / 1e3
         # The median of three timings: a spike of a shared machine passes, a model that is off
         # does not.
         measured = sorted(at(0, 1, ctx) for _ in range(3))[1]
         worst = max(worst, abs(sim_ms - measured))
         print(f"decode at context {ctx}: simulated {sim_ms:.4f} ms, measured {measured:.4f} ms")
         if abs(sim_ms - measured) > bound:
-            fail(f"decode at context {ctx}: simulated {sim_ms:.4f} ms, measured {measured:.4f} ms, "
-                 f"beyond the bound {bound:.4f} ms")
+            return (f"decode at context {ctx}: simulated {sim_ms:.4f} ms, measured "
+                    f"{measured:.4f} ms, beyond the bound {bound:.4f} ms")
     print(f"e2e_test: ok: prefill {prefill_ms:.4f} ms equals the table; decodes within "
           f"{worst:.4f} ms of the measured steps (bound {bound:.4f} ms)")
+    return None
 
 
 if __name__ == "__main__":
