@@ -465,31 +465,11 @@ pub trait Scheduler {
     /// then and ends at the next tick. Counts the turns up to the first `turn` that is `None`,
     /// launches another step, or reports other than `Turned::report` implies; each launch is
     /// implied too (step, start and end). A coast's turns (`coast_ends`, whose ends these are:
-    /// a run of them, in order), taken together. `after_turn`: the caller's last call into this
-    /// scheduler was a `turn` that gave `Some` (so a turn may skip what that one left done).
+    /// a run of them, in order), taken together; by default one by one (`turns_one_by_one`).
+    /// `after_turn`: the caller's last call into this scheduler was a `turn` that gave `Some`
+    /// (so a turn may skip what that one left done).
     fn turns_at(&mut self, step: u64, ends: &[u64], _after_turn: bool) -> Turned {
-        let mut turned = Turned::NONE;
-        let mut step = step;
-        for (i, tick) in ends.windows(2).enumerate() {
-            let Some((report, d)) = self.turn(tick[0], step) else {
-                break;
-            };
-            if (d.step, d.start_ns, d.end_ns) != (step + 1, tick[0], tick[1]) {
-                break;
-            }
-            if i == 0 {
-                turned.first = report;
-            } else if i == 1 {
-                turned.tokens_after = report.tokens;
-            }
-            turned.count = i + 1;
-            if report != turned.report(i, ends) {
-                turned.count = i;
-                break;
-            }
-            step = d.step;
-        }
-        turned
+        turns_one_by_one(self, step, ends)
     }
     /// The earliest streak step whose tokens are not handed over yet (the caller may forget the
     /// shares of those before), if the scheduler has a streak.
@@ -507,6 +487,35 @@ pub trait Scheduler {
     fn may_coast(&self) -> bool {
         false
     }
+}
+
+/// `Scheduler::turns_at` as the trait has it, for any scheduler: each turn taken by `turn`, one
+/// by one, counted while it launches the step `ends` implies and reports what `Turned::report`
+/// implies. A turn that does either otherwise is taken but not counted (the caller then finds
+/// a turn that was not quiet).
+pub fn turns_one_by_one<S: Scheduler + ?Sized>(s: &mut S, step: u64, ends: &[u64]) -> Turned {
+    let mut turned = Turned::NONE;
+    let mut step = step;
+    for (i, tick) in ends.windows(2).enumerate() {
+        let Some((report, d)) = s.turn(tick[0], step) else {
+            break;
+        };
+        if (d.step, d.start_ns, d.end_ns) != (step + 1, tick[0], tick[1]) {
+            break;
+        }
+        if i == 0 {
+            turned.first = report;
+        } else if i == 1 {
+            turned.tokens_after = report.tokens;
+        }
+        turned.count = i + 1;
+        if report != turned.report(i, ends) {
+            turned.count = i;
+            break;
+        }
+        step = d.step;
+    }
+    turned
 }
 
 /// Whether a request can ever fit a pool of `kv`: its prompt plus output in blocks. Returns the

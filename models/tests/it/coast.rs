@@ -10,11 +10,7 @@
 use std::collections::VecDeque;
 
 use cancelsim_models::engine::Engine;
-use cancelsim_models::kv::KvPool;
-use cancelsim_models::protocol::{
-    Abort, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest, Outbox, Rejection,
-    ReplicaStats, Scheduler, StepReport,
-};
+use cancelsim_models::protocol::{Dispatch, NewRequest, Outbox, Scheduler};
 use proptest::prelude::*;
 
 use crate::driver::{cfg, req};
@@ -74,58 +70,6 @@ fn take_together(
     t.together += u64::from(at.len() >= 2);
     promise.clear();
     launched(at.len() - 1)
-}
-
-/// The engine with the trait's own `turns_at`: each turn taken by `turn`, one by one, and
-/// counted while its report is the one `Turned::report` implies.
-struct OneByOne(Sharing);
-
-impl Scheduler for OneByOne {
-    fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
-        self.0.enqueue(now_ns, r)
-    }
-    fn dispatch(&mut self, now_ns: u64, out: &mut Outbox) -> Option<Dispatch> {
-        self.0.dispatch(now_ns, out)
-    }
-    fn step_done(&mut self, now_ns: u64, step: u64, out: &mut Outbox) -> StepReport {
-        self.0.step_done(now_ns, step, out)
-    }
-    fn abort(&mut self, a: Abort) {
-        self.0.abort(a)
-    }
-    fn checkpoint(&mut self, now_ns: u64, out: &mut Outbox) -> CheckpointReport {
-        self.0.checkpoint(now_ns, out)
-    }
-    fn mark_intent(&mut self, now_ns: u64, tag: u32) {
-        self.0.mark_intent(now_ns, tag)
-    }
-    fn timer_ns(&self) -> Option<u64> {
-        self.0.timer_ns()
-    }
-    fn gauges(&self) -> Gauges {
-        self.0.gauges()
-    }
-    fn load(&self) -> u64 {
-        self.0.load()
-    }
-    fn is_idle(&self) -> bool {
-        self.0.is_idle()
-    }
-    fn kv(&self) -> &KvPool {
-        self.0.kv()
-    }
-    fn totals(&self) -> ReplicaStats {
-        self.0.totals()
-    }
-    fn make_explicit(&mut self, tag: u32) -> Option<Implicit> {
-        self.0.make_explicit(tag)
-    }
-    fn turn(&mut self, now_ns: u64, step: u64) -> Option<(StepReport, Dispatch)> {
-        self.0.turn(now_ns, step)
-    }
-    fn coast_ends(&mut self, turns_max: u32, ends: &mut Vec<u64>) {
-        self.0.coast_ends(turns_max, ends)
-    }
 }
 
 /// What the driver holds between events.
@@ -256,9 +200,9 @@ proptest! {
 
     #[test]
     fn every_promised_turn_is_taken_quiet_at_its_time(w in world()) {
-        let mut one = Sharing(Engine::new(w.cfg.clone()));
-        let mut together = Sharing(Engine::new(w.cfg.clone()));
-        let mut by_turn = OneByOne(Sharing(Engine::new(w.cfg.clone())));
+        let mut one = Sharing(Engine::new(w.cfg.clone()), false);
+        let mut together = Sharing(Engine::new(w.cfg.clone()), false);
+        let mut by_turn = Sharing(Engine::new(w.cfg.clone()), true);
         let (a, b) = (drive(&mut one, &w, false), drive(&mut together, &w, true));
         prop_assert_eq!(&a.log, &b.log);
         prop_assert_eq!((a.taken, a.promised), (b.taken, b.promised));
@@ -268,7 +212,7 @@ proptest! {
         let c = drive(&mut by_turn, &w, true);
         prop_assert_eq!(&a.log, &c.log);
         prop_assert_eq!(b.together, c.together);
-        prop_assert_eq!(format!("{:?}", one.0.stats()), format!("{:?}", by_turn.0.0.stats()));
+        prop_assert_eq!(format!("{:?}", one.0.stats()), format!("{:?}", by_turn.0.stats()));
     }
 }
 

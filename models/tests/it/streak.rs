@@ -9,8 +9,8 @@ use cancelsim_models::gpu::{StepCost, StepModel};
 use cancelsim_models::kv::KvPool;
 use cancelsim_models::prefix::StreamKey;
 use cancelsim_models::protocol::{
-    Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit, NewRequest,
-    Outbox, Rejection, ReleaseMode, ReplicaStats, Scheduler, Scope, StepReport, Turned,
+    turns_one_by_one, Abort, BlastRadius, Checkpoint, CheckpointReport, Dispatch, Gauges, Implicit,
+    NewRequest, Outbox, Rejection, ReleaseMode, ReplicaStats, Scheduler, Scope, StepReport, Turned,
     UnknownAbort,
 };
 use proptest::prelude::*;
@@ -126,8 +126,10 @@ pub(crate) fn world() -> impl Strategy<Value = World> {
 }
 
 /// The engine, with two requests in three sharing blocks with others through the prefix cache:
-/// a trace's block ids (as a Mooncake row has), or a conversation's stream.
-pub(crate) struct Sharing(pub(crate) Engine);
+/// a trace's block ids (as a Mooncake row has), or a conversation's stream. With `.1`, a
+/// coast's turns taken together are taken as the trait has it (`turns_one_by_one`), not as the
+/// engine does.
+pub(crate) struct Sharing(pub(crate) Engine, pub(crate) bool);
 
 impl Scheduler for Sharing {
     fn enqueue(&mut self, now_ns: u64, r: NewRequest) -> Result<(), Rejection> {
@@ -190,13 +192,16 @@ impl Scheduler for Sharing {
         self.0.coast_ends(turns_max, ends)
     }
     fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool) -> Turned {
-        self.0.turns_at(step, ends, after_turn)
+        match self.1 {
+            true => turns_one_by_one(self, step, ends),
+            false => self.0.turns_at(step, ends, after_turn),
+        }
     }
 }
 
 /// What a run of `w` shows: every request's trace, the engine's counters and pool totals.
 fn run(w: &World, lazy: bool) -> String {
-    let mut e = Sharing(Engine::new(w.cfg.clone()));
+    let mut e = Sharing(Engine::new(w.cfg.clone()), false);
     let arrivals: Vec<(u64, NewRequest)> = (w.arrivals.iter())
         .map(|&(t, r)| (t, NewRequest { lazy, ..r }))
         .collect();
