@@ -239,7 +239,8 @@ impl World<'_> {
         // Each step's share of a token, logged in order (`Lazy::record` checks it).
         let first = turned.first.streak.expect("a turn is a streak step's");
         let shares = (0..due).map(|i| Shares::unit_of(&turned.report(i, ends)));
-        (self.lazy).record_streak(&self.cluster, replica, first, shares);
+        self.lazy
+            .record_streak(&self.cluster, replica, first, shares);
         if self.recorder.traces() {
             for (i, tick) in ends.windows(2).enumerate() {
                 let (start_ns, end_ns) = (tick[0], tick[1]);

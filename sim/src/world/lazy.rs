@@ -83,7 +83,8 @@ impl Lazy {
     }
 
     /// `record`, then, where the log grew enough, forget what `replica`'s streak no longer
-    /// needs (`trim` to its floor).
+    /// needs (`trim` to its floor). A run of streak steps (a coast's) is trimmed once, after:
+    /// the shares it keeps are the same, since the floor does not move while no member leaves.
     pub fn record_streak(
         &mut self,
         cluster: &Cluster,
@@ -146,20 +147,8 @@ impl World<'_> {
     /// The log is trimmed here only if nothing handed over is still unread: call it once the
     /// outbox's hand-overs were processed (`implicit_all`).
     pub(super) fn streak_step(&mut self, replica: u32, step: u64, share: f64) {
-        self.streak_steps(replica, step, std::iter::once(share));
-    }
-
-    /// `streak_step` of streak steps `first`, `first + 1`, … of `replica`, one a share: the
-    /// log is trimmed once, after (the shares it keeps are the same: the floor does not move
-    /// while no member leaves).
-    pub(super) fn streak_steps(
-        &mut self,
-        replica: u32,
-        first: u64,
-        shares: impl Iterator<Item = f64>,
-    ) {
-        self.lazy
-            .record_streak(&self.cluster, replica, first, shares);
+        let share = std::iter::once(share);
+        self.lazy.record_streak(&self.cluster, replica, step, share);
     }
 
     /// The world needs every output of request `tag` from now on: its replica hands over what
