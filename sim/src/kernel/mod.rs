@@ -215,8 +215,15 @@ impl BufferedHasher {
 
     /// The digest of everything given so far (more may follow).
     pub fn finalize(&self) -> blake3::Hash {
+        self.finalize_after(&[])
+    }
+
+    /// The digest of everything given so far and then `more`, which is not kept: what follows
+    /// is hashed after what was given, not after `more`.
+    pub fn finalize_after(&self, more: &[u8]) -> blake3::Hash {
         let mut h = self.hasher.clone();
         h.update(&self.buf[..self.len]);
+        h.update(more);
         h.finalize()
     }
 }

@@ -5,6 +5,7 @@
 use cancelsim_models::ownership::{EvidenceLevel, State};
 use cancelsim_models::protocol::{Outcome, ReplicaStats, StepOutput, StepReport};
 
+use super::digest::{Outcomes, Run, OUTCOME_LEN};
 use super::error::Stop;
 
 use super::cancel::CancelState;
@@ -101,7 +102,7 @@ pub(crate) struct Accounts {
     /// Every request's outcome `(id, state, output digest, tokens, chunks played)` in the order
     /// requests leave: folded into the run hash, so two runs whose events coincide but whose
     /// outcomes differ (a killed sibling under a flat step cost) never share a hash.
-    outcomes: crate::kernel::BufferedHasher,
+    outcomes: Outcomes,
 }
 
 impl Accounts {
@@ -136,7 +137,7 @@ impl Accounts {
                 stop_requests: 0,
                 token_steps_left: 0,
             },
-            outcomes: crate::kernel::BufferedHasher::default(),
+            outcomes: Outcomes::default(),
         }
     }
 
@@ -303,8 +304,16 @@ impl Accounts {
         cost.late_token();
     }
 
-    /// A request leaves in `state`: its disposition, latencies and costs are folded in.
-    pub fn left(&mut self, q: &Req, state: State, finish_and_discard: bool, now_ns: u64) {
+    /// A request leaves in `state`: its disposition, latencies and costs are folded in, and its
+    /// outcome, with its output `digest` if it was read already, is held to be hashed.
+    pub fn left(
+        &mut self,
+        q: &Req,
+        state: State,
+        finish_and_discard: bool,
+        now_ns: u64,
+        digest: Option<u64>,
+    ) {
         assert!(
             self.t.little.in_system > 0,
             "a request left that never arrived"
@@ -332,13 +341,17 @@ impl Accounts {
         if let Some(intent_ns) = q.cancel().intent_ns() {
             self.cancelled_left(q, state, intent_ns, finish_and_discard);
         }
-        let mut outcome = [0u8; 25];
+        let mut outcome = [0u8; OUTCOME_LEN];
         outcome[..8].copy_from_slice(&q.id.to_le_bytes());
         outcome[8] = state as u8;
-        outcome[9..17].copy_from_slice(&q.chunks.digest().to_le_bytes());
+        // The output digest's bytes (`OUTCOME_DIGEST`) come when it is folded.
         outcome[17..21].copy_from_slice(&q.life.tokens().to_le_bytes());
         outcome[21..].copy_from_slice(&q.chunks.admitted().to_le_bytes());
-        self.outcomes.update(&outcome);
+        let digest = match digest {
+            Some(h) => Run::folded(h),
+            None => q.chunks.digest_run(q.id),
+        };
+        self.outcomes.push(outcome, digest);
         self.t.little.in_system -= 1;
         self.t.little.sojourn_sum_ns += (now_ns - q.arrival_ns) as u128;
         self.t.little.sojourns += 1;
@@ -438,7 +451,7 @@ impl Accounts {
     }
 
     pub fn outcome_hash(&self) -> blake3::Hash {
-        self.outcomes.finalize()
+        self.outcomes.hash()
     }
 }
 

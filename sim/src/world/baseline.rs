@@ -71,6 +71,8 @@ pub(crate) struct Judged {
     pub sibling: bool,
     /// Same disposition and byte-identical output as in the counterfactual (None: no record).
     pub survived: Option<bool>,
+    /// The request's output digest, where the baseline read it (the books need it too).
+    pub digest: Option<u64>,
 }
 
 impl Baseline<'_> {
@@ -81,26 +83,37 @@ impl Baseline<'_> {
         let e2e_ns = q.life.last_token_ns().saturating_sub(q.arrival_ns);
         match self {
             Baseline::Record(table) => {
-                if let Some(t) = table.as_deref_mut() {
-                    let digest = q.chunks.digest();
-                    t.insert(
-                        q.id,
-                        CfRecord {
-                            state,
-                            digest,
-                            ttft_ns,
-                            e2e_ns,
-                        },
-                    );
+                let Some(t) = table.as_deref_mut() else {
+                    return Judged::default();
+                };
+                let digest = q.chunks.digest(q.id);
+                t.insert(
+                    q.id,
+                    CfRecord {
+                        state,
+                        digest,
+                        ttft_ns,
+                        e2e_ns,
+                    },
+                );
+                Judged {
+                    digest: Some(digest),
+                    ..Judged::default()
                 }
-                Judged::default()
             }
             Baseline::Compare(table, s) if sibling => {
                 s.siblings += 1;
-                let survived = table.get(q.id).map(|base| s.compare(base, q, state));
+                let Some(base) = table.get(q.id) else {
+                    return Judged {
+                        sibling: true,
+                        ..Judged::default()
+                    };
+                };
+                let digest = q.chunks.digest(q.id);
                 Judged {
                     sibling: true,
-                    survived,
+                    survived: Some(s.compare(base, q, state, digest)),
+                    digest: Some(digest),
                 }
             }
             Baseline::Compare(..) => Judged::default(),
@@ -125,8 +138,8 @@ impl Baseline<'_> {
 impl Siblings {
     /// A sibling against its counterfactual record: survived, and latency deltas if both
     /// completed.
-    fn compare(&mut self, base: CfRecord, q: &Req, state: State) -> bool {
-        let survived = base.state == state && base.digest == q.chunks.digest();
+    fn compare(&mut self, base: CfRecord, q: &Req, state: State, digest: u64) -> bool {
+        let survived = base.state == state && base.digest == digest;
         if survived {
             self.survived += 1;
         }

@@ -60,8 +60,6 @@ impl World<'_> {
         if !q.life.started() && q.cancel().intent_ns().is_none() {
             self.recover.admitted(q.arrival_ns, now_ns);
         }
-        let fd = self.cancel.finish_and_discard();
-        self.accounts.left(q, state, fd, now_ns);
         // A sibling: no intent of its own, but it shared a replica with a request that got one
         // while it was there, or it was killed or corrupted by someone's cancel.
         let shared = q.life.enqueued()
@@ -69,6 +67,8 @@ impl World<'_> {
             && !self.group_hit(q);
         let sibling = q.cancel().intent_ns().is_none() && (q.cancel().sibling() || shared);
         let judged = self.baseline.left(q, state, sibling);
+        let fd = self.cancel.finish_and_discard();
+        self.accounts.left(q, state, fd, now_ns, judged.digest);
         let how = Left {
             state,
             sibling: judged.sibling,

@@ -24,6 +24,7 @@ mod coast;
 mod conditional;
 mod conversations;
 mod delivery;
+mod digest;
 mod disagg;
 mod error;
 mod event;

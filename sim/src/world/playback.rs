@@ -9,6 +9,7 @@ use cancelsim_models::ownership::{
 
 use cancelsim_models::sparse::Sparse;
 
+use super::digest::{marker, Digest, Run};
 use super::error::{Step, Stop};
 use super::event::Event;
 use super::event::Tag;
@@ -37,7 +38,7 @@ struct ChunkState {
     /// From this chunk on, its blocks were reused while still written: corrupted markers.
     first_corrupt: Option<u32>,
     /// FNV-1a of the markers played, in order.
-    digest: u64,
+    digest: Digest,
     corrupted_seen: bool,
     /// The request's writer-wait draws, in chunk order; made at its first held chunk.
     stream: Option<Box<Stream>>,
@@ -60,7 +61,7 @@ impl ChunkState {
         in_flight: false,
         admitted: 0,
         first_corrupt: None,
-        digest: DIGEST_SEED,
+        digest: Digest::NEW,
         corrupted_seen: false,
         stream: None,
     };
@@ -81,9 +82,14 @@ impl Chunks {
         self.get().admitted
     }
 
-    /// FNV-1a of the markers played, in order: what its user heard.
-    pub fn digest(&self) -> u64 {
-        self.get().digest
+    /// FNV-1a of the markers request `id` played, in order: what its user heard.
+    pub fn digest(&self, id: u64) -> u64 {
+        self.get().digest.value(id)
+    }
+
+    /// Request `id`'s digest, with what it still owes to fold (`digest.rs`).
+    pub fn digest_run(&self, id: u64) -> Run {
+        self.get().digest.run(id)
     }
 
     /// Chunks are still held or waiting: the request cannot leave yet.
@@ -215,10 +221,8 @@ impl PlaybackSink {
         if !owners.admit_run(&who.id, owner, first as u64, n as u64, &payload) {
             return false;
         }
-        // What `play` does with each: its own marker, uncorrupted, folded into the digest.
-        for chunk in first..=last {
-            c.digest = fold_digest(c.digest, &marker(who.id, chunk, false));
-        }
+        // What `play` does with each: its own marker, uncorrupted, into the digest.
+        c.digest.owe(who.id, first, n);
         c.admitted += n;
         c.queued = 0;
         self.counts.submitted += n as u64;
@@ -359,7 +363,7 @@ impl PlaybackSink {
             c.corrupted_seen = true;
             self.counts.corrupted_requests += 1;
         }
-        c.digest = fold_digest(c.digest, payload);
+        c.digest.play(who.id, chunk, payload);
         c.admitted += 1;
         let final_chunk = who.output_done && c.admitted == c.made && c.queued == 0;
         c.in_flight = false;
@@ -445,45 +449,9 @@ pub(crate) fn complete(owners: &mut Owners<u64>, id: u64) -> Step {
     Ok(())
 }
 
-/// The synthetic payload marker of chunk `chunk` of request `id`: 16 bytes a consumer can check
-/// byte for byte. A corrupted chunk (KV reused while still written) has its check word flipped.
-fn marker(id: u64, chunk: u32, corrupted: bool) -> [u8; 16] {
-    let mut m = [0u8; 16];
-    m[..8].copy_from_slice(&id.to_le_bytes());
-    m[8..12].copy_from_slice(&chunk.to_le_bytes());
-    let check = check_word(id, chunk);
-    m[12..16].copy_from_slice(&(if corrupted { !check } else { check }).to_le_bytes());
-    m
-}
-
-fn check_word(id: u64, chunk: u32) -> u32 {
-    let x = (id ^ ((chunk as u64) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (x >> 32) as u32
-}
-
-/// FNV-1a over bytes, folded into a running digest (a request's delivered output).
-fn fold_digest(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-const DIGEST_SEED: u64 = 0xcbf2_9ce4_8422_2325;
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn markers_check_byte_for_byte_and_corruption_flips_only_the_check_word() {
-        let (a, b) = (marker(7, 3, false), marker(7, 3, true));
-        assert_eq!(a[..12], b[..12]);
-        assert_ne!(a[12..], b[12..]);
-        assert_ne!(marker(7, 3, false), marker(8, 3, false));
-        assert_ne!(marker(7, 3, false), marker(7, 4, false));
-    }
 
     #[test]
     fn a_chunk_is_ready_every_chunk_tokens_and_at_the_last_token() {

@@ -106,13 +106,13 @@ fn req(arrival_ns: u64) -> Req {
 #[test]
 #[should_panic(expected = "never arrived")]
 fn a_departure_without_an_arrival() {
-    Accounts::new().left(&req(0), State::Cancelled, false, 1);
+    Accounts::new().left(&req(0), State::Cancelled, false, 1, None);
 }
 
 #[test]
 #[should_panic(expected = "before it arrived")]
 fn a_departure_before_the_arrival() {
-    arrived(1).left(&req(10), State::Cancelled, false, 5);
+    arrived(1).left(&req(10), State::Cancelled, false, 5, None);
 }
 
 #[test]
