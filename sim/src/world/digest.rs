@@ -2,12 +2,13 @@
 //! order, what its user heard. It goes into each outcome and so into the answers' hash: its
 //! definition never changes, only when it is computed.
 //!
-//! Why runs: FNV-1a is a chain of dependent multiplies, one a byte, 16 a chunk, and most chunks
-//! played are their own uncorrupted marker, a function of the request and the chunk alone. So a
-//! digest owes such chunks instead of folding them (`Digest`), and the requests that leave hand
-//! their owed runs to the books, which fold several side by side before they hash the outcomes
-//! (`fold_runs`, `Accounts::left`): each chain stays serial, but the chains' multiplies overlap.
-//! A digest read before then folds what it owes on the spot (`Digest::value`).
+//! Why runs: FNV-1a is a chain of dependent multiplies, one a byte, 16 a chunk, and a lazy
+//! request's chunks are played in runs (`PlaybackSink::play_run`), each chunk its own
+//! uncorrupted marker, a function of the request and the chunk alone. So a digest owes such a
+//! run instead of folding it (`Digest`), and the requests that leave hand what they owe to the
+//! books, which fold several side by side before they hash the outcomes (`fold_runs`,
+//! `Outcomes`): each chain stays serial, but the chains' multiplies overlap. A digest read
+//! before then folds what it owes on the spot (`Digest::value`).
 
 /// FNV-1a's offset basis: the digest of a request that played nothing.
 pub(crate) const SEED: u64 = 0xcbf2_9ce4_8422_2325;
@@ -77,13 +78,18 @@ impl Digest {
         self.owed = (self.owed.checked_add(n)).expect("a run of at most u32::MAX chunks");
     }
 
-    /// Request `id` played `payload` as chunk `chunk`: owed if it is the chunk's own
-    /// uncorrupted marker, else folded now, after what is owed.
+    /// Request `id` played `payload` as chunk `chunk`: owed if a run is owed and it is the
+    /// chunk's own uncorrupted marker (a lazy request's last chunk, after its run), else folded
+    /// now, after what is owed. Why not owe every chunk: a chunk played alone comes with its
+    /// own event, whose work its fold overlaps, while a long run owed would be folded in one
+    /// chain where a digest is read early (`Baseline::left`).
     pub fn play(&mut self, id: u64, chunk: u32, payload: &[u8]) {
-        if *payload == marker(id, chunk, false) {
-            return self.owe(id, chunk, 1);
+        if self.owed > 0 {
+            if *payload == marker(id, chunk, false) {
+                return self.owe(id, chunk, 1);
+            }
+            self.settle(id);
         }
-        self.settle(id);
         self.folded = fold(self.folded, payload);
     }
 
