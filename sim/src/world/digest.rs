@@ -11,7 +11,7 @@
 //! before then folds what it owes on the spot (`Digest::value`).
 
 /// FNV-1a's offset basis: the digest of a request that played nothing.
-pub(crate) const SEED: u64 = 0xcbf2_9ce4_8422_2325;
+const SEED: u64 = 0xcbf2_9ce4_8422_2325;
 
 const PRIME: u64 = 0x0100_0000_01b3;
 
@@ -33,7 +33,7 @@ fn check_word(id: u64, chunk: u32) -> u32 {
 
 /// FNV-1a over bytes, folded into a running digest.
 #[inline]
-pub(crate) fn fold(mut h: u64, bytes: &[u8]) -> u64 {
+fn fold(mut h: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
         h ^= b as u64;
         h = h.wrapping_mul(PRIME);
@@ -43,7 +43,7 @@ pub(crate) fn fold(mut h: u64, bytes: &[u8]) -> u64 {
 
 /// The uncorrupted markers of chunks `from..from + n` of request `id`, folded in order, one
 /// chain: what `fold_runs` computes for one run.
-pub(crate) fn fold_markers(mut h: u64, id: u64, from: u32, n: u32) -> u64 {
+fn fold_markers(mut h: u64, id: u64, from: u32, n: u32) -> u64 {
     for chunk in from..from + n {
         h = fold(h, &marker(id, chunk, false));
     }
@@ -116,7 +116,7 @@ impl Digest {
 
 /// Runs folded side by side: four chains keep a core's multiplier busy (a 64-bit multiply
 /// takes three cycles, and a core starts one a cycle).
-pub(crate) const LANES: usize = 4;
+const LANES: usize = 4;
 
 /// A run to fold: the digest `h` so far, then the uncorrupted markers of request `id`'s
 /// chunks `next..end`.
@@ -147,7 +147,7 @@ impl Run {
 /// Every run folded into its `h` (`next` becomes `end`): the value `fold_markers` gives it
 /// alone, with up to `LANES` runs' chains interleaved byte by byte. A lane whose run is done
 /// takes the next run not yet begun; the last run left goes on alone.
-pub(crate) fn fold_runs(runs: &mut [Run]) {
+fn fold_runs(runs: &mut [Run]) {
     // Runs before `begun` have had a lane, or had nothing to fold.
     let mut begun = 0;
     // The busy lanes are `lanes[..busy]`, each a run with chunks left.
@@ -207,7 +207,7 @@ pub(crate) const OUTCOME_LEN: usize = 25;
 /// Where the output digest lies in an outcome.
 const OUTCOME_DIGEST: std::ops::Range<usize> = 9..17;
 /// Outcomes held for their digests to fold side by side: enough that the lanes seldom wait
-/// for a run, and few enough (2 KB) to stay in the first-level cache.
+/// for a run, and few enough (3 KB with their runs) to stay in the first-level cache.
 const OUTCOMES_HELD: usize = 64;
 
 /// Every request's outcome, hashed in the order requests left, each with its output digest
