@@ -187,6 +187,9 @@ impl<'s> World<'s> {
                 Baseline::Compare(cf, Siblings::default()),
             ),
         };
+        // Aborts by request id: a policy run's cancels, and the frontend's after a stop string.
+        // The counterfactual sends no cancel (`on_cancel_submit` asserts it).
+        let late_aborts = policy.is_some() || scenario.workload.stop_strings.is_some();
         Ok(World {
             scenario,
             seed,
@@ -198,7 +201,7 @@ impl<'s> World<'s> {
             arrivals: Arrivals::new(scenario, seed, inputs.trace).map_err(RunError::Input)?,
             conversations: Conversations::new(seed, &scenario.workload),
             jobs: jobs::Jobs::new(seed, &scenario.workload, inputs.sessions.as_ref()),
-            cluster: Cluster::new(scenario, inputs.step_table.as_ref()),
+            cluster: Cluster::new(scenario, inputs.step_table.as_ref(), late_aborts),
             handoff: scenario
                 .prefill_decode()
                 .map(|pd| Handoff::new(scenario, seed, pd)),

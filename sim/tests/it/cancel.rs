@@ -454,6 +454,17 @@ fn cancel_after_completion_is_ignored_or_faults_by_runtime() {
         p.requests.completed, 4,
         "the runtime tombstoned the id and ignored it"
     );
+    // The same runtime faulting on an unknown abort: its generated ids are tombstoned, so the
+    // late cancel is still known and ignored. (The counterfactual sends no abort by id, so it
+    // keeps no tombstones; a policy run must.)
+    let tombstoned = run(Setup {
+        cancellation: base,
+        backend: "cancel_after_completion: Fault(Engine)",
+        ..Setup::default()
+    });
+    let p = &tombstoned.policies[0];
+    assert_eq!(p.cancel_rpc.faults, 0, "a tombstoned id is not unknown");
+    assert_eq!(p.requests.completed, 4);
     let fault = run(Setup {
         cancellation: base,
         adapter: "rpc_latency_ms: Constant(0.0), identity: ClientReused(pool: 1000)",

@@ -23,8 +23,14 @@ pub(crate) fn radius(r: Radius) -> BlastRadius {
     }
 }
 
-/// One replica as the scenario configures it.
-pub(super) fn configured(s: &Scenario, c: &ClusterSpec, table: Option<&Arc<StepTable>>) -> Replica {
+/// One replica as the scenario configures it. `late_aborts`: an abort may name a request the
+/// replica retired (see `Cluster::new`).
+pub(super) fn configured(
+    s: &Scenario,
+    c: &ClusterSpec,
+    table: Option<&Arc<StepTable>>,
+    late_aborts: bool,
+) -> Replica {
     let batched = match &c.scheduler {
         Scheduler::Continuous {
             max_num_batched_tokens,
@@ -74,7 +80,9 @@ pub(super) fn configured(s: &Scenario, c: &ClusterSpec, table: Option<&Arc<StepT
                 AfterCompletion::Ignore => UnknownAbort::Ignore,
                 AfterCompletion::Fault(r) => UnknownAbort::Fault(radius(r)),
             },
-            tombstones: s.adapter.identity == IdentityMode::ServerGenerated,
+            // Only an abort by id ever reads the tombstones: where none can come, keeping them
+            // is an insertion into a map of thousands for every request that leaves.
+            tombstones: late_aborts && s.adapter.identity == IdentityMode::ServerGenerated,
             // A chunk that waits for its writer is an event of the run: the token that makes
             // it comes out as an output (`lazy.rs`).
             lazy_output_every: match s.playback.writer_wait_ms == crate::dist::Dist::Constant(0.0) {

@@ -92,7 +92,10 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     /// `table`: the measured step times of a `Table` profile, loaded with the run.
-    pub fn new(s: &Scenario, table: Option<&Arc<StepTable>>) -> Cluster {
+    /// `late_aborts`: an abort by request id may reach a replica (a cancel in a policy run, or
+    /// the frontend's abort after a stop string), so a replica that generates ids keeps its
+    /// tombstones to know a late one. No other abort reads them.
+    pub fn new(s: &Scenario, table: Option<&Arc<StepTable>>, late_aborts: bool) -> Cluster {
         let n = s.cluster.replicas as usize;
         // Pool by pool on a prefill/decode graph, each with its stage's profile and scheduler.
         let mut replicas: Vec<Replica> = match s.prefill_decode() {
@@ -100,11 +103,13 @@ impl Cluster {
                 .flat_map(|p| {
                     let c = s.stage_cluster(&p.name);
                     (0..p.replicas)
-                        .map(|_| configured(s, &c, table))
+                        .map(|_| configured(s, &c, table, late_aborts))
                         .collect::<Vec<_>>()
                 })
                 .collect(),
-            None => (0..n).map(|_| configured(s, &s.cluster, table)).collect(),
+            None => (0..n)
+                .map(|_| configured(s, &s.cluster, table, late_aborts))
+                .collect(),
         };
         assert_eq!(
             replicas.len(),
@@ -517,14 +522,14 @@ mod tests {
     #[should_panic(expected = "no one asked for")]
     fn a_pass_nobody_asked_for() {
         let s = Scenario::default_embedded();
-        let mut c = Cluster::new(&s, None);
+        let mut c = Cluster::new(&s, None, true);
         c.checkpoint(0, 0);
     }
 
     #[test]
     fn a_pass_is_asked_for_once_until_it_runs() {
         let s = Scenario::default_embedded();
-        let mut c = Cluster::new(&s, None);
+        let mut c = Cluster::new(&s, None, true);
         let mut f = Follow::default();
         c.request_pass(&mut f, 0);
         c.request_pass(&mut f, 0);
