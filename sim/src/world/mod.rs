@@ -12,12 +12,13 @@
 //! - `accounts`: the books; `baseline`: the counterfactual comparison; `recorder`: files.
 //!
 //! The world itself only holds them, the kernel and the controller, and says what follows what:
-//! the cancel path's events here, the transitions of a request's life in `flow.rs`.
+//! the cancel RPC's events in `cancel_rpc.rs`, the transitions of a request's life in `flow.rs`.
 
 mod accounts;
 mod arrivals;
 mod baseline;
 mod cancel;
+mod cancel_rpc;
 mod cancel_state;
 mod cluster;
 mod coast;
@@ -63,8 +64,8 @@ pub use kv_router::KvRouterStats;
 use cancelsim_models::gpu::StepTable;
 #[cfg(feature = "broken-variants")]
 use cancelsim_models::ownership::ControllerBug;
-use cancelsim_models::ownership::{ClockDomain, EvidenceLevel, Owners, Retention};
-use cancelsim_models::protocol::{Handle, Scope};
+use cancelsim_models::ownership::{Owners, Retention};
+use cancelsim_models::protocol::Handle;
 use std::sync::Arc;
 
 use crate::workload::TraceReader;
@@ -73,7 +74,6 @@ use accounts::Accounts;
 use arrivals::Arrivals;
 use baseline::{Baseline, Siblings};
 use cancel::CancelClient;
-use cancel::{scope_mark, Ack};
 use cluster::Cluster;
 use conversations::Conversations;
 use error::{Step, Stop};
@@ -433,76 +433,6 @@ impl<'s> World<'s> {
     fn handle(&self, tag: Tag) -> Handle {
         let q = &self.requests[tag];
         self.cancel.handle(q.id, q.owner())
-    }
-
-    fn on_cancel_submit(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
-        if !self.requests.live(request, tag) || self.requests[tag].cancel().done() {
-            return Ok(());
-        }
-        debug_assert!(
-            self.cancel.policy().is_some(),
-            "cancels only in policy runs"
-        );
-        if attempt == 0 {
-            self.evidence(tag, EvidenceLevel::CancelSubmission, ClockDomain::Local)?;
-            if self.cancel.falls_back_at_submit() {
-                self.cancel.fall_back(self.requests[tag].cancel_mut());
-                return self.try_finalize(tag);
-            }
-        }
-        let handle = self.handle(tag);
-        let q = &mut self.requests[tag];
-        let replica = q.replica;
-        let f = &mut self.follow;
-        let to = (replica, &handle);
-        self.cancel
-            .send(f, q.cancel_mut(), (request, tag), to, attempt);
-        Ok(())
-    }
-
-    fn on_cancel_deliver(&mut self, request: u64, replica: u32, scope: Scope, attempt: u8) -> Step {
-        let abort = self.cancel.abort(request, scope, attempt);
-        self.accounts.hit(scope_mark(scope));
-        if self.handoff_abort(request, replica, &abort)? {
-            return Ok(());
-        }
-        self.reach(replica)?;
-        self.cluster.abort(&mut self.follow, replica, abort);
-        Ok(())
-    }
-
-    fn on_cancel_timeout(&mut self, request: u64, tag: Tag, attempt: u8) -> Step {
-        if !self.requests.live(request, tag) {
-            return Ok(());
-        }
-        let st = self.requests[tag].cancel_mut();
-        let gave_up = self
-            .cancel
-            .timeout(&mut self.follow, st, (request, tag), attempt);
-        if gave_up == Some(true) {
-            return self.try_finalize(tag);
-        }
-        Ok(())
-    }
-
-    fn on_cancel_ack(&mut self, request: u64, tag: Tag) -> Step {
-        if !self.requests.live(request, tag) {
-            self.cancel.late_ack();
-            return Ok(());
-        }
-        if self.cancel.ack(self.requests[tag].cancel_mut()) == Ack::First {
-            self.evidence(tag, EvidenceLevel::FinalCallback, ClockDomain::Local)?;
-        }
-        self.try_finalize(tag)
-    }
-
-    fn on_fallback(&mut self, request: u64, tag: Tag) -> Step {
-        if self.requests.live(request, tag)
-            && self.cancel.fallback_timer(self.requests[tag].cancel_mut())
-        {
-            return self.try_finalize(tag);
-        }
-        Ok(())
     }
 
     /// The run is over: conservation, then the summary.
