@@ -225,16 +225,23 @@ impl Seq {
         (run.ctx, run.incarnation, sample)
     }
 
-    /// `blocks` more at `now_ns`, for a streak member's next token (its counts wait for its
-    /// leaving; its blocks and their block-time never do).
-    #[inline]
-    pub(super) fn grow(&mut self, now_ns: u64, blocks: u64) {
-        debug_assert!(now_ns >= self.blocks_since_ns && blocks > 0);
-        let (marked, since_ns) = (self.marked, self.blocks_since_ns);
-        self.blocks_since_ns = now_ns;
+    /// A block more at each of `boundaries` ticks, whose sum is `ticks_ns` and the last
+    /// `last_ns`: a streak member's, given as it leaves (`streak/growth.rs`). The same block-time
+    /// as a `touch` and a block at each, in whole numbers: with b blocks held since `since`,
+    /// Σ (b + i − 1)(tᵢ − tᵢ₋₁) over i = 1..n, t₀ = since, is b (tₙ − since) + n tₙ − Σ tᵢ.
+    pub(super) fn grown(&mut self, boundaries: u64, ticks_ns: u128, last_ns: u64) {
+        assert!(!self.marked, "a streak member marked");
+        debug_assert!(boundaries > 0 && last_ns >= self.blocks_since_ns);
+        let since_ns = self.blocks_since_ns;
+        self.blocks_since_ns = last_ns;
         let run = &mut **self;
-        run.hold((now_ns - since_ns) as u128, marked);
-        run.blocks += blocks;
+        assert_eq!(run.fenced_blocks, 0, "a streak member with fenced blocks");
+        let n = boundaries as u128;
+        debug_assert!(n * last_ns as u128 >= ticks_ns && ticks_ns >= n * since_ns as u128);
+        let area =
+            run.blocks as u128 * (last_ns - since_ns) as u128 + n * last_ns as u128 - ticks_ns;
+        run.kv_block_ns += area;
+        run.blocks += boundaries;
     }
 
     /// Preempted: a new incarnation recomputes the prompt and the tokens delivered so far.

@@ -30,6 +30,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 mod coast;
+mod growth;
 
 use super::compose::{Compose, Decided};
 use super::seq::{Entry, Phase, Run, Step};
@@ -81,6 +82,8 @@ pub(super) struct Streak {
     /// Scratch: the entries a streak step composes, in running order.
     plan: Vec<(u32, Decided)>,
     extra: Vec<Extra>,
+    /// The blocks members took at their boundaries, not yet theirs (`growth.rs`).
+    growth: growth::Growth,
 }
 
 /// What a streak step's end does for a member beyond its quiet token, by running order
@@ -293,27 +296,6 @@ impl Engine {
         Some((report, self.launch_timed(now_ns, c, duration_ns)))
     }
 
-    /// The members of boundary bucket `bucket` each take a block for this step's token.
-    fn streak_grow(&mut self, bucket: usize, now_ns: u64) {
-        let slots = match self.streak.boundary.get_mut(bucket) {
-            Some(slots) if !slots.is_empty() => std::mem::take(slots),
-            _ => return,
-        };
-        for &slot in &slots {
-            let taken = self.pool.take(1);
-            assert!(taken, "the clean blocks were counted");
-            self.on_alloc(slot, 1);
-            let seq = &mut self.seqs[slot as usize];
-            seq.grow(now_ns, 1);
-            debug_assert_eq!(
-                seq.blocks,
-                self.pool
-                    .blocks_for((seq.ctx + 1) as u64 + self.streak.dispatched - seq.streak_from)
-            );
-        }
-        self.streak.boundary[bucket] = slots;
-    }
-
     /// The KV its members read in streak step `d`: each its context then (`kv_base`). `None`
     /// if that is negative, which a broken count would make.
     #[inline]
@@ -372,6 +354,7 @@ impl Engine {
             s.boundary.resize_with(bt as usize, Vec::new);
         }
         s.boundary[bucket].push(slot);
+        s.growth.join(slot, bucket, bt as usize);
         if let Some(b) = note {
             if s.notes.len() <= b {
                 s.notes
@@ -440,8 +423,15 @@ impl Engine {
             let at = notes.iter().position(|&x| x == slot);
             notes.swap_remove(at.expect("a member is in its notes bucket"));
         }
+        let b = ((from % bt + bt - ctx % bt) % bt) as usize;
+        self.streak_grown(slot, b);
+        debug_assert_eq!(
+            self.seqs[slot as usize].blocks,
+            self.pool.blocks_for(ctx + d),
+            "a member leaves with the blocks of its context"
+        );
         let s = &mut self.streak;
-        let bucket = &mut s.boundary[((from % bt + bt - ctx % bt) % bt) as usize];
+        let bucket = &mut s.boundary[b];
         let at = bucket.iter().position(|&x| x == slot);
         bucket.swap_remove(at.expect("a member is in its boundary bucket"));
         s.kv_base -= ctx as i64 - from as i64;

@@ -41,13 +41,15 @@ pub(crate) fn cfg(window: u32) -> EngineConfig {
     }
 }
 
-/// Per request: token times, discarded tokens, release.
+/// Per request: token times, discarded tokens, release and its block-time.
 #[derive(Default, Debug, PartialEq)]
 pub(crate) struct Trace {
     pub(crate) tokens_ns: Vec<u64>,
     pub(crate) discarded: u32,
     pub(crate) padding: u32,
     pub(crate) released_ns: Option<u64>,
+    /// Its blocks' block-time at its release, and the part retained after its cancel intent.
+    pub(crate) kv_block_ns: (u128, u128),
     pub(crate) observed_ns: Option<u64>,
     pub(crate) corrupted_tokens: u32,
 }
@@ -199,6 +201,7 @@ fn released(traces: &mut BTreeMap<u64, Trace>, out: &mut Outbox, now: u64) {
         let t = traces.entry(r.id).or_default();
         assert!(t.released_ns.is_none(), "released twice");
         t.released_ns = Some(now);
+        t.kv_block_ns = (r.kv_block_ns, r.kv_block_ns_marked);
     }
 }
 

@@ -121,8 +121,8 @@ impl Engine {
     /// nothing. So: the streak's own checks, the step in flight's end, and the next streak
     /// step in its place (the same step `launch` would put there: no entries, the streak's
     /// members), which ends at the next tick. What only adds up (the counts, the clock, the
-    /// streak's numbers) is added once for a run of turns (`Taken`), before a turn whose
-    /// members take blocks and at the end; the step in flight is put back once.
+    /// streak's numbers) is added once for a run of turns (`Taken`), at the end; the step in
+    /// flight is put back once.
     fn turns_again(&mut self, step: u64, ends: &[u64]) -> Turned {
         let Some(s) = self.inflight.front() else {
             return Turned::NONE;
@@ -152,11 +152,9 @@ impl Engine {
                 break;
             }
             debug_assert!(!self.at_boundary, "the turn before left no boundary");
-            if growth > 0 {
-                t.end_through(self, i + 1);
-                t.clock_through(self, i, ends);
-                self.streak_grow(bucket, now_ns);
-            }
+            // A boundary's blocks are counted, not given to the members (`growth.rs`): the
+            // counts of the turns before it may wait.
+            self.streak_grow(bucket, now_ns);
             debug_assert_eq!(
                 Some(next_ns - now_ns),
                 (self.streak_kv(t.dispatched + i as u64)).map(|kv| self
