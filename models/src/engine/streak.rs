@@ -354,7 +354,7 @@ impl Engine {
             s.boundary.resize_with(bt as usize, Vec::new);
         }
         s.boundary[bucket].push(slot);
-        s.growth.join(slot, bucket, bt as usize);
+        s.growth.join(bucket, bt as usize);
         if let Some(b) = note {
             if s.notes.len() <= b {
                 s.notes
@@ -424,16 +424,16 @@ impl Engine {
             notes.swap_remove(at.expect("a member is in its notes bucket"));
         }
         let b = ((from % bt + bt - ctx % bt) % bt) as usize;
-        self.streak_grown(slot, b);
+        let at = self.streak.boundary[b].iter().position(|&x| x == slot);
+        let at = at.expect("a member is in its boundary bucket");
+        self.streak_grown(slot, b, at);
         debug_assert_eq!(
             self.seqs[slot as usize].blocks,
             self.pool.blocks_for(ctx + d),
             "a member leaves with the blocks of its context"
         );
         let s = &mut self.streak;
-        let bucket = &mut s.boundary[b];
-        let at = bucket.iter().position(|&x| x == slot);
-        bucket.swap_remove(at.expect("a member is in its boundary bucket"));
+        s.boundary[b].swap_remove(at);
         s.kv_base -= ctx as i64 - from as i64;
         s.members -= 1;
         s.flags[slot as usize] &= !MEMBER;

@@ -32,21 +32,20 @@ pub(super) struct Boundaries {
 #[derive(Default)]
 pub(super) struct Growth {
     buckets: Vec<Boundaries>,
-    /// By slot: its bucket's boundaries as it joined.
-    joined: Vec<Boundaries>,
+    /// By bucket, beside `Streak::boundary`'s members in the same order: each one's bucket's
+    /// boundaries as it joined. Kept with the members, not by slot, so that its size follows
+    /// the members, not the most requests a replica ever held.
+    joined: Vec<Vec<Boundaries>>,
 }
 
 impl Growth {
-    /// A member of `bucket` (of `buckets`) joins in `slot`: its growth counts from here.
-    pub(super) fn join(&mut self, slot: u32, bucket: usize, buckets: usize) {
+    /// A member joins `bucket` (of `buckets`), after those in it: its growth counts from here.
+    pub(super) fn join(&mut self, bucket: usize, buckets: usize) {
         if self.buckets.len() < buckets {
             self.buckets.resize(buckets, Boundaries::default());
+            self.joined.resize_with(buckets, Vec::new);
         }
-        let s = slot as usize;
-        if self.joined.len() <= s {
-            self.joined.resize(s + 1, Boundaries::default());
-        }
-        self.joined[s] = self.buckets[bucket];
+        self.joined[bucket].push(self.buckets[bucket]);
     }
 }
 
@@ -67,11 +66,13 @@ impl Engine {
         b.last_ns = now_ns;
     }
 
-    /// The member in `slot`, of boundary bucket `bucket`, leaves: the blocks of the bucket's
-    /// boundaries since it joined are its own, held since each boundary.
-    pub(super) fn streak_grown(&mut self, slot: u32, bucket: usize) {
-        let g = &self.streak.growth;
-        let (now, then) = (g.buckets[bucket], g.joined[slot as usize]);
+    /// The member in `slot`, at `at` in boundary bucket `bucket`, leaves: the blocks of the
+    /// bucket's boundaries since it joined are its own, held since each boundary. The caller
+    /// takes it out of `Streak::boundary` the same way (`swap_remove(at)`).
+    pub(super) fn streak_grown(&mut self, slot: u32, bucket: usize, at: usize) {
+        let g = &mut self.streak.growth;
+        debug_assert_eq!(g.joined[bucket].len(), self.streak.boundary[bucket].len());
+        let (now, then) = (g.buckets[bucket], g.joined[bucket].swap_remove(at));
         let boundaries = now.count - then.count;
         if boundaries > 0 {
             let ticks_ns = now.ticks_ns - then.ticks_ns;
