@@ -85,6 +85,10 @@ pub(super) struct Run {
     pub(super) streak_stamp: u64,
     /// In the streak: its tokens of streak steps from this one on are not handed over yet.
     pub(super) lazy_from: u64,
+    /// In the streak: the Σ of its boundary bucket's ticks as it joined, so that as it leaves
+    /// the block-time of its boundaries since is the bucket's Σ now less this
+    /// (`streak/growth.rs`).
+    pub(super) streak_ticks_ns: u128,
 }
 
 impl Run {
@@ -116,6 +120,7 @@ static RUN_NONE: Run = Run {
     streak_from: 0,
     streak_stamp: 0,
     lazy_from: 0,
+    streak_ticks_ns: 0,
 };
 
 impl std::ops::Deref for Seq {

@@ -340,13 +340,14 @@ impl Engine {
         let seq = &mut self.seqs[slot as usize];
         let output = seq.output;
         let run = &mut **seq;
-        run.streak_from = d;
-        run.lazy_from = d;
-        run.streak_stamp = self.streak.joins;
         let (ctx, sched_out) = (run.ctx as u64, run.sched_out);
         // Its streak step `j` reads a context of ctx + (j − d) before its token, which needs
         // a block when that is a whole number of blocks.
         let bucket = ((d % bt + bt - ctx % bt) % bt) as usize;
+        run.streak_from = d;
+        run.lazy_from = d;
+        run.streak_stamp = self.streak.joins;
+        run.streak_ticks_ns = self.streak.growth.ticks_ns(bucket, bt as usize);
         let last = d + (output - sched_out - 1) as u64;
         let note = self.note_bucket(d, sched_out);
         let s = &mut self.streak;
@@ -354,7 +355,6 @@ impl Engine {
             s.boundary.resize_with(bt as usize, Vec::new);
         }
         s.boundary[bucket].push(slot);
-        s.growth.join(bucket, bt as usize);
         if let Some(b) = note {
             if s.notes.len() <= b {
                 s.notes
@@ -426,12 +426,7 @@ impl Engine {
         let b = ((from % bt + bt - ctx % bt) % bt) as usize;
         let at = self.streak.boundary[b].iter().position(|&x| x == slot);
         let at = at.expect("a member is in its boundary bucket");
-        self.streak_grown(slot, b, at);
-        debug_assert_eq!(
-            self.seqs[slot as usize].blocks,
-            self.pool.blocks_for(ctx + d),
-            "a member leaves with the blocks of its context"
-        );
+        self.streak_grown(slot, b, ctx + d);
         let s = &mut self.streak;
         s.boundary[b].swap_remove(at);
         s.kv_base -= ctx as i64 - from as i64;

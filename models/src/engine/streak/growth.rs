@@ -4,9 +4,11 @@
 //! Every member of a boundary bucket takes one clean block at each of the bucket's boundaries
 //! (`Streak::boundary`). Taking them one member at a time read each member's `Seq` and boxed
 //! `Run`, cold, every block's worth of tokens. Instead the pool gives the bucket's blocks in
-//! one take, and the bucket counts its boundaries and the sum of their ticks. A member notes
-//! the bucket's counts as it joins; as it leaves (`Engine::eject`) its blocks and their
-//! block-time are brought up to date in one go (`Seq::grown`), with the same whole numbers.
+//! one take, and the bucket sums its boundaries' ticks. A member notes the bucket's sum as it
+//! joins (`Run::streak_ticks_ns`, in the box that joining writes anyway); as it leaves
+//! (`Engine::eject`) its blocks and their block-time are brought up to date in one go
+//! (`Seq::grown`), with the same whole numbers. Its boundaries since it joined are the blocks
+//! its context has grown by, and their last tick is the bucket's last.
 //!
 //! Why it is the same:
 //! - One take of n blocks is n takes of one: the pool counts, and the prefix cache, where it
@@ -21,31 +23,25 @@ use super::super::Engine;
 
 /// One boundary bucket's boundaries so far.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Boundaries {
-    count: u64,
+struct Boundaries {
     /// Σ of their ticks.
     ticks_ns: u128,
     last_ns: u64,
 }
 
-/// The boundaries of every bucket, and where each member's began.
+/// The boundaries of every bucket.
 #[derive(Default)]
 pub(super) struct Growth {
     buckets: Vec<Boundaries>,
-    /// By bucket, beside `Streak::boundary`'s members in the same order: each one's bucket's
-    /// boundaries as it joined. Kept with the members, not by slot, so that its size follows
-    /// the members, not the most requests a replica ever held.
-    joined: Vec<Vec<Boundaries>>,
 }
 
 impl Growth {
-    /// A member joins `bucket` (of `buckets`), after those in it: its growth counts from here.
-    pub(super) fn join(&mut self, bucket: usize, buckets: usize) {
+    /// The Σ of `bucket`'s boundary ticks so far (of `buckets`): a member joining notes it.
+    pub(super) fn ticks_ns(&mut self, bucket: usize, buckets: usize) -> u128 {
         if self.buckets.len() < buckets {
             self.buckets.resize(buckets, Boundaries::default());
-            self.joined.resize_with(buckets, Vec::new);
         }
-        self.joined[bucket].push(self.buckets[bucket]);
+        self.buckets[bucket].ticks_ns
     }
 }
 
@@ -61,22 +57,25 @@ impl Engine {
         assert!(taken, "the clean blocks were counted");
         let b = &mut self.streak.growth.buckets[bucket];
         debug_assert!(now_ns >= b.last_ns);
-        b.count += 1;
         b.ticks_ns += now_ns as u128;
         b.last_ns = now_ns;
     }
 
-    /// The member in `slot`, at `at` in boundary bucket `bucket`, leaves: the blocks of the
-    /// bucket's boundaries since it joined are its own, held since each boundary. The caller
-    /// takes it out of `Streak::boundary` the same way (`swap_remove(at)`).
-    pub(super) fn streak_grown(&mut self, slot: u32, bucket: usize, at: usize) {
-        let g = &mut self.streak.growth;
-        debug_assert_eq!(g.joined[bucket].len(), self.streak.boundary[bucket].len());
-        let (now, then) = (g.buckets[bucket], g.joined[bucket].swap_remove(at));
-        let boundaries = now.count - then.count;
+    /// The member in `slot`, of boundary bucket `bucket`, leaves with a context of `ctx`
+    /// tokens: the blocks of the bucket's boundaries since it joined, one for each block its
+    /// context grew by, are its own, held since each boundary.
+    pub(super) fn streak_grown(&mut self, slot: u32, bucket: usize, ctx: u64) {
+        let now = self.streak.growth.buckets[bucket];
+        let seq = &mut self.seqs[slot as usize];
+        let boundaries = self.pool.blocks_for(ctx) - seq.blocks;
         if boundaries > 0 {
-            let ticks_ns = now.ticks_ns - then.ticks_ns;
-            self.seqs[slot as usize].grown(boundaries, ticks_ns, now.last_ns);
+            let ticks_ns = now.ticks_ns - seq.streak_ticks_ns;
+            seq.grown(boundaries, ticks_ns, now.last_ns);
+        } else {
+            debug_assert_eq!(
+                now.ticks_ns, seq.streak_ticks_ns,
+                "a boundary left no block"
+            );
         }
     }
 }
