@@ -67,7 +67,11 @@ impl Engine {
     pub(super) fn streak_grown(&mut self, slot: u32, bucket: usize, ctx: u64) {
         let now = self.streak.growth.buckets[bucket];
         let seq = &mut self.seqs[slot as usize];
-        let boundaries = self.pool.blocks_for(ctx) - seq.blocks;
+        let boundaries = self
+            .pool
+            .blocks_for(ctx)
+            .checked_sub(seq.blocks)
+            .expect("a member holds no block past its context");
         if boundaries > 0 {
             let ticks_ns = now.ticks_ns - seq.streak_ticks_ns;
             seq.grown(boundaries, ticks_ns, now.last_ns);
