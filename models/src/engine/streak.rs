@@ -424,11 +424,16 @@ impl Engine {
             notes.swap_remove(at.expect("a member is in its notes bucket"));
         }
         let b = ((from % bt + bt - ctx % bt) % bt) as usize;
-        let at = self.streak.boundary[b].iter().position(|&x| x == slot);
-        let at = at.expect("a member is in its boundary bucket");
-        self.streak_grown(slot, b, ctx + d);
+        let grown = self.streak_grown(slot, b, ctx + d);
+        debug_assert_eq!(
+            grown,
+            steps_in_phase(from, dispatched, b as u64, bt),
+            "a member's new blocks are its bucket's boundaries since it joined"
+        );
         let s = &mut self.streak;
-        s.boundary[b].swap_remove(at);
+        let bucket = &mut s.boundary[b];
+        let at = bucket.iter().position(|&x| x == slot);
+        bucket.swap_remove(at.expect("a member is in its boundary bucket"));
         s.kv_base -= ctx as i64 - from as i64;
         s.members -= 1;
         s.flags[slot as usize] &= !MEMBER;
@@ -556,5 +561,34 @@ impl Engine {
             .map(|&s| seqs[s as usize].lazy_from)
             .min()
             .unwrap_or(self.streak.dispatched)
+    }
+}
+
+/// The steps of `from..to` that are ≡ `phase` (mod `every`): a bucket's boundaries over them.
+fn steps_in_phase(from: u64, to: u64, phase: u64, every: u64) -> u64 {
+    let first = from + (phase + every - from % every) % every;
+    if first >= to {
+        0
+    } else {
+        (to - 1 - first) / every + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn steps_in_phase_counts_as_a_walk_does() {
+        for (from, to, every) in [
+            (0, 0, 16),
+            (3, 40, 16),
+            (17, 18, 16),
+            (5, 100, 7),
+            (9, 9, 1),
+        ] {
+            for phase in 0..every {
+                let walked = (from..to).filter(|j| j % every == phase).count() as u64;
+                assert_eq!(super::steps_in_phase(from, to, phase, every), walked);
+            }
+        }
     }
 }

@@ -63,8 +63,8 @@ impl Engine {
 
     /// The member in `slot`, of boundary bucket `bucket`, leaves with a context of `ctx`
     /// tokens: the blocks of the bucket's boundaries since it joined, one for each block its
-    /// context grew by, are its own, held since each boundary.
-    pub(super) fn streak_grown(&mut self, slot: u32, bucket: usize, ctx: u64) {
+    /// context grew by, are its own, held since each boundary. Returns how many.
+    pub(super) fn streak_grown(&mut self, slot: u32, bucket: usize, ctx: u64) -> u64 {
         let now = self.streak.growth.buckets[bucket];
         let seq = &mut self.seqs[slot as usize];
         let boundaries = self
@@ -81,5 +81,6 @@ impl Engine {
                 "a boundary left no block"
             );
         }
+        boundaries
     }
 }
