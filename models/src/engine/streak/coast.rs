@@ -202,47 +202,57 @@ impl Engine {
         // A left member's entry may head `ends` still: an earlier stop, never a later one.
         let last_from = k.ends.peek().map_or(u64::MAX, |e| e.0 .0);
         let steps = (turns_max as u64).min(last_from.saturating_sub(k.dispatched));
-        let block_tokens = self.cfg.block_tokens as usize;
-        let mut clean = self.pool.clean_blocks();
         let mut end_ns = s.end_ns;
         let Some(kv0) = self.streak_kv(k.dispatched) else {
             return;
         };
         ends.reserve(steps as usize + 1);
         ends.push(end_ns);
-        // The phases of the boundary and notes buckets step on with the streak, not by division.
-        let mut note = NotePhase::of(self, k.processed);
-        let mut bucket = k.bucket % block_tokens;
-        // The KV read grows by one token a member each step (`streak_kv`).
+        // The steps first, then their times: two short loops, where one long one kept more
+        // values than there are registers. The KV read grows by one token a member each step
+        // (`streak_kv`), so it stays at least `kv0`.
+        let quiet = self.quiet_steps(steps);
         let mut times = self.costing.streak_times(members, kv0, steps);
-        for d in k.dispatched..k.dispatched + steps {
-            let growth = k.boundary.get(bucket).map_or(0, Vec::len) as u64;
-            if !note.quiet(&k.notes) || growth > clean {
-                break;
-            }
-            clean -= growth;
-            let Some(kv) = self.streak_kv(d) else {
-                break;
-            };
+        for d in k.dispatched..k.dispatched + quiet {
             let duration_ns = times.next_ns();
             debug_assert_eq!(
-                duration_ns,
-                self.costing.step_ns(StepShape::decode_only(members, kv))
+                Some(duration_ns),
+                (self.streak_kv(d))
+                    .map(|kv| self.costing.step_ns(StepShape::decode_only(members, kv)))
             );
             let Some(next_ns) = end_ns.checked_add(duration_ns) else {
                 break;
             };
             end_ns = next_ns;
             ends.push(end_ns);
+        }
+        if ends.len() == 1 {
+            ends.clear();
+        }
+    }
+
+    /// How many of the next `steps` streak steps are quiet by the streak's own reckoning: no
+    /// member's token comes out as an output, and each block boundary's blocks are clean ones.
+    fn quiet_steps(&self, steps: u64) -> u64 {
+        let k = &self.streak;
+        let block_tokens = self.cfg.block_tokens as usize;
+        let mut clean = self.pool.clean_blocks();
+        // The phases of the boundary and notes buckets step on with the streak, not by division.
+        let mut note = NotePhase::of(self, k.processed);
+        let mut bucket = k.bucket % block_tokens;
+        for i in 0..steps {
+            let growth = k.boundary.get(bucket).map_or(0, Vec::len) as u64;
+            if !note.quiet(&k.notes) || growth > clean {
+                return i;
+            }
+            clean -= growth;
             bucket += 1;
             if bucket == block_tokens {
                 bucket = 0;
             }
             note.next();
         }
-        if ends.len() == 1 {
-            ends.clear();
-        }
+        steps
     }
 }
 
