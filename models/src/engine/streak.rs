@@ -341,9 +341,7 @@ impl Engine {
         let output = seq.output;
         let run = &mut **seq;
         let (ctx, sched_out) = (run.ctx as u64, run.sched_out);
-        // Its streak step `j` reads a context of ctx + (j − d) before its token, which needs
-        // a block when that is a whole number of blocks.
-        let bucket = ((d % bt + bt - ctx % bt) % bt) as usize;
+        let bucket = growth::boundary_bucket(d, ctx, bt);
         run.streak_from = d;
         run.lazy_from = d;
         run.streak_stamp = self.streak.joins;
@@ -423,11 +421,11 @@ impl Engine {
             let at = notes.iter().position(|&x| x == slot);
             notes.swap_remove(at.expect("a member is in its notes bucket"));
         }
-        let b = ((from % bt + bt - ctx % bt) % bt) as usize;
+        let b = growth::boundary_bucket(from, ctx, bt);
         let grown = self.streak_grown(slot, b, ctx + d);
         debug_assert_eq!(
             grown,
-            steps_in_phase(from, dispatched, b as u64, bt),
+            growth::steps_in_phase(from, dispatched, b as u64, bt),
             "a member's new blocks are its bucket's boundaries since it joined"
         );
         let s = &mut self.streak;
@@ -561,34 +559,5 @@ impl Engine {
             .map(|&s| seqs[s as usize].lazy_from)
             .min()
             .unwrap_or(self.streak.dispatched)
-    }
-}
-
-/// The steps of `from..to` that are ≡ `phase` (mod `every`): a bucket's boundaries over them.
-fn steps_in_phase(from: u64, to: u64, phase: u64, every: u64) -> u64 {
-    let first = from + (phase + every - from % every) % every;
-    if first >= to {
-        0
-    } else {
-        (to - 1 - first) / every + 1
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn steps_in_phase_counts_as_a_walk_does() {
-        for (from, to, every) in [
-            (0, 0, 16),
-            (3, 40, 16),
-            (17, 18, 16),
-            (5, 100, 7),
-            (9, 9, 1),
-        ] {
-            for phase in 0..every {
-                let walked = (from..to).filter(|j| j % every == phase).count() as u64;
-                assert_eq!(super::steps_in_phase(from, to, phase, every), walked);
-            }
-        }
     }
 }

@@ -135,7 +135,7 @@ impl Engine {
         if s.id != step || s.end_ns != first_ns || self.streak.members == 0 {
             return Turned::NONE;
         }
-        let mut t = Taken::new(self, s, step);
+        let t = Taken::new(self, s, step);
         // No turn here changes where the first member to leave does.
         let last_from = self.streak.ends.peek().map_or(u64::MAX, |e| e.0 .0);
         let mut note = NotePhase::of(self, t.streak_step);
@@ -172,8 +172,7 @@ impl Engine {
         if taken == 0 {
             return Turned::NONE;
         }
-        t.end_through(self, taken);
-        t.clock_through(self, taken, ends);
+        t.add_to(self, taken, ends);
         debug_assert_eq!(self.streak.bucket, bucket);
         let s = self.inflight.front_mut().expect("a step in flight");
         s.id = t.step_next + taken as u64 - 1;
@@ -287,9 +286,8 @@ impl NotePhase {
 }
 
 /// A run of quiet turns taken by `turns_again`, the first ending step `step`: what each adds
-/// to the engine's counts, clock and streak numbers, added for all the turns up to one (the
-/// steps' ends through `end_through`, their launches through `clock_through`), as each
-/// turn's `turn` would have added it by then.
+/// to the engine's counts, clock and streak numbers, added for the whole run once it is taken
+/// (`add_to`), as the turns' `turn`s one by one would have added it.
 struct Taken {
     step: u64,
     /// The step in flight's: its time, tokens and streak step.
@@ -300,9 +298,6 @@ struct Taken {
     step_next: u64,
     dispatched: u64,
     members: u32,
-    /// Turns whose step's end is added, and whose launch is.
-    ended: usize,
-    clocked: usize,
 }
 
 impl Taken {
@@ -325,8 +320,6 @@ impl Taken {
             step_next: e.step_next,
             dispatched: e.streak.dispatched,
             members: e.streak.members,
-            ended: 0,
-            clocked: 0,
         }
     }
 
@@ -351,38 +344,22 @@ impl Taken {
         }
     }
 
-    /// The ends of the steps of turns before `to`: their tokens delivered, their streak steps
-    /// processed, the blocks they fenced clean.
-    fn end_through(&mut self, e: &mut Engine, to: usize) {
-        if to <= self.ended {
-            return;
-        }
-        let n = (to - self.ended) as u64;
-        let first = if self.ended == 0 {
-            self.tokens
-        } else {
-            self.members as u64
-        };
-        e.stats.tokens_delivered += first + (n - 1) * self.members as u64;
+    /// The run's first `taken` turns, added to `e`: the ends of their steps (their tokens
+    /// delivered, their streak steps processed, the blocks they fenced clean), then their
+    /// launches, each of the streak's step at its tick (`clock`).
+    fn add_to(&self, e: &mut Engine, taken: usize, ends: &[u64]) {
+        assert!(taken > 0, "a run of no turns");
+        let n = taken as u64;
+        e.stats.tokens_delivered += self.tokens + (n - 1) * self.members as u64;
         e.streak.processed += n;
-        e.taint.step_ended(self.ended_step(to - 1));
-        self.ended = to;
-    }
-
-    /// The launches of turns before `to`, each of the streak's step at its tick (`clock`).
-    fn clock_through(&mut self, e: &mut Engine, to: usize, ends: &[u64]) {
-        if to <= self.clocked {
-            return;
-        }
-        let n = (to - self.clocked) as u64;
-        debug_assert_eq!(e.gpu_free_ns, ends[self.clocked]);
-        e.gpu_free_ns = ends[to];
+        e.taint.step_ended(self.ended_step(taken - 1));
+        debug_assert_eq!(e.gpu_free_ns, ends[0]);
+        e.gpu_free_ns = ends[taken];
         e.step_next += n;
         e.stats.steps += n;
-        e.stats.busy_ns += ends[to] - ends[self.clocked];
+        e.stats.busy_ns += ends[taken] - ends[0];
         let k = &mut e.streak;
         k.dispatched += n;
         k.bucket = ((k.bucket as u64 + n) % e.cfg.block_tokens as u64) as usize;
-        self.clocked = to;
     }
 }

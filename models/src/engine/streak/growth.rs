@@ -84,3 +84,40 @@ impl Engine {
         boundaries
     }
 }
+
+/// The boundary bucket of a member whose first streak step is `first` with a context of `ctx`
+/// tokens then: its streak step `j` reads a context of ctx + (j − first) before its token,
+/// which needs a block when that is a whole number of `block_tokens`.
+pub(super) fn boundary_bucket(first: u64, ctx: u64, block_tokens: u64) -> usize {
+    let bt = block_tokens;
+    ((first % bt + bt - ctx % bt) % bt) as usize
+}
+
+/// The steps of `from..to` that are ≡ `phase` (mod `every`): a bucket's boundaries over them.
+pub(super) fn steps_in_phase(from: u64, to: u64, phase: u64, every: u64) -> u64 {
+    let first = from + (phase + every - from % every) % every;
+    if first >= to {
+        0
+    } else {
+        (to - 1 - first) / every + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn steps_in_phase_counts_as_a_walk_does() {
+        for (from, to, every) in [
+            (0, 0, 16),
+            (3, 40, 16),
+            (17, 18, 16),
+            (5, 100, 7),
+            (9, 9, 1),
+        ] {
+            for phase in 0..every {
+                let walked = (from..to).filter(|j| j % every == phase).count() as u64;
+                assert_eq!(super::steps_in_phase(from, to, phase, every), walked);
+            }
+        }
+    }
+}
