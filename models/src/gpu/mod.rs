@@ -200,6 +200,22 @@ impl StreakTimes<'_> {
             }
         }
     }
+
+    /// The ends of the next `n` steps, the first launched at `start_ns`, onto `ends`; fewer
+    /// where an end would pass `u64::MAX` ns. The same ends as `next_ns` added up.
+    pub fn extend_ends(&mut self, n: u64, start_ns: u64, ends: &mut Vec<u64>) {
+        if let StreakTimes::Added(d) = self {
+            return d.extend_ends(n, start_ns, ends);
+        }
+        let mut end_ns = start_ns;
+        for _ in 0..n {
+            let Some(next_ns) = end_ns.checked_add(self.next_ns()) else {
+                return;
+            };
+            end_ns = next_ns;
+            ends.push(end_ns);
+        }
+    }
 }
 
 impl From<StepCost> for StepModel {

@@ -366,8 +366,11 @@ impl Roofline {
     ) -> Option<DecodeSteps> {
         let kv_max = kv0.checked_add(seqs.checked_mul(steps)?)?;
         let last = super::StepShape::decode_only(seqs, kv_max);
-        // Every quantity grows with the KV read: if the last step's fit, every step's do.
-        self.terms_narrow(last, p)?;
+        // Every quantity grows with the KV read: if the last step's fit, every step's do, and
+        // if its joined terms' square is below `EXACT_ROOT_BELOW`, every step's is.
+        let (c_last, m_last) = self.terms_narrow(last, p)?;
+        let exact_root =
+            c_last.max(m_last) < 1 << 26 && c_last * c_last + m_last * m_last < EXACT_ROOT_BELOW;
         let grow = |per_token: u64, r: Rate| seqs.checked_mul(per_token)?.checked_mul(r.mul);
         let attn_from = kv0.checked_mul(self.pair_flops)?.checked_mul(p.attn.mul)?;
         let kv_from = (kv0 + seqs)
@@ -380,6 +383,7 @@ impl Roofline {
             attn: Ceil::new(attn_from, grow(self.pair_flops, p.attn)?, p.attn.div)?,
             kv: Ceil::new(kv_from, grow(self.kv_bytes, p.kv)?, p.kv.div)?,
             left: steps + 1,
+            exact_root,
         })
     }
 }
@@ -397,42 +401,45 @@ fn joined(c: u64, m: u64) -> u64 {
     }
 }
 
-/// `⌈n / div⌉` for a numerator `n` that grows by `step` at each `advance`: the quotient and
-/// remainder carried, so each value costs additions only.
+/// `⌈n / div⌉` for a numerator `n` that grows by `step` at each `advance`: the ceiling and
+/// what it overshoots `n` by (`value · div − n`, below `div`) carried, so each value costs
+/// additions only, and is read as it is.
 #[derive(Clone, Copy, Debug)]
 struct Ceil {
-    quotient: u64,
-    rest: u64,
+    value: u64,
+    over: u64,
     step_quotient: u64,
     step_rest: u64,
     div: u64,
 }
 
 impl Ceil {
-    /// None where the remainders could overflow (a divisor of 2^63 or more).
+    /// None where the overshoot could overflow (a divisor of 2^63 or more).
     fn new(n: u64, step: u64, div: u64) -> Option<Ceil> {
         (div > 0 && div < 1 << 63).then_some(Ceil {
-            quotient: n / div,
-            rest: n % div,
+            value: n.div_ceil(div),
+            over: (div - n % div) % div,
             step_quotient: step / div,
             step_rest: step % div,
             div,
         })
     }
 
-    #[inline]
-    fn value(&self) -> u64 {
-        self.quotient + u64::from(self.rest != 0)
-    }
-
-    /// With no branch: whether the remainder wraps follows the ratio of `step_rest` to `div`,
-    /// a pattern a predictor misses often.
-    #[inline]
+    /// `n + step = (value + step_quotient) · div − (over − step_rest)`: where the overshoot
+    /// falls short of `step_rest`, the ceiling takes one more `div`. With no branch: whether it
+    /// does follows the ratio of `step_rest` to `div`, a pattern a predictor misses often. The
+    /// ceiling wraps rather than panics one step past the last checked, which is never read.
+    #[inline(always)]
     fn advance(&mut self) {
-        let rest = self.rest + self.step_rest;
-        let wraps = u64::from(rest >= self.div);
-        self.rest = rest - wraps * self.div;
-        self.quotient += self.step_quotient + wraps;
+        let (over, short) = self.over.overflowing_sub(self.step_rest);
+        self.over = if short {
+            over.wrapping_add(self.div)
+        } else {
+            over
+        };
+        self.value = (self.value)
+            .wrapping_add(self.step_quotient)
+            .wrapping_add(u64::from(short));
     }
 }
 
@@ -447,22 +454,63 @@ pub struct DecodeSteps {
     kv: Ceil,
     /// Steps it may still time.
     left: u64,
+    /// Whether every step's joined terms have the float root as it is (`isqrt_below_2_63`).
+    exact_root: bool,
 }
 
 impl DecodeSteps {
     /// The next step's time; the one after reads one more KV token a sequence.
     #[inline]
     pub fn next_ns(&mut self) -> u64 {
-        assert!(self.left > 0, "more steps than the KV read was checked for");
-        self.left -= 1;
-        // The terms fit (`decode_steps`), so these sums do.
-        let c = self.compute_ns + self.attn.value();
-        let m = self.weight_ns + self.kv.value();
-        if self.left > 0 {
-            self.attn.advance();
-            self.kv.advance();
+        let mut end_ns = [0];
+        self.add_ends(1, 0, |end| end_ns[0] = end);
+        end_ns[0]
+    }
+
+    /// The ends of the next `n` steps, the first launched at `start_ns`, onto `ends`; fewer
+    /// where an end would pass `u64::MAX` ns.
+    pub fn extend_ends(&mut self, n: u64, start_ns: u64, ends: &mut Vec<u64>) {
+        ends.reserve(n as usize);
+        self.add_ends(n, start_ns, |end| ends.push(end));
+    }
+
+    /// One loop for each way of joining the terms, chosen once for all `n` steps.
+    #[inline(always)]
+    fn add_ends(&mut self, n: u64, start_ns: u64, end: impl FnMut(u64)) {
+        assert!(n <= self.left, "more steps than the KV read checked");
+        self.left -= n;
+        match self.exact_root {
+            true => self.add_ends_by(n, start_ns, end, |c, m| {
+                let x = c * c + m * m;
+                debug_assert!(x < EXACT_ROOT_BELOW);
+                float_root(x)
+            }),
+            false => self.add_ends_by(n, start_ns, end, joined),
         }
-        self.base_ns.saturating_add(joined(c, m))
+    }
+
+    #[inline(always)]
+    fn add_ends_by(
+        &mut self,
+        n: u64,
+        mut end_ns: u64,
+        mut end: impl FnMut(u64),
+        joined: impl Fn(u64, u64) -> u64,
+    ) {
+        // The carried terms as locals, in registers through the loop.
+        let (mut attn, mut kv) = (self.attn, self.kv);
+        for _ in 0..n {
+            // The terms fit (`decode_steps`), so these sums do.
+            let (c, m) = (self.compute_ns + attn.value, self.weight_ns + kv.value);
+            attn.advance();
+            kv.advance();
+            match end_ns.checked_add(self.base_ns.saturating_add(joined(c, m))) {
+                Some(next_ns) => end_ns = next_ns,
+                None => break,
+            }
+            end(end_ns);
+        }
+        (self.attn, self.kv) = (attn, kv);
     }
 }
 
@@ -529,9 +577,7 @@ pub(super) const EXACT_ROOT_BELOW: u64 = 1 << 52;
 #[inline]
 pub(super) fn isqrt_below_2_63(x: u64) -> u64 {
     debug_assert!(x < 1 << 63);
-    // Through i64, the same value (x < 2^63) and the same rounding, in fewer instructions than
-    // a u64's conversions, which must handle 2^63 and more.
-    let mut r = (x as i64 as f64).sqrt() as i64 as u64;
+    let mut r = float_root(x);
     if x < EXACT_ROOT_BELOW {
         debug_assert_eq!(r, x.isqrt(), "the float root of {x}");
         return r;
@@ -543,4 +589,11 @@ pub(super) fn isqrt_below_2_63(x: u64) -> u64 {
         r += 1;
     }
     r
+}
+
+/// The float root of `x < 2^63`, truncated: through i64, the same value and the same rounding,
+/// in fewer instructions than a u64's conversions, which must handle 2^63 and more.
+#[inline(always)]
+fn float_root(x: u64) -> u64 {
+    (x as i64 as f64).sqrt() as i64 as u64
 }

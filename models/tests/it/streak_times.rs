@@ -8,11 +8,24 @@ use cancelsim_models::gpu::{
 };
 use proptest::prelude::*;
 
-/// Each of `steps + 1` times, one by one and by `streak_times`.
+/// Each of `steps + 1` times, one by one and by `streak_times`, whose ends (`extend_ends`,
+/// from a start drawn by the seqs) are checked here against the times added up.
 fn both(model: &StepModel, seqs: u64, kv0: u64, steps: u64) -> (Vec<u64>, Vec<u64>) {
     let costing = Costing::new(model);
     let mut times = costing.streak_times(seqs, kv0, steps);
-    let added = (0..=steps).map(|_| times.next_ns()).collect();
+    let added: Vec<u64> = (0..=steps).map(|_| times.next_ns()).collect();
+    let start_ns = seqs.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (seqs % 64);
+    let mut ends = vec![];
+    costing
+        .streak_times(seqs, kv0, steps)
+        .extend_ends(steps + 1, start_ns, &mut ends);
+    let summed: Vec<u64> = (added.iter())
+        .scan(start_ns, |end_ns, &t| {
+            *end_ns = end_ns.checked_add(t)?;
+            Some(*end_ns)
+        })
+        .collect();
+    assert_eq!(ends, summed, "the ends from {start_ns}");
     let each = (0..=steps)
         .map(|i| {
             costing.step_ns(StepShape {

@@ -201,29 +201,26 @@ impl Engine {
         // A left member's entry may head `ends` still: an earlier stop, never a later one.
         let last_from = k.ends.peek().map_or(u64::MAX, |e| e.0 .0);
         let steps = (turns_max as u64).min(last_from.saturating_sub(k.dispatched));
-        let mut end_ns = s.end_ns;
         let Some(kv0) = self.streak_kv(k.dispatched) else {
             return;
         };
         ends.reserve(steps as usize + 1);
-        ends.push(end_ns);
+        ends.push(s.end_ns);
         // The steps first, then their times: two short loops, where one long one kept more
         // values than there are registers. The KV read grows by one token a member each step
         // (`streak_kv`), so it stays at least `kv0`.
         let quiet = self.quiet_steps(steps);
         let mut times = self.costing.streak_times(members, kv0, steps);
-        for d in k.dispatched..k.dispatched + quiet {
-            let duration_ns = times.next_ns();
-            debug_assert_eq!(
-                Some(duration_ns),
-                (self.streak_kv(d))
-                    .map(|kv| self.costing.step_ns(StepShape::decode_only(members, kv)))
+        times.extend_ends(quiet, s.end_ns, ends);
+        #[cfg(debug_assertions)]
+        for (d, end) in (k.dispatched..).zip(ends.windows(2)) {
+            let kv = self.streak_kv(d).expect("a quiet step's KV read");
+            let shape = StepShape::decode_only(members, kv);
+            assert_eq!(
+                end[1] - end[0],
+                self.costing.step_ns(shape),
+                "the step timed"
             );
-            let Some(next_ns) = end_ns.checked_add(duration_ns) else {
-                break;
-            };
-            end_ns = next_ns;
-            ends.push(end_ns);
         }
         if ends.len() == 1 {
             ends.clear();
