@@ -26,6 +26,10 @@
 //! the weight read 9.4 ms; the join gives 12.5 ms, a hard max 9.4 ms, the sum 17.7 ms).
 //! Everything is integer nanoseconds and an integer square root, so it is portable.
 
+mod ahead;
+
+pub use ahead::DecodeSteps;
+
 /// A dense decoder's shape, as the runtime executes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelShape {
@@ -351,41 +355,6 @@ impl Roofline {
             .saturating_add(s.decode_seqs.saturating_mul(self.per_seq_ns))
             .saturating_add(joined(c, m))
     }
-
-    /// The decode-only steps of `seqs` sequences that read `kv0`, `kv0 + seqs`, … KV tokens (a
-    /// streak's), at most `steps` of them, if every one's terms fit 64 bits: then each step's
-    /// attention and KV times grow by the same fraction, and each is the last plus that
-    /// fraction's quotient, its remainder carried (`Ceil`), with no division. The same times
-    /// as `step_ns_prepared` of each shape.
-    pub fn decode_steps(
-        &self,
-        p: &Prepared,
-        seqs: u64,
-        kv0: u64,
-        steps: u64,
-    ) -> Option<DecodeSteps> {
-        let kv_max = kv0.checked_add(seqs.checked_mul(steps)?)?;
-        let last = super::StepShape::decode_only(seqs, kv_max);
-        // Every quantity grows with the KV read: if the last step's fit, every step's do, and
-        // if its joined terms' square is below `EXACT_ROOT_BELOW`, every step's is.
-        let (c_last, m_last) = self.terms_narrow(last, p)?;
-        let exact_root =
-            c_last.max(m_last) < 1 << 26 && c_last * c_last + m_last * m_last < EXACT_ROOT_BELOW;
-        let grow = |per_token: u64, r: Rate| seqs.checked_mul(per_token)?.checked_mul(r.mul);
-        let attn_from = kv0.checked_mul(self.pair_flops)?.checked_mul(p.attn.mul)?;
-        let kv_from = (kv0 + seqs)
-            .checked_mul(self.kv_bytes)?
-            .checked_mul(p.kv.mul)?;
-        Some(DecodeSteps {
-            base_ns: (self.overhead_ns).saturating_add(seqs.saturating_mul(self.per_seq_ns)),
-            compute_ns: p.flops.ns_narrow(seqs.checked_mul(self.linear_flops)?)?,
-            weight_ns: u64::try_from(p.weight_ns).ok()?,
-            attn: Ceil::new(attn_from, grow(self.pair_flops, p.attn)?, p.attn.div)?,
-            kv: Ceil::new(kv_from, grow(self.kv_bytes, p.kv)?, p.kv.div)?,
-            left: steps + 1,
-            exact_root,
-        })
-    }
 }
 
 /// `√(c² + m²)`, rounded down: how a step's compute and memory times join.
@@ -398,119 +367,6 @@ fn joined(c: u64, m: u64) -> u64 {
         let square = |x: u64| (x as u128).saturating_mul(x as u128);
         let joined = square(c).saturating_add(square(m)).isqrt();
         u64::try_from(joined).unwrap_or(u64::MAX)
-    }
-}
-
-/// `⌈n / div⌉` for a numerator `n` that grows by `step` at each `advance`: the ceiling and
-/// what it overshoots `n` by (`value · div − n`, below `div`) carried, so each value costs
-/// additions only, and is read as it is.
-#[derive(Clone, Copy, Debug)]
-struct Ceil {
-    value: u64,
-    over: u64,
-    step_quotient: u64,
-    step_rest: u64,
-    div: u64,
-}
-
-impl Ceil {
-    /// None where the overshoot could overflow (a divisor of 2^63 or more).
-    fn new(n: u64, step: u64, div: u64) -> Option<Ceil> {
-        (div > 0 && div < 1 << 63).then_some(Ceil {
-            value: n.div_ceil(div),
-            over: (div - n % div) % div,
-            step_quotient: step / div,
-            step_rest: step % div,
-            div,
-        })
-    }
-
-    /// `n + step = (value + step_quotient) · div − (over − step_rest)`: where the overshoot
-    /// falls short of `step_rest`, the ceiling takes one more `div`. With no branch: whether it
-    /// does follows the ratio of `step_rest` to `div`, a pattern a predictor misses often. The
-    /// ceiling wraps rather than panics one step past the last checked, which is never read.
-    #[inline(always)]
-    fn advance(&mut self) {
-        let (over, short) = self.over.overflowing_sub(self.step_rest);
-        self.over = if short {
-            over.wrapping_add(self.div)
-        } else {
-            over
-        };
-        self.value = (self.value)
-            .wrapping_add(self.step_quotient)
-            .wrapping_add(u64::from(short));
-    }
-}
-
-/// A streak's steps ahead on a roofline (`Roofline::decode_steps`).
-#[derive(Clone, Copy, Debug)]
-pub struct DecodeSteps {
-    /// The overhead and the sequences' own cost: every step's.
-    base_ns: u64,
-    compute_ns: u64,
-    weight_ns: u64,
-    attn: Ceil,
-    kv: Ceil,
-    /// Steps it may still time.
-    left: u64,
-    /// Whether every step's joined terms have the float root as it is (`isqrt_below_2_63`).
-    exact_root: bool,
-}
-
-impl DecodeSteps {
-    /// The next step's time; the one after reads one more KV token a sequence.
-    #[inline]
-    pub fn next_ns(&mut self) -> u64 {
-        let mut end_ns = [0];
-        self.add_ends(1, 0, |end| end_ns[0] = end);
-        end_ns[0]
-    }
-
-    /// The ends of the next `n` steps, the first launched at `start_ns`, onto `ends`; fewer
-    /// where an end would pass `u64::MAX` ns.
-    pub fn extend_ends(&mut self, n: u64, start_ns: u64, ends: &mut Vec<u64>) {
-        ends.reserve(n as usize);
-        self.add_ends(n, start_ns, |end| ends.push(end));
-    }
-
-    /// One loop for each way of joining the terms, chosen once for all `n` steps.
-    #[inline(always)]
-    fn add_ends(&mut self, n: u64, start_ns: u64, end: impl FnMut(u64)) {
-        assert!(n <= self.left, "more steps than the KV read checked");
-        self.left -= n;
-        match self.exact_root {
-            true => self.add_ends_by(n, start_ns, end, |c, m| {
-                let x = c * c + m * m;
-                debug_assert!(x < EXACT_ROOT_BELOW);
-                float_root(x)
-            }),
-            false => self.add_ends_by(n, start_ns, end, joined),
-        }
-    }
-
-    #[inline(always)]
-    fn add_ends_by(
-        &mut self,
-        n: u64,
-        mut end_ns: u64,
-        mut end: impl FnMut(u64),
-        joined: impl Fn(u64, u64) -> u64,
-    ) {
-        // The carried terms as locals, in registers through the loop.
-        let (mut attn, mut kv) = (self.attn, self.kv);
-        for _ in 0..n {
-            // The terms fit (`decode_steps`), so these sums do.
-            let (c, m) = (self.compute_ns + attn.value, self.weight_ns + kv.value);
-            attn.advance();
-            kv.advance();
-            match end_ns.checked_add(self.base_ns.saturating_add(joined(c, m))) {
-                Some(next_ns) => end_ns = next_ns,
-                None => break,
-            }
-            end(end_ns);
-        }
-        (self.attn, self.kv) = (attn, kv);
     }
 }
 
