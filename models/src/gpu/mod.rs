@@ -204,17 +204,28 @@ impl StreakTimes<'_> {
     /// The ends of the next `n` steps, the first launched at `start_ns`, onto `ends`; fewer
     /// where an end would pass `u64::MAX` ns. The same ends as `next_ns` added up.
     pub fn extend_ends(&mut self, n: u64, start_ns: u64, ends: &mut Vec<u64>) {
-        if let StreakTimes::Added(d) = self {
-            return d.extend_ends(n, start_ns, ends);
+        match self {
+            StreakTimes::Added(d) => d.extend_ends(n, start_ns, ends),
+            StreakTimes::Each { .. } => ends_one_by_one(n, start_ns, ends, || self.next_ns()),
         }
-        let mut end_ns = start_ns;
-        for _ in 0..n {
-            let Some(next_ns) = end_ns.checked_add(self.next_ns()) else {
-                return;
-            };
-            end_ns = next_ns;
-            ends.push(end_ns);
-        }
+    }
+}
+
+/// The ends of `n` steps timed by `next_ns`, the first launched at `start_ns`, onto `ends`,
+/// each checked; fewer where an end would pass `u64::MAX` ns.
+pub(crate) fn ends_one_by_one(
+    n: u64,
+    start_ns: u64,
+    ends: &mut Vec<u64>,
+    mut next_ns: impl FnMut() -> u64,
+) {
+    let mut end_ns = start_ns;
+    for _ in 0..n {
+        let Some(next) = end_ns.checked_add(next_ns()) else {
+            return;
+        };
+        end_ns = next;
+        ends.push(end_ns);
     }
 }
 

@@ -114,16 +114,8 @@ impl DecodeSteps {
     pub fn extend_ends(&mut self, n: u64, start_ns: u64, ends: &mut Vec<u64>) {
         let last_ns = self.longest_ns.checked_mul(n);
         if last_ns.and_then(|t| t.checked_add(start_ns)).is_none() {
-            // Steps of ages, or a coast of very many: one by one, each end checked.
-            let mut end_ns = start_ns;
-            for _ in 0..n {
-                let Some(next_ns) = end_ns.checked_add(self.next_ns()) else {
-                    return;
-                };
-                end_ns = next_ns;
-                ends.push(end_ns);
-            }
-            return;
+            // Steps of ages, or a coast of very many.
+            return crate::gpu::ends_one_by_one(n, start_ns, ends, || self.next_ns());
         }
         self.take(n);
         match self.exact_root {
