@@ -123,3 +123,35 @@ fn a_linear_model_is_timed_step_by_step() {
         "{added:?}"
     );
 }
+
+/// A step whose time saturates at `u64::MAX` ns ends at the last nanosecond from 0, and no step
+/// after it fits: its time is no bound that a sum of ends may trust.
+#[test]
+fn a_saturated_step_ends_at_the_last_nanosecond() {
+    // At 10⁹ a second, a count is its own nanoseconds: both terms about 1.31 x 10¹⁹ ns, whose
+    // join passes 2⁶⁴.
+    let big = 13_100_000_000_000_000_000;
+    let r = Roofline {
+        linear_flops: big,
+        pair_flops: 1,
+        weight_bytes: big,
+        kv_bytes: 1,
+        achieved_flops: 1_000_000_000,
+        achieved_attn_flops: 1_000_000_000,
+        achieved_bytes_per_s: 1_000_000_000,
+        achieved_kv_bytes_per_s: 1_000_000_000,
+        overhead_ns: 1,
+        per_seq_ns: 0,
+    };
+    let model = StepModel::Roofline(r);
+    let costing = Costing::new(&model);
+    let mut times = costing.streak_times(1, 0, 1);
+    assert!(matches!(times, StreakTimes::Added(_)));
+    let mut ends = vec![];
+    times.extend_ends(1, 0, &mut ends);
+    times.extend_ends(1, u64::MAX, &mut ends);
+    assert_eq!(ends, [u64::MAX]);
+    let (added, each) = both(&model, 1, 0, 1);
+    assert_eq!(added, each);
+    assert_eq!(added[0], u64::MAX);
+}

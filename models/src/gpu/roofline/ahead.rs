@@ -10,8 +10,8 @@ impl Roofline {
     /// The decode-only steps of `seqs` sequences that read `kv0`, `kv0 + seqs`, … KV tokens (a
     /// streak's), at most `steps + 1` of them, if every one's terms fit 64 bits: then each
     /// step's attention and KV times grow by the same fraction, and each is the last plus that
-    /// fraction's quotient, its remainder carried (`Ceil`), with no division. The same times
-    /// as `step_ns_prepared` of each shape.
+    /// fraction's quotient, its overshoot carried (`Ceil`), with no division. The same times as
+    /// `step_ns_prepared` of each shape.
     pub fn decode_steps(
         &self,
         p: &Prepared,
@@ -112,8 +112,9 @@ impl DecodeSteps {
     /// The ends of the next `n` steps, the first launched at `start_ns`, onto `ends`; fewer
     /// where an end would pass `u64::MAX` ns. The same ends as `next_ns` added up.
     pub fn extend_ends(&mut self, n: u64, start_ns: u64, ends: &mut Vec<u64>) {
+        // A saturated step time is no bound: its sum with the next could wrap.
         let last_ns = self.longest_ns.checked_mul(n);
-        if last_ns.and_then(|t| t.checked_add(start_ns)).is_none() {
+        if self.longest_ns == u64::MAX || last_ns.and_then(|t| t.checked_add(start_ns)).is_none() {
             // Steps of ages, or a coast of very many.
             return crate::gpu::ends_one_by_one(n, start_ns, ends, || self.next_ns());
         }
