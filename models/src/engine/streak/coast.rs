@@ -72,11 +72,12 @@ impl Engine {
     /// flight, ends at `ends[0]`, and the step each turn launches (the next step) at the next
     /// tick. `ends` is a run of what `coast_ends` found, and nothing has called in since: each
     /// step's time is the span between its ticks (checked against the step's shape with debug
-    /// assertions). Counts the turns up to the first that is not quiet; each one's report is
-    /// the one `Turned::report` implies (checked with debug assertions). After one turn (this
-    /// call's first, or the caller's last call, `after_turn`), what only something from
-    /// outside changes still holds and no one waits, so each turn checks only what the streak
-    /// reaches and does only what changes (`turns_again`).
+    /// assertions). Counts the turns up to the first that is not quiet: only the first can be,
+    /// where the caller's last call was not a turn (`turn` takes it and may find it so); each
+    /// one's report is the one `Turned::report` implies (checked with debug assertions). After
+    /// one turn (this call's first, or the caller's last call, `after_turn`), what only
+    /// something from outside changes still holds and no one waits, and `coast_ends` found the
+    /// rest quiet, so each turn does only what changes (`turns_again`).
     pub fn turns_at(&mut self, step: u64, ends: &[u64], after_turn: bool) -> Turned {
         if after_turn {
             return self.turns_again(step, ends);
@@ -118,11 +119,14 @@ impl Engine {
     /// `turn` at each tick of `ends` but the last, right after a quiet `turn` with nothing
     /// from outside since: the conditions `turn_still` checks still hold, and the pass's
     /// `admit_waiting`, with no one waiting and the waiting front's run forgotten, changes
-    /// nothing. So: the streak's own checks, the step in flight's end, and the next streak
-    /// step in its place (the same step `launch` would put there: no entries, the streak's
-    /// members), which ends at the next tick. What only adds up (the counts, the clock, the
-    /// streak's numbers) is added once for a run of turns (`Taken`), at the end; the step in
-    /// flight is put back once.
+    /// nothing. Every one of these turns is quiet: `coast_ends` found them so by the streak's
+    /// own reckoning (`quiet_steps`, within the first member to leave), and nothing has called
+    /// in since, so nothing it read has changed. Debug builds check each turn again, as `turn`
+    /// would (`StillQuiet`). A turn only does what changes: the boundary's blocks, the step in
+    /// flight's end, and the next streak step in its place (the same step `launch` would put
+    /// there: no entries, the streak's members), which ends at the next tick. What only adds
+    /// up (the counts, the clock, the streak's numbers) is added once for a run of turns
+    /// (`Taken`), at the end; the step in flight is put back once.
     fn turns_again(&mut self, step: u64, ends: &[u64]) -> Turned {
         let Some(s) = self.inflight.front() else {
             return Turned::NONE;
@@ -136,21 +140,17 @@ impl Engine {
             return Turned::NONE;
         }
         let t = Taken::new(self, s, step);
-        // No turn here changes where the first member to leave does.
-        let last_from = self.streak.ends.peek().map_or(u64::MAX, |e| e.0 .0);
-        let mut note = NotePhase::of(self, t.streak_step);
+        let taken = ends.len() - 1;
+        if taken == 0 {
+            return Turned::NONE;
+        }
         let mut bucket = self.streak.bucket;
-        let mut taken = 0;
+        #[cfg(debug_assertions)]
+        let mut quiet = StillQuiet::new(self, &t);
         for (i, tick) in ends.windows(2).enumerate() {
             let (now_ns, next_ns) = (tick[0], tick[1]);
-            let growth = self.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
-            let quiet = next_ns >= now_ns
-                && t.dispatched + (i as u64) < last_from
-                && note.quiet(&self.streak.notes)
-                && self.streak_fits(growth, false);
-            if !quiet {
-                break;
-            }
+            #[cfg(debug_assertions)]
+            quiet.check(self, i as u64, tick, bucket);
             debug_assert!(!self.at_boundary, "the turn before left no boundary");
             // A boundary's blocks are counted, not given to the members (`growth.rs`): the
             // counts of the turns before it may wait.
@@ -162,15 +162,10 @@ impl Engine {
                     .step_ns(StepShape::decode_only(t.members as u64, kv))),
                 "the step found"
             );
-            taken = i + 1;
-            note.next();
             bucket += 1;
             if bucket == self.cfg.block_tokens as usize {
                 bucket = 0;
             }
-        }
-        if taken == 0 {
-            return Turned::NONE;
         }
         t.add_to(self, taken, ends);
         debug_assert_eq!(self.streak.bucket, bucket);
@@ -279,6 +274,47 @@ impl NotePhase {
         if self.at == self.every {
             self.at = 0;
         }
+    }
+}
+
+/// `turns_again`'s precondition, checked turn by turn in debug builds, as `turn` checks it
+/// and independently of `quiet_steps`, which found the turns: the ticks in order, none past
+/// the first member to leave, no member's output, and the boundary's blocks at hand.
+#[cfg(debug_assertions)]
+struct StillQuiet {
+    last_from: u64,
+    note: NotePhase,
+    dispatched: u64,
+}
+
+#[cfg(debug_assertions)]
+impl StillQuiet {
+    fn new(e: &Engine, t: &Taken) -> StillQuiet {
+        StillQuiet {
+            last_from: e.streak.ends.peek().map_or(u64::MAX, |e| e.0 .0),
+            note: NotePhase::of(e, t.streak_step),
+            dispatched: t.dispatched,
+        }
+    }
+
+    /// Turn `i` of the run, at `tick[0]`, launching the step that ends at `tick[1]`, its
+    /// members' boundary bucket `bucket`: before its blocks are taken.
+    fn check(&mut self, e: &Engine, i: u64, tick: &[u64], bucket: usize) {
+        let growth = e.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
+        assert!(tick[1] >= tick[0], "a coasted turn's ticks in order");
+        assert!(
+            self.dispatched + i < self.last_from,
+            "a coasted turn before any leaves"
+        );
+        assert!(
+            self.note.quiet(&e.streak.notes),
+            "a coasted turn with no output"
+        );
+        assert!(
+            e.streak_fits(growth, false),
+            "a coasted turn's blocks at hand"
+        );
+        self.note.next();
     }
 }
 
