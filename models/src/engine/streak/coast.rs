@@ -224,26 +224,49 @@ impl Engine {
 
     /// How many of the next `steps` streak steps are quiet by the streak's own reckoning: no
     /// member's token comes out as an output, and each block boundary's blocks are clean ones.
+    /// Both repeat, the notes every `lazy_output_every` steps and the boundaries every
+    /// `block_tokens`, so each is found within one period rather than step by step.
     fn quiet_steps(&self, steps: u64) -> u64 {
         let k = &self.streak;
+        let noted = NotePhase::of(self, k.processed).first_noted(&k.notes, steps);
+        noted.min(self.blocks_last(noted))
+    }
+
+    /// The first of the next streak steps whose boundary's blocks are more than the clean ones
+    /// left after the steps before it; `u64::MAX` if none. Each member is in one boundary
+    /// bucket, so a period of `block_tokens` steps takes a block a member.
+    fn blocks_last(&self, steps: u64) -> u64 {
+        let k = &self.streak;
         let block_tokens = self.cfg.block_tokens as usize;
-        let mut clean = self.pool.clean_blocks();
-        // The phases of the boundary and notes buckets step on with the streak, not by division.
-        let mut note = NotePhase::of(self, k.processed);
+        let period = k.members as u64;
+        debug_assert_eq!(
+            period,
+            k.boundary.iter().map(Vec::len).sum::<usize>() as u64,
+            "each member in one boundary bucket"
+        );
+        let clean = self.pool.clean_blocks();
+        if period == 0 || clean / period > steps / block_tokens as u64 {
+            // Every step of `steps` (within whole periods) finds its blocks.
+            return u64::MAX;
+        }
+        // Whole periods, then the steps of the next one while their blocks are at hand: it
+        // stops within it, since what is left is less than a period takes.
+        let periods = clean / period;
+        let mut left = clean - periods * period;
         let mut bucket = k.bucket % block_tokens;
-        for i in 0..steps {
+        let mut i = periods * block_tokens as u64;
+        loop {
             let growth = k.boundary.get(bucket).map_or(0, Vec::len) as u64;
-            if !note.quiet(&k.notes) || growth > clean {
+            if growth > left {
                 return i;
             }
-            clean -= growth;
+            left -= growth;
+            i += 1;
             bucket += 1;
             if bucket == block_tokens {
                 bucket = 0;
             }
-            note.next();
         }
-        steps
     }
 }
 
@@ -259,6 +282,18 @@ impl NotePhase {
         let every = engine.cfg.lazy_output_every as u64;
         let at = if every == 0 { 0 } else { j % every };
         NotePhase { every, at }
+    }
+
+    /// The first of the next `steps` streak steps from this phase on whose notes bucket holds
+    /// a member, or `steps`: the buckets repeat, so at most `every` of them are read.
+    fn first_noted(mut self, notes: &[Vec<u32>], steps: u64) -> u64 {
+        for i in 0..steps.min(self.every) {
+            if !self.quiet(notes) {
+                return i;
+            }
+            self.next();
+        }
+        steps
     }
 
     /// `no_notes` of this phase's step.
