@@ -233,8 +233,9 @@ impl Engine {
     }
 
     /// The first of the next streak steps whose boundary's blocks are more than the clean ones
-    /// left after the steps before it; `u64::MAX` if none. Each member is in one boundary
-    /// bucket, so a period of `block_tokens` steps takes a block a member.
+    /// left after the steps before it; `u64::MAX` where none of the next `steps` is. Each
+    /// member is in one boundary bucket, so a period of `block_tokens` steps takes a block a
+    /// member.
     fn blocks_last(&self, steps: u64) -> u64 {
         let k = &self.streak;
         let block_tokens = self.cfg.block_tokens as usize;
