@@ -86,6 +86,14 @@ pub(super) struct Streak {
     growth: growth::Growth,
 }
 
+impl Streak {
+    /// The blocks boundary bucket `bucket` takes at its boundary: one a member in it.
+    #[inline(always)]
+    fn boundary_blocks(&self, bucket: usize) -> u64 {
+        self.boundary.get(bucket).map_or(0, Vec::len) as u64
+    }
+}
+
 /// What a streak step's end does for a member beyond its quiet token, by running order
 /// (`Engine::streak_done`).
 #[derive(Clone, Copy, Debug)]
@@ -179,7 +187,7 @@ impl Engine {
             return false;
         };
         let bucket = self.streak.bucket;
-        let growth = growth + self.streak.boundary.get(bucket).map_or(0, |b| b.len()) as u64;
+        let growth = growth + self.streak.boundary_blocks(bucket);
         if !self.streak_fits(growth, !self.streak.plan.is_empty()) {
             return false;
         }
@@ -257,7 +265,7 @@ impl Engine {
             && self.streak.ends.peek().is_none_or(|e| e.0 .0 > d)
             && self.no_notes(s.streak_step);
         let bucket = self.streak.bucket;
-        let growth = self.streak.boundary.get(bucket).map_or(0, |b| b.len()) as u64;
+        let growth = self.streak.boundary_blocks(bucket);
         if !quiet || !self.streak_fits(growth, false) {
             return None;
         }

@@ -250,14 +250,14 @@ impl Engine {
             // Every step of `steps` (within whole periods) finds its blocks.
             return u64::MAX;
         }
-        // Whole periods, then the steps of the next one while their blocks are at hand: it
-        // stops within it, since what is left is less than a period takes.
+        // Whole periods, then the steps of the next one while their blocks are at hand, up to
+        // `steps`: it stops within that period, since what is left is less than one takes.
         let periods = clean / period;
         let mut left = clean - periods * period;
         let mut bucket = k.bucket % block_tokens;
         let mut i = periods * block_tokens as u64;
-        loop {
-            let growth = k.boundary.get(bucket).map_or(0, Vec::len) as u64;
+        while i < steps {
+            let growth = k.boundary_blocks(bucket);
             if growth > left {
                 return i;
             }
@@ -268,6 +268,7 @@ impl Engine {
                 bucket = 0;
             }
         }
+        u64::MAX
     }
 }
 
@@ -336,7 +337,7 @@ impl StillQuiet {
     /// Turn `i` of the run, at `tick[0]`, launching the step that ends at `tick[1]`, its
     /// members' boundary bucket `bucket`: before its blocks are taken.
     fn check(&mut self, e: &Engine, i: u64, tick: &[u64], bucket: usize) {
-        let growth = e.streak.boundary.get(bucket).map_or(0, Vec::len) as u64;
+        let growth = e.streak.boundary_blocks(bucket);
         assert!(tick[1] >= tick[0], "a coasted turn's ticks in order");
         assert!(
             self.dispatched + i < self.last_from,

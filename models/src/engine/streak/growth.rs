@@ -51,11 +51,9 @@ impl Engine {
     /// taking not.
     #[inline(always)]
     pub(super) fn streak_grow(&mut self, bucket: usize, now_ns: u64) {
-        match self.streak.boundary.get(bucket) {
-            Some(slots) if !slots.is_empty() => {
-                self.boundary_take(bucket, slots.len() as u64, now_ns)
-            }
-            _ => (),
+        let members = self.streak.boundary_blocks(bucket);
+        if members > 0 {
+            self.boundary_take(bucket, members, now_ns);
         }
     }
 
